@@ -1,0 +1,111 @@
+#pragma once
+// Error reporting. Two channels, by design:
+//  - setup (opening domains, creating pools, registering arenas) throws
+//    regpool::Error, because there is nothing sensible to do but stop;
+//  - the data path (allocate, put/get/send, completions) returns Status or
+//    Result<T> and never throws, so it can sit in a hot loop or a callback.
+
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace regpool {
+
+enum class Status : std::uint8_t {
+  ok = 0,
+  invalid_argument,   // a size, offset or option makes no sense
+  out_of_bounds,      // a slice or remote range leaves its object
+  access_denied,      // the export does not grant this operation
+  capacity_exceeded,  // resize past the object's capacity
+  pool_exhausted,     // the pool is at its hard cap
+  out_of_memory,      // the OS refused a mapping
+  registration_failed,
+  memlock_limit,      // RLIMIT_MEMLOCK stopped pinning
+  malformed,          // a remote reference failed validation
+  bad_key,            // the peer rejected the remote key
+  peer_unreachable,
+  timeout,
+  canceled,
+  would_block,        // no resource right now; retry after progress()
+  in_progress,
+  unsupported,
+  closed,             // the endpoint or pool is shut down
+  transport_error,
+};
+
+// Static strings; never allocates.
+const char* to_string(Status s) noexcept;
+
+class Error : public std::runtime_error {
+ public:
+  // provider_code is the backend's own code (negative FI_* value, errno, ...)
+  // so a caller can match on it without parsing the message.
+  Error(Status status, int provider_code, const std::string& context);
+  Status status() const noexcept { return status_; }
+  int provider_code() const noexcept { return provider_code_; }
+
+ private:
+  Status status_;
+  int provider_code_;
+};
+
+// A value or a Status. Deliberately tiny (no std::expected in C++20): the
+// data path returns it, so it must never allocate or throw.
+template <class T>
+class [[nodiscard]] Result {
+ public:
+  Result(T value) noexcept(std::is_nothrow_move_constructible_v<T>)  // NOLINT: implicit by design
+      : status_(Status::ok) {
+    new (&storage_) T(std::move(value));
+  }
+  Result(Status status) noexcept : status_(status) {  // NOLINT: implicit by design
+    if (status == Status::ok) std::abort();  // an ok Result must carry a value
+  }
+  Result(Result&& o) noexcept(std::is_nothrow_move_constructible_v<T>) : status_(o.status_) {
+    if (ok()) new (&storage_) T(std::move(*o.ptr()));
+  }
+  Result& operator=(Result&& o) noexcept(std::is_nothrow_move_constructible_v<T>) {
+    if (this != &o) {
+      reset();
+      status_ = o.status_;
+      if (ok()) new (&storage_) T(std::move(*o.ptr()));
+    }
+    return *this;
+  }
+  Result(const Result&) = delete;
+  Result& operator=(const Result&) = delete;
+  ~Result() { reset(); }
+
+  bool ok() const noexcept { return status_ == Status::ok; }
+  explicit operator bool() const noexcept { return ok(); }
+  Status status() const noexcept { return status_; }
+
+  // Accessing the value of a failed Result is a programming error: abort
+  // rather than throw, since this type lives on the no-throw data path.
+  T& value() & noexcept { check(); return *ptr(); }
+  const T& value() const& noexcept { check(); return *ptr(); }
+  T&& value() && noexcept { check(); return std::move(*ptr()); }
+  T& operator*() & noexcept { return value(); }
+  T&& operator*() && noexcept { return std::move(*this).value(); }
+  T* operator->() noexcept { check(); return ptr(); }
+  const T* operator->() const noexcept { check(); return ptr(); }
+
+ private:
+  void check() const noexcept {
+    if (!ok()) std::abort();
+  }
+  void reset() noexcept {
+    if (ok()) ptr()->~T();
+  }
+  T* ptr() noexcept { return std::launder(reinterpret_cast<T*>(&storage_)); }
+  const T* ptr() const noexcept { return std::launder(reinterpret_cast<const T*>(&storage_)); }
+
+  Status status_;
+  alignas(T) unsigned char storage_[sizeof(T)];
+};
+
+}  // namespace regpool

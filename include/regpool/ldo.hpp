@@ -1,0 +1,158 @@
+#pragma once
+// Layer 5: LDOs (local data objects), the handles users hold.
+//
+// Registered bytes of an object, all covered by one registration per domain:
+//
+//   offset 0              : wire header, kWireHeaderSize bytes, little-endian
+//                           u32 type_id | u32 flags (0) | u64 meta_size | u64 data_size
+//   offset kWireHeaderSize: meta section (meta_size bytes, padded to 8)
+//   data_offset()         : data section (data_size bytes)
+//
+// The meta section is padded to 8 bytes so the data section is always
+// 8-byte aligned: remote atomics target aligned words in it.
+//
+// Control blocks (refcount, owning arena, capacity, cleanup) live outside
+// registered memory, so no peer holding a key can corrupt them.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "regpool/domain.hpp"
+#include "regpool/error.hpp"
+
+namespace regpool {
+
+namespace detail {
+struct ControlBlock;
+}
+class Pool;
+
+inline constexpr std::size_t kWireHeaderSize = 24;
+
+// Decoded wire header. encode/decode do the little-endian conversion so the
+// header means the same on every host.
+struct WireHeader {
+  std::uint32_t type_id = 0;
+  std::uint32_t flags = 0;
+  std::uint64_t meta_size = 0;
+  std::uint64_t data_size = 0;
+
+  void encode(std::byte* out) const noexcept;
+  static WireHeader decode(const std::byte* in) noexcept;
+};
+
+// Where the data section starts for a given meta size.
+constexpr std::uint64_t data_offset_for(std::uint64_t meta_size) noexcept {
+  return kWireHeaderSize + ((meta_size + 7) & ~std::uint64_t{7});
+}
+
+// What to allocate. capacity (0 = exact) reserves room for later resize():
+// it bounds data_offset_for(meta_size) + data_size - kWireHeaderSize, i.e.
+// padded meta plus data.
+struct LdoShape {
+  std::uint64_t data_size = 0;
+  std::uint64_t meta_size = 0;
+  std::uint32_t type_id = 0;
+  std::uint64_t capacity = 0;
+};
+
+// What a transport needs to use an object with one domain.
+struct DomainRegion {
+  void* descriptor = nullptr;       // fi_mr_desc, or nullptr
+  std::uint32_t local_key = 0;      // verbs lkey
+  std::uint64_t remote_key = 0;
+  std::uint64_t remote_base = 0;    // peer-side address of byte 0 of the object
+  AddressMode mode = AddressMode::virtual_address;
+  Access access = Access::none;
+  const Registration* registration = nullptr;  // owned by the arena / user block
+};
+
+// Application-owned memory wrapped as an LDO (see Ldo::wrap).
+struct UserMemory {
+  // Whole object: the first kWireHeaderSize bytes receive the wire header,
+  // then meta and data sections follow as for pool objects.
+  std::span<std::byte> memory;
+  std::uint64_t data_size = 0;
+  std::uint64_t meta_size = 0;
+  std::uint32_t type_id = 0;
+  // Runs once on the last drop, after every registration of the memory has
+  // been undone. May be empty.
+  std::function<void(std::span<std::byte>)> cleanup;
+  // Registered now (throws on failure); any other domain is registered lazily
+  // on first network use, exactly once even when threads race.
+  std::vector<std::shared_ptr<Domain>> eager_domains;
+  Access access = Access::all;
+};
+
+// A reference-counted handle to an LDO. Copying bumps an atomic refcount;
+// the last drop returns the bytes to their pool (or runs the user cleanup).
+// Thread-safety: distinct handles to one object may be copied and dropped
+// from any threads concurrently; the object's bytes are shared, so
+// concurrent writes to them are the application's to order. One handle
+// object must not be mutated from two threads at once (like shared_ptr).
+class Ldo {
+ public:
+  Ldo() noexcept = default;
+  Ldo(const Ldo& o) noexcept;
+  Ldo(Ldo&& o) noexcept : cb_(o.cb_) { o.cb_ = nullptr; }
+  Ldo& operator=(const Ldo& o) noexcept;
+  Ldo& operator=(Ldo&& o) noexcept;
+  ~Ldo() { reset(); }
+
+  // Wrap application memory. Throws Error when the memory cannot hold the
+  // header and sections or an eager registration fails (setup path).
+  static Ldo wrap(UserMemory user);
+
+  explicit operator bool() const noexcept { return cb_ != nullptr; }
+  void reset() noexcept;
+  std::uint32_t use_count() const noexcept;
+  bool is_user_memory() const noexcept;
+
+  std::uint32_t type_id() const noexcept;
+  void set_type_id(std::uint32_t id) noexcept;
+  std::uint64_t meta_size() const noexcept;
+  std::uint64_t data_size() const noexcept;
+  std::uint64_t data_offset() const noexcept { return data_offset_for(meta_size()); }
+  // Room for padded meta + data (what resize may grow into).
+  std::uint64_t capacity() const noexcept;
+  // Header + padded meta + data: the bytes a transfer of the whole object moves.
+  std::uint64_t wire_size() const noexcept { return data_offset() + data_size(); }
+
+  std::byte* base() const noexcept;  // the wire header
+  std::span<std::byte> meta() const noexcept;
+  std::span<std::byte> data() const noexcept;
+  std::span<std::byte> wire() const noexcept { return {base(), static_cast<std::size_t>(wire_size())}; }
+
+  // Change section sizes within capacity. Data bytes (up to the smaller
+  // size) are preserved even when the meta size moves the data section.
+  Status resize(std::uint64_t data_size, std::uint64_t meta_size) noexcept;
+  Status resize_data(std::uint64_t data_size) noexcept { return resize(data_size, meta_size()); }
+
+  // Deep copy (header, meta, data) into a new object from `pool`.
+  Result<Ldo> clone(Pool& pool) const noexcept;
+  // Deep copy into the pool this object came from (user LDOs: unsupported).
+  Result<Ldo> clone() const noexcept;
+
+  // Registration with `domain`: for pool objects, the arena's; for user
+  // objects, registers now if this is the first use (exactly once). Returns
+  // Status::unsupported when the pool does not serve that domain.
+  Result<DomainRegion> region(Domain& domain) const noexcept;
+
+  // Library-internal.
+  explicit Ldo(detail::ControlBlock* adopted) noexcept : cb_(adopted) {}
+  detail::ControlBlock* control_block() const noexcept { return cb_; }
+  detail::ControlBlock* release_control_block() noexcept {
+    auto* c = cb_;
+    cb_ = nullptr;
+    return c;
+  }
+
+ private:
+  detail::ControlBlock* cb_ = nullptr;
+};
+
+}  // namespace regpool

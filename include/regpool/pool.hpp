@@ -1,0 +1,134 @@
+#pragma once
+// Layers 3-4: arenas and the pool, the user-facing allocator.
+//
+// A pool maps large arenas once and registers each arena once with every
+// domain it serves; it then carves them into LDOs:
+//  - small objects (wire size <= kMaxSmallObject) come from size-class slabs
+//    with intrusive free lists and per-thread caches;
+//  - larger ones from best-fit page spans with coalescing;
+//  - objects larger than an arena get a dedicated arena of their own.
+// All bookkeeping lives outside the registered bytes and never calls malloc
+// on the allocation path (Boost.Intrusive lists and trees over control blocks
+// kept in unregistered side mappings).
+//
+// Several pools may coexist, each with its own domains; there is no global
+// pool.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "regpool/domain.hpp"
+#include "regpool/error.hpp"
+#include "regpool/ldo.hpp"
+
+namespace regpool {
+
+namespace detail {
+class PoolCore;
+}
+
+inline constexpr std::size_t kNumSizeClasses = 32;
+inline constexpr std::size_t kMaxSmallObject = 32 * 1024;
+// Domains one pool can serve at once (each arena holds one registration per
+// domain in a fixed array, so serving a domain never allocates).
+inline constexpr std::size_t kMaxPoolDomains = 8;
+
+struct PoolConfig {
+  std::string name = "pool";
+  // Bytes per regular arena (rounded up to 2 MiB so THP can back it).
+  std::size_t arena_size = std::size_t{64} << 20;
+  // Arenas mapped and registered at construction: the warm-up.
+  std::size_t initial_arenas = 1;
+  // Arenas added at once when the pool runs out of room.
+  std::size_t growth_arenas = 1;
+  // Hard cap on mapped bytes (0 = none). At the cap allocate() fails with
+  // Status::pool_exhausted; it never blocks and never overcommits.
+  std::size_t max_bytes = 0;
+  // Idle regular arenas kept mapped when trimming (auto or trim()).
+  std::size_t retain_idle_arenas = 1;
+  // Idle dedicated arenas (objects larger than arena_size) kept for reuse.
+  std::size_t retain_idle_dedicated = 0;
+  // Release idle arenas beyond the retention counts as soon as they go idle.
+  bool auto_trim = true;
+  // madvise(MADV_HUGEPAGE) on arenas.
+  bool transparent_huge_pages = true;
+  // Bind arenas to this NUMA node (-1 = no binding). Needs the numa feature.
+  int numa_node = -1;
+  // Touch every page at arena creation so registration and first use do not
+  // take page faults later.
+  bool prefault = false;
+  // Per-thread caches of small objects (and recently freed spans).
+  bool thread_cache = true;
+  // Rights granted by the arena registrations.
+  Access access = Access::all;
+};
+
+struct SizeClassStats {
+  std::uint64_t object_size = 0;  // slot bytes (header + sections)
+  std::uint64_t allocations = 0;
+  std::uint64_t live = 0;
+};
+
+struct PoolStats {
+  std::string name;
+  std::uint64_t allocations = 0;
+  std::uint64_t releases = 0;
+  std::uint64_t failed_allocations = 0;
+  std::uint64_t live_objects = 0;
+  std::uint64_t bytes_in_use = 0;   // capacity of live objects incl. headers
+  std::uint64_t bytes_mapped = 0;   // all arenas
+  std::uint64_t arenas = 0;
+  std::uint64_t dedicated_arenas = 0;
+  std::uint64_t arenas_created = 0;
+  std::uint64_t arenas_released = 0;
+  // Registrations this pool made (arenas x domains); after warm-up these
+  // stay flat while allocations climb: the point of the library.
+  std::uint64_t registrations = 0;
+  std::uint64_t deregistrations = 0;
+  std::uint64_t register_ns = 0;
+  std::uint64_t large_allocations = 0;
+  std::uint64_t large_live = 0;
+  std::array<SizeClassStats, kNumSizeClasses> size_classes{};
+  std::vector<DomainStats> domains;  // one per served domain
+};
+
+// The allocator. Move-only RAII owner of its arenas.
+// Thread-safety: allocate(), Ldo drops, stats() and trim() may run from any
+// threads concurrently. Destroying the pool must not race with other calls;
+// objects still alive at destruction keep the arenas (and registrations)
+// alive until their last handle drops.
+class Pool {
+ public:
+  // Maps and registers the initial arenas. Throws Error (setup path).
+  explicit Pool(std::vector<std::shared_ptr<Domain>> domains, PoolConfig config = {});
+  Pool(Pool&&) noexcept;
+  Pool& operator=(Pool&&) noexcept;
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+  ~Pool();
+
+  Result<Ldo> allocate(const LdoShape& shape) noexcept;
+  Result<Ldo> allocate(std::uint64_t data_size, std::uint64_t meta_size = 0) noexcept {
+    return allocate(LdoShape{data_size, meta_size, 0, 0});
+  }
+
+  // Returns idle arenas beyond retain_idle_arenas to the OS (deregistering
+  // them) after flushing the calling thread's cache. Returns bytes unmapped.
+  std::size_t trim() noexcept;
+
+  PoolStats stats() const;
+  const PoolConfig& config() const noexcept;
+  std::span<const std::shared_ptr<Domain>> domains() const noexcept;
+
+  detail::PoolCore* core() const noexcept { return core_; }
+
+ private:
+  detail::PoolCore* core_ = nullptr;
+};
+
+}  // namespace regpool

@@ -1,0 +1,13 @@
+#pragma once
+// Umbrella header: the whole public API of regpool.
+
+#include "regpool/domain.hpp"
+#include "regpool/error.hpp"
+#include "regpool/host_domain.hpp"
+#include "regpool/ldo.hpp"
+#include "regpool/memory_resource.hpp"
+#include "regpool/pool.hpp"
+#include "regpool/telemetry.hpp"
+#if __has_include("regpool/fabric_domain.hpp")
+#include "regpool/fabric_domain.hpp"
+#endif

@@ -1,0 +1,119 @@
+#include "platform/mapping.hpp"
+
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "regpool_config.h"
+
+#if REGPOOL_HAVE_NUMA
+#include <numaif.h>
+#endif
+
+namespace regpool::platform {
+
+Mapping& Mapping::operator=(Mapping&& o) noexcept {
+  if (this != &o) {
+    reset();
+    base_ = o.base_;
+    size_ = o.size_;
+    o.base_ = nullptr;
+    o.size_ = 0;
+  }
+  return *this;
+}
+
+void Mapping::reset() noexcept {
+  if (base_) ::munmap(base_, size_);
+  base_ = nullptr;
+  size_ = 0;
+}
+
+Result<Mapping> Mapping::create(std::size_t size, const MapOptions& options) noexcept {
+  if (size == 0) return Status::invalid_argument;
+  size = round_up(size, kPageSize);
+  const bool align_huge = options.transparent_huge_pages && size >= kHugePageSize;
+  // Over-map by one huge page and trim, so the arena starts on a 2 MiB
+  // boundary; otherwise THP could back only its interior.
+  const std::size_t span = align_huge ? size + kHugePageSize : size;
+  int flags = MAP_PRIVATE | MAP_ANONYMOUS;
+  if (options.noreserve) flags |= MAP_NORESERVE;
+  void* p = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, flags, -1, 0);
+  if (p == MAP_FAILED) return Status::out_of_memory;
+  auto* raw = static_cast<std::byte*>(p);
+  std::byte* base = raw;
+  if (align_huge) {
+    auto a = reinterpret_cast<std::uintptr_t>(raw);
+    auto aligned = (a + kHugePageSize - 1) & ~(kHugePageSize - 1);
+    base = reinterpret_cast<std::byte*>(aligned);
+    const std::size_t head = aligned - a;
+    const std::size_t tail = span - head - size;
+    if (head) ::munmap(raw, head);
+    if (tail) ::munmap(base + size, tail);
+    ::madvise(base, size, MADV_HUGEPAGE);
+  }
+#if REGPOOL_HAVE_NUMA
+  if (options.numa_node >= 0) {
+    unsigned long mask[16] = {};
+    const auto node = static_cast<unsigned>(options.numa_node);
+    if (node >= sizeof(mask) * 8) {
+      ::munmap(base, size);
+      return Status::invalid_argument;
+    }
+    mask[node / (8 * sizeof(unsigned long))] |= 1UL << (node % (8 * sizeof(unsigned long)));
+    if (::mbind(base, size, MPOL_BIND, mask, sizeof(mask) * 8, 0) != 0) {
+      ::munmap(base, size);
+      return Status::invalid_argument;
+    }
+  }
+#else
+  if (options.numa_node >= 0) {
+    ::munmap(base, size);
+    return Status::unsupported;
+  }
+#endif
+  if (options.prefault) {
+    for (std::size_t off = 0; off < size; off += kPageSize) base[off] = std::byte{0};
+  }
+  Mapping m;
+  m.base_ = base;
+  m.size_ = size;
+  return m;
+}
+
+std::uint64_t memlock_limit() noexcept {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_MEMLOCK, &rl) != 0) return 0;
+  return rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : static_cast<std::uint64_t>(rl.rlim_cur);
+}
+
+bool can_exceed_memlock() noexcept {
+  // CAP_IPC_LOCK is bit 14 of the effective set.
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("CapEff:", 0) == 0) {
+      const auto caps = std::stoull(line.substr(7), nullptr, 16);
+      return (caps >> 14) & 1U;
+    }
+  }
+  return false;
+}
+
+std::string memlock_advice(std::size_t requested, int err) {
+  const auto limit = memlock_limit();
+  std::string s = "cannot pin " + std::to_string(requested) + " bytes (" + std::strerror(err) + "): RLIMIT_MEMLOCK is ";
+  s += limit == UINT64_MAX ? std::string("unlimited") : std::to_string(limit) + " bytes";
+  s += can_exceed_memlock() ? " and the process has CAP_IPC_LOCK" : " and the process lacks CAP_IPC_LOCK";
+  s += "; raise it with 'ulimit -l unlimited' (or a 'memlock' line in /etc/security/limits.conf, "
+       "LimitMEMLOCK= for systemd services), or grant CAP_IPC_LOCK";
+  return s;
+}
+
+}  // namespace regpool::platform

@@ -1,0 +1,111 @@
+#pragma once
+// Layer 3: an arena is one large mapping, registered once with every domain
+// its pool serves and deregistered only when the arena is released. It hands
+// out page spans (best fit, coalescing on free); the pool turns spans into
+// slabs of small objects or into large objects.
+//
+// Bookkeeping is kept in two unregistered, lazily-touched side mappings:
+//  - one PageDesc per 4 KiB page (span boundaries and the free-span tree);
+//  - one ControlBlock per 64 B granule (an object's control block is found
+//    from its offset alone, with no lookup structure to maintain).
+// Not thread-safe on its own: the pool's mutex guards span operations.
+
+#include <array>
+#include <boost/intrusive/set.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <vector>
+
+#include "platform/mapping.hpp"
+#include "pool/control_block.hpp"
+#include "regpool/domain.hpp"
+#include "regpool/pool.hpp"
+
+namespace regpool::detail {
+
+class PoolCore;
+
+enum class PageState : std::uint8_t { free, large, slab };
+
+struct PageDesc {
+  std::uint32_t npages = 0;        // valid on a span's first page
+  std::uint32_t first = 0;         // valid on a span's last page
+  PageState state = PageState::free;
+  std::uint8_t size_class = 0;     // slabs
+  std::uint32_t slab_slots = 0;    // slabs: slots carved
+  std::uint32_t slab_central = 0;  // slabs: slots sitting in the central list
+  bi::set_member_hook<bi::link_mode<bi::normal_link>, bi::optimize_size<true>> tree_hook;
+};
+
+struct SpanOrder {
+  // Smallest span first; among equals the lowest address, so allocation
+  // packs toward the start of the arena and its tail can go idle.
+  bool operator()(const PageDesc& a, const PageDesc& b) const noexcept {
+    return a.npages != b.npages ? a.npages < b.npages : &a < &b;
+  }
+};
+
+using SpanTree = bi::set<PageDesc, bi::member_hook<PageDesc, decltype(PageDesc::tree_hook), &PageDesc::tree_hook>,
+                         bi::compare<SpanOrder>, bi::constant_time_size<false>>;
+
+class Arena {
+ public:
+  // Maps and registers. Returns a status rather than throwing so the pool
+  // can grow from the (no-throw) allocation path.
+  // With `error` non-null a failed registration's exception is kept there
+  // so the pool constructor can rethrow it with the provider's message.
+  static Result<Arena*> create(PoolCore* pool, std::size_t bytes, bool dedicated, const PoolConfig& config,
+                               std::span<const std::shared_ptr<Domain>> domains,
+                               std::exception_ptr* error = nullptr) noexcept;
+  ~Arena();  // deregisters, then unmaps
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  std::byte* base() const noexcept { return memory_.data(); }
+  std::size_t size() const noexcept { return memory_.size(); }
+  bool dedicated() const noexcept { return dedicated_; }
+  bool idle() const noexcept { return used_pages_ == 0; }
+  bool contains(const void* p) const noexcept {
+    auto* b = static_cast<const std::byte*>(p);
+    return b >= base() && b < base() + size();
+  }
+  PoolCore* pool() const noexcept { return pool_; }
+
+  ControlBlock* block_at(std::size_t offset) noexcept { return &blocks_[offset / kGranuleBytes]; }
+  std::size_t offset_of(const ControlBlock* cb) const noexcept {
+    return static_cast<std::size_t>(cb - blocks_) * kGranuleBytes;
+  }
+  PageDesc& page(std::uint32_t index) noexcept { return pages_[index]; }
+
+  // Best-fit span of n pages; returns its first page.
+  std::optional<std::uint32_t> allocate_span(std::uint32_t n, PageState state) noexcept;
+  // Frees the span starting at `first`, coalescing with free neighbours;
+  // returns the first page of the resulting free span.
+  std::uint32_t free_span(std::uint32_t first) noexcept;
+
+  const Registration& registration(std::size_t domain_index) const noexcept { return registrations_[domain_index]; }
+  std::uint64_t register_ns() const noexcept { return register_ns_; }
+  std::uint32_t npages() const noexcept { return npages_; }
+
+ private:
+  static constexpr std::size_t kGranuleBytes = 64;
+  Arena() = default;
+  void set_span(std::uint32_t first, std::uint32_t n, PageState state) noexcept;
+
+  PoolCore* pool_ = nullptr;
+  platform::Mapping memory_;
+  platform::Mapping page_map_;
+  platform::Mapping block_map_;
+  PageDesc* pages_ = nullptr;
+  ControlBlock* blocks_ = nullptr;
+  std::uint32_t npages_ = 0;
+  std::uint32_t used_pages_ = 0;
+  bool dedicated_ = false;
+  std::uint64_t register_ns_ = 0;
+  SpanTree free_spans_;
+  std::array<Registration, kMaxPoolDomains> registrations_;
+};
+
+}  // namespace regpool::detail

@@ -1,0 +1,79 @@
+#pragma once
+// Control blocks: everything the library must be able to trust about an
+// object. They live in unregistered side mappings (pool objects) or on the
+// heap (user objects), never in registered memory: a peer holding a key can
+// scribble over an object's bytes, including its wire header, but never over
+// its refcount, its sizes or the allocator's free lists (Lunasa kept these
+// inside remotely writable memory).
+
+#include <array>
+#include <atomic>
+#include <boost/intrusive/list.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <span>
+
+#include "regpool/domain.hpp"
+#include "regpool/ldo.hpp"
+
+namespace regpool::detail {
+
+namespace bi = boost::intrusive;
+
+class Arena;
+
+enum class BlockKind : std::uint8_t { slab_slot, span, user };
+
+using FreeHook = bi::list_member_hook<bi::link_mode<bi::normal_link>>;
+
+struct alignas(64) ControlBlock {
+  std::atomic<std::uint32_t> refs{0};
+  BlockKind kind = BlockKind::slab_slot;
+  std::uint8_t size_class = 0;
+  std::uint16_t reserved = 0;
+  std::uint32_t span_page = 0;  // first page of the slab or span holding it
+  std::uint32_t type_id = 0;
+  std::uint64_t capacity = 0;   // bytes from the header on that the object owns
+  // Authoritative section sizes (the wire header is only their image).
+  std::uint64_t meta_size = 0;
+  std::uint64_t data_size = 0;
+  Arena* arena = nullptr;       // nullptr for user objects
+  FreeHook hook;                // free lists: central, per-thread
+};
+static_assert(sizeof(ControlBlock) == 64, "one cache line per control block");
+
+using FreeList = bi::list<ControlBlock, bi::member_hook<ControlBlock, FreeHook, &ControlBlock::hook>,
+                          bi::constant_time_size<true>>;
+
+// Application memory wrapped as an LDO. Registrations are made lazily (or
+// eagerly at wrap time), at most once per domain, and undone before cleanup.
+struct UserBlock : ControlBlock {
+  static constexpr std::size_t kMaxDomains = 8;
+  std::span<std::byte> memory;
+  Access access = Access::all;
+  std::function<void(std::span<std::byte>)> cleanup;
+  std::mutex register_mutex;  // serialises first registrations only
+  std::atomic<std::uint32_t> registered{0};
+  std::array<std::atomic<Domain*>, kMaxDomains> domains{};
+  std::array<Registration, kMaxDomains> registrations;
+};
+
+// Where the object's wire header lives.
+std::byte* base_of(const ControlBlock* cb) noexcept;
+
+// Return the object to its pool or run the user cleanup.
+void destroy(ControlBlock* cb) noexcept;
+
+inline void retain(ControlBlock* cb) noexcept { cb->refs.fetch_add(1, std::memory_order_relaxed); }
+
+inline void release(ControlBlock* cb) noexcept {
+  // A sole owner cannot race with anyone (nobody else can copy a handle it
+  // does not have), so skip the locked RMW in the common single-owner case.
+  if (cb->refs.load(std::memory_order_acquire) == 1 || cb->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    destroy(cb);
+  }
+}
+
+}  // namespace regpool::detail

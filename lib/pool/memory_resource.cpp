@@ -1,0 +1,46 @@
+#include "regpool/memory_resource.hpp"
+
+#include <new>
+
+#include "pool/pool_core.hpp"
+
+namespace regpool {
+namespace {
+
+// Offset of the data section chosen for an alignment: the smallest
+// data_offset_for(meta) that is a multiple of the alignment. Objects start
+// 64-byte aligned (slots) or page aligned (spans, forced for big alignments).
+std::uint64_t data_offset_for_alignment(std::size_t alignment) noexcept {
+  std::uint64_t off = data_offset_for(0);
+  while (off % alignment) off += 8;
+  return off;
+}
+
+}  // namespace
+
+void* PoolResource::do_allocate(std::size_t bytes, std::size_t alignment) {
+  if (alignment > platform::kPageSize || (alignment & (alignment - 1)) != 0) throw std::bad_alloc();
+  const std::uint64_t off = data_offset_for_alignment(alignment);
+  LdoShape shape{bytes, off - kWireHeaderSize, 0, 0};
+  // Alignments beyond a cache line need a page-aligned span.
+  if (alignment > detail::kGranule && off - kWireHeaderSize + bytes <= kMaxSmallObject)
+    shape.capacity = kMaxSmallObject + 1;
+  auto r = pool_->allocate(shape);
+  if (!r) throw std::bad_alloc();
+  // The container owns the reference now; do_deallocate gives it back.
+  detail::ControlBlock* cb = r->release_control_block();
+  return detail::base_of(cb) + off;
+}
+
+void PoolResource::do_deallocate(void* p, std::size_t /*bytes*/, std::size_t alignment) {
+  const std::uint64_t off = data_offset_for_alignment(alignment);
+  detail::ControlBlock* cb = pool_->core()->block_at(static_cast<std::byte*>(p) - off);
+  if (cb) Ldo adopt(cb);  // drops the reference taken in do_allocate
+}
+
+bool PoolResource::do_is_equal(const std::pmr::memory_resource& other) const noexcept {
+  auto* o = dynamic_cast<const PoolResource*>(&other);
+  return o && o->pool_ == pool_;
+}
+
+}  // namespace regpool

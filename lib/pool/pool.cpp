@@ -1,0 +1,663 @@
+#include <algorithm>
+#include <new>
+#include <string>
+
+#include "pool/pool_core.hpp"
+
+namespace regpool {
+namespace detail {
+namespace {
+
+constexpr std::uint64_t kPage = platform::kPageSize;
+// Sections beyond this are rejected up front so size arithmetic can never
+// overflow (no machine maps 2^48 bytes anyway).
+constexpr std::uint64_t kMaxObjectBytes = std::uint64_t{1} << 48;
+
+std::atomic<std::uint64_t> g_next_pool_id{1};  // identity only; no pool state is global
+
+// Per-thread directory of caches, one per pool this thread has touched.
+struct TlsDirectory {
+  struct Entry {
+    std::uint64_t id;
+    ThreadCache* tc;
+    std::shared_ptr<CacheRegistry> registry;
+  };
+  std::vector<Entry> entries;
+  std::uint64_t last_id = 0;
+  ThreadCache* last = nullptr;
+  ~TlsDirectory();
+};
+
+thread_local bool tls_dead = false;  // trivially destructible: safe to read during thread exit
+thread_local TlsDirectory tls_dir;
+
+TlsDirectory::~TlsDirectory() {
+  tls_dead = true;
+  for (auto& e : entries) {
+    {
+      std::lock_guard g(e.registry->mutex);
+      if (e.registry->core) e.registry->core->retire_cache(e.tc);
+    }
+    delete e.tc;
+  }
+}
+
+void shared_add(OwnerCounter& c, std::uint64_t n) noexcept { c.v.fetch_add(n, std::memory_order_relaxed); }
+
+void fold(Counters& into, const Counters& from) noexcept {
+  for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
+    shared_add(into.allocs[c], from.allocs[c].get());
+    shared_add(into.frees[c], from.frees[c].get());
+  }
+  shared_add(into.large_allocs, from.large_allocs.get());
+  shared_add(into.large_frees, from.large_frees.get());
+  shared_add(into.large_bytes_alloc, from.large_bytes_alloc.get());
+  shared_add(into.large_bytes_free, from.large_bytes_free.get());
+}
+
+}  // namespace
+
+PoolCore::PoolCore(std::vector<std::shared_ptr<Domain>> domains, PoolConfig config)
+    : id_(g_next_pool_id.fetch_add(1, std::memory_order_relaxed)),
+      config_(std::move(config)),
+      domains_(std::move(domains)),
+      registry_(std::make_shared<CacheRegistry>()) {
+  if (domains_.size() > kMaxPoolDomains) {
+    throw Error(Status::invalid_argument, 0,
+                "pool '" + config_.name + "': serves at most " + std::to_string(kMaxPoolDomains) + " domains, got " +
+                    std::to_string(domains_.size()));
+  }
+  for (std::size_t i = 0; i < domains_.size(); ++i) {
+    if (!domains_[i]) throw Error(Status::invalid_argument, 0, "pool '" + config_.name + "': null domain");
+    for (std::size_t j = 0; j < i; ++j)
+      if (domains_[j] == domains_[i])
+        throw Error(Status::invalid_argument, 0, "pool '" + config_.name + "': domain '" + domains_[i]->name() +
+                                                    "' listed twice");
+  }
+  if (config_.arena_size == 0) throw Error(Status::invalid_argument, 0, "pool '" + config_.name + "': arena_size is 0");
+  config_.arena_size = platform::round_up(config_.arena_size, platform::kHugePageSize);
+  if (config_.max_bytes && config_.initial_arenas * config_.arena_size > config_.max_bytes) {
+    throw Error(Status::invalid_argument, 0,
+                "pool '" + config_.name + "': initial arenas (" + std::to_string(config_.initial_arenas) + " x " +
+                    std::to_string(config_.arena_size) + " bytes) exceed max_bytes " +
+                    std::to_string(config_.max_bytes));
+  }
+  registry_->core = this;
+  std::lock_guard g(mutex_);
+  for (std::size_t i = 0; i < config_.initial_arenas; ++i) {
+    std::exception_ptr err;
+    const Status s = grow_locked(config_.arena_size, false, &err);
+    if (s != Status::ok) {
+      for (Arena* a : arenas_) delete a;
+      arenas_.clear();
+      if (err) std::rethrow_exception(err);
+      throw Error(s, 0, "pool '" + config_.name + "': cannot map an arena of " + std::to_string(config_.arena_size) +
+                            " bytes");
+    }
+  }
+}
+
+PoolCore::~PoolCore() {
+  for (auto& c : central_) c.list.clear();
+  for (Arena* a : arenas_) delete a;
+}
+
+ThreadCache* PoolCore::thread_cache() noexcept {
+  if (!config_.thread_cache || tls_dead) return nullptr;
+  TlsDirectory& d = tls_dir;
+  if (d.last_id == id_) return d.last;
+  for (auto& e : d.entries) {
+    if (e.id == id_) {
+      d.last_id = id_;
+      d.last = e.tc;
+      return e.tc;
+    }
+  }
+  // First touch of this pool by this thread (not a hot path). Drop entries
+  // of pools that have closed meanwhile.
+  std::erase_if(d.entries, [](TlsDirectory::Entry& e) {
+    std::lock_guard g(e.registry->mutex);
+    if (e.registry->core) return false;
+    delete e.tc;
+    return true;
+  });
+  d.last_id = 0;
+  d.last = nullptr;
+  auto* tc = new (std::nothrow) ThreadCache();
+  if (!tc) return nullptr;
+  tc->core = this;
+  for (std::size_t c = 0; c < kNumSizeClasses; ++c) tc->bins[c].limit = cache_limit(c);
+  try {
+    d.entries.push_back({id_, tc, registry_});
+  } catch (...) {
+    delete tc;
+    return nullptr;
+  }
+  {
+    std::lock_guard g(registry_->mutex);
+    registry_->caches.push_back(*tc);
+  }
+  d.last_id = id_;
+  d.last = tc;
+  return tc;
+}
+
+void PoolCore::pop_central_locked(std::size_t /*cls*/, ControlBlock* cb) noexcept {
+  cb->arena->page(cb->span_page).slab_central -= 1;
+}
+
+void PoolCore::push_central_locked(std::size_t cls, ControlBlock* cb) noexcept {
+  central_[cls].list.push_front(*cb);
+  cb->arena->page(cb->span_page).slab_central += 1;
+}
+
+Status PoolCore::carve_slab(std::size_t cls) noexcept {
+  const std::size_t bytes = slab_bytes(cls);
+  const auto npages = static_cast<std::uint32_t>(bytes / kPage);
+  std::lock_guard g(mutex_);
+  Arena* arena = nullptr;
+  std::optional<std::uint32_t> first;
+  for (int attempt = 0; attempt < 2 && !first; ++attempt) {
+    for (Arena* a : arenas_) {
+      if (a->dedicated()) continue;
+      first = a->allocate_span(npages, PageState::slab);
+      if (first) {
+        arena = a;
+        break;
+      }
+    }
+    if (!first && attempt == 0) {
+      const Status s = grow_locked(config_.arena_size, false);
+      if (s != Status::ok) return s;
+    }
+  }
+  if (!first) return Status::pool_exhausted;
+  PageDesc& pd = arena->page(*first);
+  pd.size_class = static_cast<std::uint8_t>(cls);
+  const std::size_t size = kClassSize[cls];
+  const auto slots = static_cast<std::uint32_t>(bytes / size);
+  pd.slab_slots = slots;
+  pd.slab_central = slots;
+  const std::size_t start = std::size_t{*first} * kPage;
+  FreeList& list = central_[cls].list;
+  for (std::uint32_t i = 0; i < slots; ++i) {
+    ControlBlock* cb = new (arena->block_at(start + i * size)) ControlBlock();
+    cb->kind = BlockKind::slab_slot;
+    cb->size_class = static_cast<std::uint8_t>(cls);
+    cb->span_page = *first;
+    cb->capacity = size;
+    cb->arena = arena;
+    list.push_back(*cb);
+  }
+  return Status::ok;
+}
+
+Result<ControlBlock*> PoolCore::allocate_small(std::size_t cls) noexcept {
+  ThreadCache* tc = thread_cache();
+  Central& central = central_[cls];
+  if (tc) {
+    auto& bin = tc->bins[cls];
+    if (bin.list.empty()) {
+      std::lock_guard g(central.mutex);
+      const std::uint32_t batch = std::max<std::uint32_t>(1, bin.limit / 2);
+      Status s = Status::ok;
+      while (bin.list.size() < batch) {
+        if (central.list.empty()) {
+          s = carve_slab(cls);
+          if (s != Status::ok) break;
+        }
+        ControlBlock& cb = central.list.front();
+        central.list.pop_front();
+        pop_central_locked(cls, &cb);
+        bin.list.push_back(cb);
+      }
+      if (bin.list.empty()) return s;
+    }
+    ControlBlock& cb = bin.list.front();
+    bin.list.pop_front();
+    tc->counters.allocs[cls].add(1);
+    return &cb;
+  }
+  std::lock_guard g(central.mutex);
+  if (central.list.empty()) {
+    const Status s = carve_slab(cls);
+    if (s != Status::ok) return s;
+  }
+  ControlBlock& cb = central.list.front();
+  central.list.pop_front();
+  pop_central_locked(cls, &cb);
+  shared_add(shared_counters_.allocs[cls], 1);
+  return &cb;
+}
+
+Result<ControlBlock*> PoolCore::allocate_large(std::uint64_t bytes) noexcept {
+  const std::uint64_t capacity = platform::round_up(bytes, kPage);
+  ThreadCache* tc = thread_cache();
+  if (tc) {
+    // Accept a cached span with at most 25% slack.
+    for (auto& slot : tc->spans) {
+      ControlBlock* cb = slot;
+      if (cb && cb->capacity >= capacity && cb->capacity - capacity <= capacity / 4) {
+        slot = nullptr;
+        tc->counters.large_allocs.add(1);
+        tc->counters.large_bytes_alloc.add(cb->capacity);
+        return cb;
+      }
+    }
+  }
+  const bool dedicated = capacity > config_.arena_size;
+  std::lock_guard g(mutex_);
+  if (capacity / kPage > UINT32_MAX) return Status::invalid_argument;
+  const auto npages = static_cast<std::uint32_t>(capacity / kPage);
+  Arena* arena = nullptr;
+  std::optional<std::uint32_t> first;
+  for (int attempt = 0; attempt < 2 && !first; ++attempt) {
+    for (Arena* a : arenas_) {
+      if (a->dedicated() != dedicated) continue;
+      // An idle dedicated arena is reused only when it is not wildly larger.
+      if (dedicated && (!a->idle() || a->size() - capacity > capacity / 4)) continue;
+      first = a->allocate_span(npages, PageState::large);
+      if (first) {
+        arena = a;
+        break;
+      }
+    }
+    if (!first && attempt == 0) {
+      const Status s = grow_locked(capacity, dedicated);
+      if (s != Status::ok) return s;
+    }
+  }
+  if (!first) return Status::pool_exhausted;
+  ControlBlock* cb = new (arena->block_at(std::size_t{*first} * kPage)) ControlBlock();
+  cb->kind = BlockKind::span;
+  cb->span_page = *first;
+  cb->capacity = std::uint64_t{arena->page(*first).npages} * kPage;
+  cb->arena = arena;
+  shared_add(shared_counters_.large_allocs, 1);
+  shared_add(shared_counters_.large_bytes_alloc, cb->capacity);
+  return cb;
+}
+
+Result<ControlBlock*> PoolCore::allocate(const LdoShape& shape) noexcept {
+  if (shape.meta_size > kMaxObjectBytes || shape.data_size > kMaxObjectBytes || shape.capacity > kMaxObjectBytes) {
+    failed_allocations_.fetch_add(1, std::memory_order_relaxed);
+    return Status::invalid_argument;
+  }
+  const std::uint64_t sections = data_offset_for(shape.meta_size) - kWireHeaderSize + shape.data_size;
+  const std::uint64_t total = kWireHeaderSize + std::max(sections, shape.capacity);
+  if (total > kMaxObjectBytes || (config_.max_bytes && total > config_.max_bytes)) {
+    failed_allocations_.fetch_add(1, std::memory_order_relaxed);
+    return total > kMaxObjectBytes ? Status::invalid_argument : Status::pool_exhausted;
+  }
+  auto r = total <= kMaxSmallObject ? allocate_small(class_of(total)) : allocate_large(total);
+  if (!r) {
+    failed_allocations_.fetch_add(1, std::memory_order_relaxed);
+    return r;
+  }
+  ControlBlock* cb = *r;
+  cb->refs.store(1, std::memory_order_relaxed);
+  cb->type_id = shape.type_id;
+  cb->meta_size = shape.meta_size;
+  cb->data_size = shape.data_size;
+  WireHeader{shape.type_id, 0, shape.meta_size, shape.data_size}.encode(base_of(cb));
+  return cb;
+}
+
+void PoolCore::push_central(std::size_t cls, FreeList& from, std::uint32_t count) noexcept {
+  std::lock_guard g(central_[cls].mutex);
+  for (std::uint32_t i = 0; i < count && !from.empty(); ++i) {
+    ControlBlock& cb = from.back();
+    from.pop_back();
+    push_central_locked(cls, &cb);
+    maybe_release_slab_locked(cls, &cb);
+  }
+}
+
+void PoolCore::maybe_release_slab_locked(std::size_t cls, ControlBlock* any_slot) noexcept {
+  if (!config_.auto_trim) return;
+  Arena* arena = any_slot->arena;
+  const std::uint32_t first = any_slot->span_page;
+  PageDesc& pd = arena->page(first);
+  // Keep slabs while the class has little free room, so a workload hovering
+  // around a slab boundary does not carve and release the same slab forever.
+  if (pd.slab_central != pd.slab_slots || central_[cls].list.size() < 3 * std::size_t{pd.slab_slots}) return;
+  const std::size_t size = kClassSize[cls];
+  const std::size_t start = std::size_t{first} * kPage;
+  FreeList& list = central_[cls].list;
+  for (std::uint32_t i = 0; i < pd.slab_slots; ++i) {
+    ControlBlock* cb = arena->block_at(start + i * size);
+    list.erase(list.iterator_to(*cb));
+  }
+  pd.slab_central = 0;
+  std::lock_guard g(mutex_);
+  free_span_locked(arena, first);
+}
+
+void PoolCore::free_span_locked(Arena* arena, std::uint32_t first) noexcept {
+  arena->free_span(first);
+  if (config_.auto_trim && arena->idle()) release_idle_arenas_locked(config_.retain_idle_arenas);
+}
+
+void PoolCore::release_idle_arenas_locked(std::size_t keep) noexcept {
+  // Dedicated arenas have their own (usually zero) retention: keeping a
+  // huge idle mapping registered only pays off if the same size returns.
+  for (bool dedicated : {true, false}) {
+    const std::size_t retain = dedicated ? config_.retain_idle_dedicated : keep;
+    std::size_t idle = 0;
+    for (Arena* a : arenas_) idle += (a->idle() && a->dedicated() == dedicated) ? 1 : 0;
+    // Newest first, so the oldest arenas (and their warm pages) stay.
+    for (std::size_t i = arenas_.size(); i-- > 0 && idle > retain;) {
+      Arena* a = arenas_[i];
+      if (!a->idle() || a->dedicated() != dedicated) continue;
+      {
+        std::unique_lock w(arenas_rw_);
+        arenas_.erase(arenas_.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+      bytes_mapped_ -= a->size();
+      arenas_released_ += 1;
+      deregistrations_ += domains_.size();
+      delete a;
+      --idle;
+    }
+  }
+}
+
+Status PoolCore::grow_locked(std::uint64_t min_bytes, bool dedicated, std::exception_ptr* error) noexcept {
+  const std::uint64_t size =
+      dedicated ? platform::round_up(min_bytes, platform::kHugePageSize) : config_.arena_size;
+  const std::size_t count = dedicated ? 1 : std::max<std::size_t>(1, config_.growth_arenas);
+  for (std::size_t i = 0; i < count; ++i) {
+    if (config_.max_bytes && bytes_mapped_ + size > config_.max_bytes) return i == 0 ? Status::pool_exhausted : Status::ok;
+    auto a = Arena::create(this, size, dedicated, config_, domains_, error);
+    if (!a) return i == 0 ? a.status() : Status::ok;
+    try {
+      std::unique_lock w(arenas_rw_);
+      arenas_.push_back(*a);
+    } catch (...) {
+      delete *a;
+      return i == 0 ? Status::out_of_memory : Status::ok;
+    }
+    bytes_mapped_ += (*a)->size();
+    arenas_created_ += 1;
+    registrations_ += domains_.size();
+    register_ns_ += (*a)->register_ns();
+  }
+  return Status::ok;
+}
+
+void PoolCore::free_large_locked(ControlBlock* cb) noexcept {
+  shared_add(shared_counters_.large_frees, 1);
+  shared_add(shared_counters_.large_bytes_free, cb->capacity);
+  free_span_locked(cb->arena, cb->span_page);
+}
+
+void PoolCore::free(ControlBlock* cb) noexcept {
+  if (detached_.load(std::memory_order_acquire)) {
+    free_detached(cb);
+    return;
+  }
+  ThreadCache* tc = thread_cache();
+  if (cb->kind == BlockKind::slab_slot) {
+    const std::size_t cls = cb->size_class;
+    if (tc) {
+      auto& bin = tc->bins[cls];
+      bin.list.push_front(*cb);
+      tc->counters.frees[cls].add(1);
+      if (bin.list.size() > bin.limit) push_central(cls, bin.list, bin.limit / 2);
+      return;
+    }
+    std::lock_guard g(central_[cls].mutex);
+    push_central_locked(cls, cb);
+    shared_add(shared_counters_.frees[cls], 1);
+    maybe_release_slab_locked(cls, cb);
+    return;
+  }
+  if (tc && cb->capacity <= kSpanCacheMaxObject && !cb->arena->dedicated()) {
+    tc->counters.large_frees.add(1);
+    tc->counters.large_bytes_free.add(cb->capacity);
+    ControlBlock* evict = cb;
+    for (auto& slot : tc->spans) {
+      if (!slot) {
+        slot = cb;
+        evict = nullptr;
+        break;
+      }
+    }
+    if (!evict) return;
+    // Full: keep the newest, return the oldest to its arena.
+    evict = tc->spans[0];
+    std::copy(tc->spans.begin() + 1, tc->spans.end(), tc->spans.begin());
+    tc->spans.back() = cb;
+    // The evicted span was already counted as freed when it was cached.
+    std::lock_guard g(mutex_);
+    free_span_locked(evict->arena, evict->span_page);
+    return;
+  }
+  std::lock_guard g(mutex_);
+  free_large_locked(cb);
+}
+
+void PoolCore::free_detached(ControlBlock* cb) noexcept {
+  bool last = false;
+  {
+    std::lock_guard g(mutex_);
+    if (cb->kind == BlockKind::slab_slot) {
+      shared_add(shared_counters_.frees[cb->size_class], 1);
+    } else {
+      shared_add(shared_counters_.large_frees, 1);
+      shared_add(shared_counters_.large_bytes_free, cb->capacity);
+    }
+    last = --detached_live_ == 0;
+  }
+  if (last) delete this;
+}
+
+void PoolCore::flush_cache(ThreadCache* tc) noexcept {
+  for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
+    auto& bin = tc->bins[c];
+    if (!bin.list.empty()) push_central(c, bin.list, static_cast<std::uint32_t>(bin.list.size()));
+  }
+  std::lock_guard g(mutex_);
+  for (auto& slot : tc->spans) {
+    if (slot) free_span_locked(slot->arena, slot->span_page);
+    slot = nullptr;
+  }
+}
+
+void PoolCore::retire_cache(ThreadCache* tc) noexcept {
+  // Caller holds registry_->mutex.
+  flush_cache(tc);
+  fold(shared_counters_, tc->counters);
+  registry_->caches.erase(registry_->caches.iterator_to(*tc));
+  tc->core = nullptr;
+}
+
+std::size_t PoolCore::trim() noexcept {
+  std::uint64_t before = 0;
+  {
+    std::lock_guard g(mutex_);
+    before = bytes_mapped_;
+  }
+  if (ThreadCache* tc = thread_cache()) flush_cache(tc);
+  for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
+    std::lock_guard gc(central_[c].mutex);
+    std::lock_guard g(mutex_);
+    const std::size_t size = kClassSize[c];
+    FreeList& list = central_[c].list;
+    for (Arena* a : arenas_) {
+      // Spans tile the arena, so walking first pages visits every span.
+      std::uint32_t p = 0;
+      while (p < a->npages()) {
+        PageDesc& pd = a->page(p);
+        if (pd.state == PageState::slab && pd.size_class == c && pd.slab_central == pd.slab_slots) {
+          const std::size_t start = std::size_t{p} * kPage;
+          for (std::uint32_t i = 0; i < pd.slab_slots; ++i)
+            list.erase(list.iterator_to(*a->block_at(start + i * size)));
+          pd.slab_central = 0;
+          // The freed span may merge with its neighbours; continue after the
+          // merged span, never from a page that is now interior.
+          p = a->free_span(p);
+        }
+        p += a->page(p).npages;
+      }
+    }
+  }
+  std::lock_guard g(mutex_);
+  release_idle_arenas_locked(config_.retain_idle_arenas);
+  return static_cast<std::size_t>(before - bytes_mapped_);
+}
+
+std::uint64_t PoolCore::live_objects() const noexcept {
+  std::uint64_t allocs = 0;
+  std::uint64_t frees = 0;
+  auto add = [&](const Counters& k) {
+    for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
+      allocs += k.allocs[c].get();
+      frees += k.frees[c].get();
+    }
+    allocs += k.large_allocs.get();
+    frees += k.large_frees.get();
+  };
+  add(shared_counters_);
+  for (const ThreadCache& tc : registry_->caches) add(tc.counters);
+  return allocs - frees;
+}
+
+void PoolCore::close() noexcept {
+  std::uint64_t live = 0;
+  {
+    std::lock_guard g(registry_->mutex);
+    // Other threads' caches hold only free objects: fold their counters and
+    // forget them. Those threads will find the registry closed at exit.
+    while (!registry_->caches.empty()) {
+      ThreadCache& tc = registry_->caches.front();
+      registry_->caches.pop_front();
+      fold(shared_counters_, tc.counters);
+      for (auto& bin : tc.bins) bin.list.clear();
+      tc.spans.fill(nullptr);
+      tc.core = nullptr;
+    }
+    registry_->core = nullptr;
+    live = live_objects();
+  }
+  if (live == 0) {
+    delete this;
+    return;
+  }
+  {
+    std::lock_guard g(mutex_);
+    detached_live_ = live;
+  }
+  detached_.store(true, std::memory_order_release);
+}
+
+ControlBlock* PoolCore::block_at(const void* base) const noexcept {
+  std::shared_lock r(arenas_rw_);
+  for (Arena* a : arenas_) {
+    if (a->contains(base)) {
+      const auto off = static_cast<std::size_t>(static_cast<const std::byte*>(base) - a->base());
+      if (off % kGranule) return nullptr;
+      return a->block_at(off);
+    }
+  }
+  return nullptr;
+}
+
+PoolStats PoolCore::stats() const {
+  PoolStats s;
+  s.name = config_.name;
+  Counters sum;
+  auto add = [&](const Counters& k) {
+    for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
+      sum.allocs[c].add(k.allocs[c].get());
+      sum.frees[c].add(k.frees[c].get());
+    }
+    sum.large_allocs.add(k.large_allocs.get());
+    sum.large_frees.add(k.large_frees.get());
+    sum.large_bytes_alloc.add(k.large_bytes_alloc.get());
+    sum.large_bytes_free.add(k.large_bytes_free.get());
+  };
+  {
+    std::lock_guard g(registry_->mutex);
+    add(shared_counters_);
+    for (const ThreadCache& tc : registry_->caches) add(tc.counters);
+  }
+  for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
+    auto& sc = s.size_classes[c];
+    sc.object_size = kClassSize[c];
+    sc.allocations = sum.allocs[c].get();
+    // Counters from different threads are read at slightly different
+    // moments; never report a negative live count.
+    const auto f = sum.frees[c].get();
+    sc.live = sc.allocations > f ? sc.allocations - f : 0;
+    s.allocations += sc.allocations;
+    s.releases += f;
+    s.live_objects += sc.live;
+    s.bytes_in_use += sc.live * sc.object_size;
+  }
+  s.large_allocations = sum.large_allocs.get();
+  s.large_live = s.large_allocations > sum.large_frees.get() ? s.large_allocations - sum.large_frees.get() : 0;
+  s.allocations += s.large_allocations;
+  s.releases += sum.large_frees.get();
+  s.live_objects += s.large_live;
+  const auto lb = sum.large_bytes_alloc.get();
+  const auto lf = sum.large_bytes_free.get();
+  s.bytes_in_use += lb > lf ? lb - lf : 0;
+  s.failed_allocations = failed_allocations_.load(std::memory_order_relaxed);
+  {
+    std::lock_guard g(mutex_);
+    s.bytes_mapped = bytes_mapped_;
+    s.arenas = arenas_.size();
+    for (Arena* a : arenas_) s.dedicated_arenas += a->dedicated() ? 1 : 0;
+    s.arenas_created = arenas_created_;
+    s.arenas_released = arenas_released_;
+    s.registrations = registrations_;
+    s.deregistrations = deregistrations_;
+    s.register_ns = register_ns_;
+  }
+  for (const auto& d : domains_) s.domains.push_back(d->stats());
+  return s;
+}
+
+}  // namespace detail
+
+Pool::Pool(std::vector<std::shared_ptr<Domain>> domains, PoolConfig config)
+    : core_(new detail::PoolCore(std::move(domains), std::move(config))) {}
+
+Pool::Pool(Pool&& o) noexcept : core_(o.core_) { o.core_ = nullptr; }
+
+Pool& Pool::operator=(Pool&& o) noexcept {
+  if (this != &o) {
+    if (core_) core_->close();
+    core_ = o.core_;
+    o.core_ = nullptr;
+  }
+  return *this;
+}
+
+Pool::~Pool() {
+  if (core_) core_->close();
+}
+
+Result<Ldo> Pool::allocate(const LdoShape& shape) noexcept {
+  if (!core_) return Status::closed;
+  auto r = core_->allocate(shape);
+  if (!r) return r.status();
+  return Ldo(*r);
+}
+
+std::size_t Pool::trim() noexcept { return core_ ? core_->trim() : 0; }
+
+PoolStats Pool::stats() const {
+  if (!core_) throw Error(Status::closed, 0, "pool: stats() on a moved-from pool");
+  return core_->stats();
+}
+
+const PoolConfig& Pool::config() const noexcept { return core_->config(); }
+
+std::span<const std::shared_ptr<Domain>> Pool::domains() const noexcept {
+  if (!core_) return {};
+  return core_->domains();
+}
+
+}  // namespace regpool

@@ -1,0 +1,113 @@
+#include "regpool/telemetry.hpp"
+
+#include <cstdio>
+#include <ostream>
+#include <sstream>
+
+namespace regpool {
+namespace {
+
+std::string bytes(std::uint64_t b) {
+  char buf[32];
+  if (b >= (std::uint64_t{1} << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / static_cast<double>(1ULL << 30));
+  else if (b >= (std::uint64_t{1} << 20))
+    std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(b) / static_cast<double>(1ULL << 20));
+  else if (b >= 1024)
+    std::snprintf(buf, sizeof buf, "%.2f KiB", static_cast<double>(b) / 1024.0);
+  else
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
+  return buf;
+}
+
+std::string micros(std::uint64_t ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f us", static_cast<double>(ns) / 1000.0);
+  return buf;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      o += buf;
+      continue;
+    }
+    o += c;
+  }
+  return o;
+}
+
+}  // namespace
+
+void print(std::ostream& out, const DomainStats& s) {
+  out << "  domain " << s.name << ": " << s.registrations << " registrations, " << s.deregistrations
+      << " deregistrations, " << s.failed_registrations << " failed, " << s.live_registrations << " live ("
+      << bytes(s.bytes_registered_live) << "), " << bytes(s.bytes_registered_total) << " registered in total, "
+      << micros(s.register_ns) << " registering, " << micros(s.deregister_ns) << " deregistering\n";
+}
+
+void print(std::ostream& out, const PoolStats& s) {
+  out << "pool " << s.name << ":\n"
+      << "  objects: " << s.allocations << " allocations, " << s.releases << " releases, " << s.live_objects
+      << " live, " << s.failed_allocations << " failed\n"
+      << "  memory: " << bytes(s.bytes_in_use) << " in use of " << bytes(s.bytes_mapped) << " mapped in " << s.arenas
+      << " arenas (" << s.dedicated_arenas << " dedicated; " << s.arenas_created << " created, " << s.arenas_released
+      << " released)\n"
+      << "  registrations by this pool: " << s.registrations << " (" << s.deregistrations << " undone), "
+      << micros(s.register_ns) << " registering\n";
+  out << "  size classes:";
+  bool any = false;
+  for (const auto& c : s.size_classes) {
+    if (!c.allocations) continue;
+    out << " " << c.object_size << "B:" << c.allocations << "/" << c.live << "live";
+    any = true;
+  }
+  if (s.large_allocations) {
+    out << " large:" << s.large_allocations << "/" << s.large_live << "live";
+    any = true;
+  }
+  out << (any ? "\n" : " none\n");
+  for (const auto& d : s.domains) print(out, d);
+}
+
+std::string to_string(const PoolStats& stats) {
+  std::ostringstream o;
+  print(o, stats);
+  return o.str();
+}
+
+std::string to_json(const PoolStats& s) {
+  std::ostringstream o;
+  o << "{\"name\":\"" << json_escape(s.name) << "\",\"allocations\":" << s.allocations << ",\"releases\":" << s.releases
+    << ",\"failed_allocations\":" << s.failed_allocations << ",\"live_objects\":" << s.live_objects
+    << ",\"bytes_in_use\":" << s.bytes_in_use << ",\"bytes_mapped\":" << s.bytes_mapped << ",\"arenas\":" << s.arenas
+    << ",\"dedicated_arenas\":" << s.dedicated_arenas << ",\"arenas_created\":" << s.arenas_created
+    << ",\"arenas_released\":" << s.arenas_released << ",\"registrations\":" << s.registrations
+    << ",\"deregistrations\":" << s.deregistrations << ",\"register_ns\":" << s.register_ns
+    << ",\"large_allocations\":" << s.large_allocations << ",\"large_live\":" << s.large_live << ",\"size_classes\":[";
+  bool first = true;
+  for (const auto& c : s.size_classes) {
+    if (!first) o << ",";
+    first = false;
+    o << "{\"object_size\":" << c.object_size << ",\"allocations\":" << c.allocations << ",\"live\":" << c.live << "}";
+  }
+  o << "],\"domains\":[";
+  first = true;
+  for (const auto& d : s.domains) {
+    if (!first) o << ",";
+    first = false;
+    o << "{\"name\":\"" << json_escape(d.name) << "\",\"registrations\":" << d.registrations
+      << ",\"deregistrations\":" << d.deregistrations << ",\"failed_registrations\":" << d.failed_registrations
+      << ",\"live_registrations\":" << d.live_registrations << ",\"bytes_registered_total\":"
+      << d.bytes_registered_total << ",\"bytes_registered_live\":" << d.bytes_registered_live
+      << ",\"register_ns\":" << d.register_ns << ",\"deregister_ns\":" << d.deregister_ns << "}";
+  }
+  o << "]}";
+  return o.str();
+}
+
+}  // namespace regpool
