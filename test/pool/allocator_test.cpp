@@ -1,0 +1,325 @@
+// The pool: size classes, spans, dedicated arenas, growth, the hard cap,
+// trimming, registration counting, coexistence of pools.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <set>
+#include <vector>
+
+#include "regpool/host_domain.hpp"
+#include "regpool/pool.hpp"
+#include "regpool/telemetry.hpp"
+#include "support/fake_domain.hpp"
+
+using namespace regpool;
+using regpool::test::FakeDomain;
+
+namespace {
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+PoolConfig small_config(std::size_t arena_mib = 2) {
+  PoolConfig c;
+  c.arena_size = arena_mib * kMiB;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("objects of every size class are distinct, aligned and writable", "[pool]") {
+  auto d = std::make_shared<FakeDomain>();
+  Pool pool({d}, small_config(4));
+  std::vector<Ldo> objs;
+  std::set<std::byte*> bases;
+  for (std::uint64_t size : {0ULL, 1ULL, 40ULL, 100ULL, 1000ULL, 4000ULL, 20000ULL, 32744ULL, 32745ULL, 100000ULL}) {
+    for (int i = 0; i < 20; ++i) {
+      auto r = pool.allocate(size);
+      REQUIRE(r.ok());
+      Ldo o = std::move(*r);
+      CHECK(o.data_size() == size);
+      CHECK(o.capacity() >= size);
+      CHECK(reinterpret_cast<std::uintptr_t>(o.base()) % 64 == 0);
+      CHECK(reinterpret_cast<std::uintptr_t>(o.data().data()) % 8 == 0);
+      std::memset(o.data().data(), i, o.data().size());
+      CHECK(bases.insert(o.base()).second);
+      objs.push_back(std::move(o));
+    }
+  }
+  // No object overlaps another: the pattern written survives.
+  std::size_t k = 0;
+  for (const Ldo& o : objs) {
+    const auto want = static_cast<std::byte>(k++ % 20);
+    for (std::byte b : o.data()) REQUIRE(b == want);
+  }
+  const auto s = pool.stats();
+  CHECK(s.live_objects == objs.size());
+  CHECK(s.large_live == 40);  // 32745 + header and 100000 exceed the largest class
+}
+
+TEST_CASE("allocation never registers after the first arenas exist", "[pool][registration]") {
+  auto a = std::make_shared<FakeDomain>("a");
+  auto b = std::make_shared<FakeDomain>("b", AddressMode::offset);
+  PoolConfig cfg = small_config(8);
+  cfg.initial_arenas = 2;
+  Pool pool({a, b}, cfg);
+  CHECK(a->calls() == 2);
+  CHECK(b->calls() == 2);
+  for (int round = 0; round < 50; ++round) {
+    std::vector<Ldo> v;
+    for (int i = 0; i < 200; ++i) v.push_back(*pool.allocate(static_cast<std::uint64_t>(i * 37 % 9000)));
+  }
+  const auto s = pool.stats();
+  CHECK(s.allocations == 10000);
+  CHECK(s.registrations == 4);
+  CHECK(a->calls() == 2);
+  CHECK(b->calls() == 2);
+  REQUIRE(s.domains.size() == 2);
+  CHECK(s.domains[0].registrations == 2);
+  CHECK(s.domains[1].registrations == 2);
+}
+
+TEST_CASE("growth registers each new arena once with every domain", "[pool][registration]") {
+  auto a = std::make_shared<FakeDomain>("a");
+  auto b = std::make_shared<FakeDomain>("b");
+  Pool pool({a, b}, small_config(2));
+  std::vector<Ldo> v;
+  for (int i = 0; i < 40; ++i) v.push_back(*pool.allocate(256 * 1024));  // 10 MiB > one arena
+  const auto s = pool.stats();
+  CHECK(s.arenas >= 5);
+  CHECK(a->calls() == s.arenas_created);
+  CHECK(b->calls() == s.arenas_created);
+  CHECK(s.registrations == 2 * s.arenas_created);
+}
+
+TEST_CASE("zero and huge sizes", "[pool][bad-input]") {
+  auto d = std::make_shared<FakeDomain>();
+  Pool pool({d}, small_config());
+  auto z = pool.allocate(0, 0);
+  REQUIRE(z.ok());
+  CHECK(z->data().empty());
+  CHECK(z->meta().empty());
+  CHECK(z->wire_size() == kWireHeaderSize);
+
+  auto huge = pool.allocate(std::uint64_t{1} << 62);
+  CHECK(huge.status() == Status::invalid_argument);
+  auto overflow = pool.allocate(LdoShape{UINT64_MAX, UINT64_MAX, 0, 0});
+  CHECK(overflow.status() == Status::invalid_argument);
+  CHECK(pool.allocate(std::uint64_t{1} << 47).status() == Status::invalid_argument);  // > kMaxObjectBytes
+  // Plausible but unmappable: 8 TiB is more than this machine will map.
+  auto unmappable = pool.allocate(std::uint64_t{1} << 43);
+  CHECK_FALSE(unmappable.ok());
+  CHECK(unmappable.status() == Status::out_of_memory);
+  CHECK(pool.stats().failed_allocations == 4);
+  // The pool is unharmed.
+  CHECK(pool.allocate(100).ok());
+}
+
+TEST_CASE("an exhausted pool at its cap fails with a clear status and recovers", "[pool][cap]") {
+  auto d = std::make_shared<FakeDomain>();
+  PoolConfig cfg = small_config(2);
+  cfg.max_bytes = 4 * kMiB;
+  Pool pool({d}, cfg);
+  std::vector<Ldo> v;
+  Status last = Status::ok;
+  for (int i = 0; i < 1000; ++i) {
+    auto r = pool.allocate(60 * 1024);
+    if (!r) {
+      last = r.status();
+      break;
+    }
+    v.push_back(std::move(*r));
+  }
+  CHECK(last == Status::pool_exhausted);
+  CHECK(v.size() >= 60);
+  CHECK(pool.stats().bytes_mapped <= cfg.max_bytes);
+  // Bigger than the cap at all: fails at once, maps nothing.
+  CHECK(pool.allocate(8 * kMiB).status() == Status::pool_exhausted);
+  v.pop_back();
+  CHECK(pool.allocate(60 * 1024).ok());
+  CHECK(std::string(to_string(Status::pool_exhausted)).find("cap") != std::string::npos);
+}
+
+TEST_CASE("initial arenas beyond the cap are a setup error", "[pool][cap]") {
+  auto d = std::make_shared<FakeDomain>();
+  PoolConfig cfg = small_config(2);
+  cfg.initial_arenas = 3;
+  cfg.max_bytes = 4 * kMiB;
+  CHECK_THROWS_AS(Pool({d}, cfg), Error);
+  CHECK(d->calls() == 0);
+}
+
+TEST_CASE("objects larger than an arena get a dedicated arena, released when idle", "[pool][dedicated]") {
+  auto d = std::make_shared<FakeDomain>();
+  Pool pool({d}, small_config(2));
+  {
+    auto big = pool.allocate(5 * kMiB);
+    REQUIRE(big.ok());
+    CHECK(big->capacity() >= 5 * kMiB);
+    std::memset(big->data().data(), 0xab, big->data().size());
+    const auto s = pool.stats();
+    CHECK(s.dedicated_arenas == 1);
+    CHECK(s.arenas == 2);
+  }
+  const auto s = pool.stats();
+  CHECK(s.dedicated_arenas == 0);
+  CHECK(s.arenas_released == 1);
+  CHECK(d->stats().live_registrations == 1);
+}
+
+TEST_CASE("registration failure while growing is a status, and the pool stays usable", "[pool][registration]") {
+  auto d = std::make_shared<FakeDomain>();
+  Pool pool({d}, small_config(2));
+  std::vector<Ldo> v;
+  for (int i = 0; i < 7; ++i) v.push_back(*pool.allocate(256 * 1024));  // fills most of the arena
+  d->fail_next(1);
+  auto r = pool.allocate(1536 * 1024);
+  CHECK(r.status() == Status::registration_failed);
+  CHECK(pool.stats().arenas == 1);
+  auto again = pool.allocate(1536 * 1024);
+  CHECK(again.ok());
+}
+
+TEST_CASE("registration failure at construction throws the domain's error", "[pool][registration]") {
+  auto good = std::make_shared<FakeDomain>("good");
+  auto bad = std::make_shared<FakeDomain>("bad");
+  bad->fail_next(1);
+  try {
+    Pool pool({good, bad}, small_config());
+    FAIL("expected an Error");
+  } catch (const Error& e) {
+    CHECK(e.status() == Status::registration_failed);
+    CHECK(e.provider_code() == -1234);
+  }
+  // The registration with the good domain was undone.
+  CHECK(good->stats().live_registrations == 0);
+}
+
+TEST_CASE("bad pool configurations are refused at setup", "[pool][bad-input]") {
+  auto d = std::make_shared<FakeDomain>();
+  PoolConfig zero;
+  zero.arena_size = 0;
+  CHECK_THROWS_AS(Pool({d}, zero), Error);
+  CHECK_THROWS_AS(Pool({d, d}, small_config()), Error);
+  CHECK_THROWS_AS(Pool({nullptr}, small_config()), Error);
+  std::vector<std::shared_ptr<Domain>> many;
+  for (std::size_t i = 0; i <= kMaxPoolDomains; ++i) many.push_back(std::make_shared<FakeDomain>());
+  CHECK_THROWS_AS(Pool(many, small_config()), Error);
+}
+
+TEST_CASE("trim returns idle arenas and deregisters them", "[pool][trim]") {
+  auto d = std::make_shared<FakeDomain>();
+  PoolConfig cfg = small_config(2);
+  cfg.auto_trim = false;
+  Pool pool({d}, cfg);
+  {
+    std::vector<Ldo> v;
+    for (int i = 0; i < 2000; ++i) v.push_back(*pool.allocate(2000));  // ~5 MiB of small objects
+    for (int i = 0; i < 10; ++i) v.push_back(*pool.allocate(300 * 1024));
+    CHECK(pool.stats().arenas >= 4);
+  }
+  const auto before = pool.stats();
+  CHECK(before.live_objects == 0);
+  const std::size_t released = pool.trim();
+  const auto after = pool.stats();
+  CHECK(released == before.bytes_mapped - after.bytes_mapped);
+  CHECK(after.arenas == 1);
+  CHECK(d->stats().live_registrations == 1);
+  CHECK(after.deregistrations == after.arenas_released);
+  // The retained arena still serves objects.
+  CHECK(pool.allocate(2000).ok());
+}
+
+TEST_CASE("several pools coexist; destroying one leaves the other intact", "[pool]") {
+  auto da = std::make_shared<FakeDomain>("a");
+  auto db = std::make_shared<FakeDomain>("b");
+  auto pa = std::make_unique<Pool>(std::vector<std::shared_ptr<Domain>>{da}, small_config());
+  Pool pb({db}, small_config());
+  Ldo from_b = *pb.allocate(500);
+  std::memset(from_b.data().data(), 7, 500);
+  Ldo from_a = *pa->allocate(500);
+  CHECK(from_a.region(*da).ok());
+  CHECK(from_a.region(*db).status() == Status::unsupported);
+  from_a.reset();
+  pa.reset();
+  CHECK(da->stats().live_registrations == 0);
+  CHECK(db->stats().live_registrations == 1);
+  for (std::byte b : from_b.data()) REQUIRE(b == std::byte{7});
+  CHECK(pb.allocate(500).ok());
+}
+
+TEST_CASE("objects outliving their pool keep its arenas registered until the last drop", "[pool]") {
+  auto d = std::make_shared<FakeDomain>();
+  Ldo survivor;
+  Ldo large;
+  {
+    Pool pool({d}, small_config());
+    survivor = *pool.allocate(100);
+    large = *pool.allocate(100000);
+  }
+  CHECK(d->stats().live_registrations == 1);
+  std::memset(survivor.data().data(), 1, 100);
+  Ldo copy = survivor;
+  survivor.reset();
+  large.reset();
+  CHECK(d->stats().live_registrations == 1);
+  copy.reset();
+  CHECK(d->stats().live_registrations == 0);
+}
+
+TEST_CASE("without thread caches the pool still balances", "[pool]") {
+  auto d = std::make_shared<FakeDomain>();
+  PoolConfig cfg = small_config();
+  cfg.thread_cache = false;
+  Pool pool({d}, cfg);
+  {
+    std::vector<Ldo> v;
+    for (int i = 0; i < 3000; ++i) v.push_back(*pool.allocate(static_cast<std::uint64_t>(i % 3000)));
+    for (int i = 0; i < 20; ++i) v.push_back(*pool.allocate(50000));
+  }
+  const auto s = pool.stats();
+  CHECK(s.live_objects == 0);
+  CHECK(s.allocations == 3020);
+  CHECK(s.releases == 3020);
+  CHECK(s.bytes_in_use == 0);
+}
+
+TEST_CASE("telemetry adds up and prints", "[pool][telemetry]") {
+  auto d = std::make_shared<FakeDomain>("fake0");
+  Pool pool({d}, small_config());
+  std::vector<Ldo> v;
+  for (int i = 0; i < 10; ++i) v.push_back(*pool.allocate(40));  // 64-byte class
+  for (int i = 0; i < 3; ++i) v.push_back(*pool.allocate(10000));
+  v.push_back(*pool.allocate(100000));
+  const auto s = pool.stats();
+  CHECK(s.size_classes[0].object_size == 64);
+  CHECK(s.size_classes[0].allocations == 10);
+  CHECK(s.size_classes[0].live == 10);
+  CHECK(s.large_allocations == 1);
+  CHECK(s.live_objects == 14);
+  std::uint64_t expect = 10 * 64;
+  for (const auto& c : s.size_classes)
+    if (c.object_size >= 10024 && c.live == 3) expect += 3 * c.object_size;
+  expect += 25 * 4096;  // 100000 + header, rounded up to pages
+  CHECK(s.bytes_in_use == expect);
+  CHECK(s.bytes_mapped == 2 * kMiB);
+  const std::string text = to_string(s);
+  CHECK(text.find("fake0") != std::string::npos);
+  CHECK(text.find("14 live") != std::string::npos);
+  const std::string json = to_json(s);
+  CHECK(json.front() == '{');
+  CHECK(json.find("\"live_objects\":14") != std::string::npos);
+}
+
+TEST_CASE("numa binding to a node that does not exist fails at setup", "[pool][numa]") {
+  auto d = std::make_shared<FakeDomain>();
+  PoolConfig cfg = small_config();
+  cfg.numa_node = 1000;
+  CHECK_THROWS_AS(Pool({d}, cfg), Error);
+  cfg.numa_node = 0;
+  try {
+    Pool pool({d}, cfg);
+    CHECK(pool.allocate(10).ok());
+  } catch (const Error& e) {
+    CHECK(e.status() == Status::unsupported);  // built without libnuma
+  }
+}
