@@ -62,8 +62,9 @@ class Registration {
   std::byte* base() const noexcept { return base_; }
   std::size_t length() const noexcept { return length_; }
   Access access() const noexcept { return access_; }
-  // Local descriptor for data-path calls (fi_mr_desc; nullptr when the
-  // provider does not need FI_MR_LOCAL descriptors).
+  // Local descriptor for data-path calls (libfabric: fi_mr_desc, handed out
+  // even without FI_MR_LOCAL since some providers use it anyway; nullptr for
+  // backends without descriptors).
   void* descriptor() const noexcept { return desc_; }
   // Verbs lkey; 0 elsewhere.
   std::uint32_t local_key() const noexcept { return lkey_; }

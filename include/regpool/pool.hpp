@@ -34,6 +34,9 @@ class PoolCore;
 
 inline constexpr std::size_t kNumSizeClasses = 32;
 inline constexpr std::size_t kMaxSmallObject = 32 * 1024;
+// Largest object (header + sections) a pool will try to map: 16 TiB. Bigger
+// requests fail with Status::invalid_argument before any arithmetic.
+inline constexpr std::uint64_t kMaxObjectBytes = std::uint64_t{1} << 44;
 // Domains one pool can serve at once (each arena holds one registration per
 // domain in a fixed array, so serving a domain never allocates).
 inline constexpr std::size_t kMaxPoolDomains = 8;

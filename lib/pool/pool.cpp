@@ -9,9 +9,8 @@ namespace detail {
 namespace {
 
 constexpr std::uint64_t kPage = platform::kPageSize;
-// Sections beyond this are rejected up front so size arithmetic can never
-// overflow (no machine maps 2^48 bytes anyway).
-constexpr std::uint64_t kMaxObjectBytes = std::uint64_t{1} << 48;
+// Objects beyond kMaxObjectBytes are rejected up front, so size arithmetic
+// can never overflow and page counts fit in 32 bits.
 
 std::atomic<std::uint64_t> g_next_pool_id{1};  // identity only; no pool state is global
 
@@ -247,7 +246,6 @@ Result<ControlBlock*> PoolCore::allocate_large(std::uint64_t bytes) noexcept {
   }
   const bool dedicated = capacity > config_.arena_size;
   std::lock_guard g(mutex_);
-  if (capacity / kPage > UINT32_MAX) return Status::invalid_argument;
   const auto npages = static_cast<std::uint32_t>(capacity / kPage);
   Arena* arena = nullptr;
   std::optional<std::uint32_t> first;
