@@ -1,13 +1,20 @@
 #pragma once
 // Umbrella header: the whole public API of regpool.
 
+#include "regpool/bootstrap.hpp"
 #include "regpool/domain.hpp"
+#include "regpool/endpoint.hpp"
 #include "regpool/error.hpp"
 #include "regpool/host_domain.hpp"
 #include "regpool/ldo.hpp"
 #include "regpool/memory_resource.hpp"
 #include "regpool/pool.hpp"
+#include "regpool/remote_ref.hpp"
+#include "regpool/slice.hpp"
 #include "regpool/telemetry.hpp"
 #if __has_include("regpool/fabric_domain.hpp")
 #include "regpool/fabric_domain.hpp"
+#endif
+#if __has_include("regpool/fabric_endpoint.hpp")
+#include "regpool/fabric_endpoint.hpp"
 #endif

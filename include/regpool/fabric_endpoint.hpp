@@ -1,0 +1,196 @@
+#pragma once
+// libfabric transport: an Endpoint over one FI_EP_RDM endpoint of a
+// FabricDomain, with its own address vector (FI_AV_TABLE) and completion
+// queue.
+//
+// Provider behaviour this class is built around (measured, see FACTS.md):
+//  - Manual progress (tcp;ofi_rxm, shm): operations aimed at a process
+//    complete only while that process calls progress() (or runs the progress
+//    thread). On tcp the first operation to a peer answers -FI_EAGAIN until
+//    the peer progresses (connection setup); the base class retries after
+//    polling, bounded by EndpointConfig::post_timeout.
+//  - Keys: shm checks neither keys nor access rights. The protection users
+//    get there is the base class's check before the wire, which every
+//    operation goes through. tcp checks keys, and with FI_DELIVERY_COMPLETE
+//    a bad write fails itself instead of poisoning the next operation.
+//  - Exposures are per-export sub-registrations (fi_mr_reg of exactly the
+//    slice with exactly the rights asked), so on providers that check keys a
+//    key grants that slice only, and revoking closes it.
+//  - Atomics: native (fi_fetch_atomic / fi_compare_atomic, FI_UINT64) where
+//    the provider's own core has FI_ATOMIC (shm). On layered providers
+//    (tcp;ofi_rxm) they are emulated: a request message goes to the target's
+//    control endpoint, the target's progress() validates it against its
+//    exposures (key, range, rights, alignment) and applies it with
+//    std::atomic_ref under the endpoint's mutex, then replies with the old
+//    value. Emulated atomics are atomic against each other (all of them on a
+//    target are applied by that target, one at a time) and against local
+//    std::atomic_ref users, not against native NIC atomics (there are none).
+//    The control endpoint is a second FI_EP_RDM endpoint: the domain offers
+//    no FI_TAGGED, so control traffic cannot share the user's receive
+//    queue without landing in user buffers.
+//  - Errors map to statuses: FI_ECANCELED/ENOTCONN/EPIPE/ECONNRESET/
+//    EHOSTUNREACH/ECONNREFUSED -> peer_unreachable (peer marked broken, use
+//    reconnect()), key errors -> bad_key, FI_EACCES/EPERM -> access_denied,
+//    FI_ETRUNC -> out_of_bounds, FI_ETIMEDOUT -> timeout.
+//  - reconnect(peer) removes the peer's addresses from the address vectors
+//    and inserts them again, which makes rxm open new connections.
+//
+// Ownership: the endpoint keeps its FabricDomain alive (shared_ptr). Pools
+// serving that domain must outlive nothing here: in-flight operations hold
+// their LDOs. Thread-safety: as Endpoint.
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "regpool/endpoint.hpp"
+#include "regpool/fabric_domain.hpp"
+
+struct fid_av;
+struct fid_cq;
+struct fid_ep;
+
+namespace regpool {
+
+struct FabricEndpointOptions {
+  enum class Atomics : std::uint8_t {
+    automatic,  // native where the core provider has FI_ATOMIC, else emulated
+    native,     // fail at construction when unavailable
+    emulated,   // always messages (for tests and comparisons)
+  };
+  Atomics atomics = Atomics::automatic;
+  enum class DeliveryComplete : std::uint8_t {
+    automatic,  // on for layered providers (tcp;ofi_rxm), off elsewhere
+    on,
+    off,
+  };
+  // FI_DELIVERY_COMPLETE on writes and atomics: the initiator's completion
+  // waits for the target to have applied the data. On tcp;ofi_rxm this is
+  // what makes a rejected write fail itself. On shm it makes the target
+  // check keys, but a rejected op then never completes (it times out), and
+  // every write needs target progress: off by default there.
+  DeliveryComplete delivery_complete = DeliveryComplete::automatic;
+  // Requests an emulating target can hold at once (receive buffers of the
+  // control endpoint).
+  std::size_t control_slots = 64;
+  // Completion queue depth (0 = max_in_flight + 2 * control_slots).
+  std::size_t cq_size = 0;
+};
+
+class FabricEndpoint final : public Endpoint {
+ public:
+  // Setup: throws Error with the provider's code.
+  FabricEndpoint(std::shared_ptr<FabricDomain> domain, const EndpointConfig& config = {},
+                 const FabricEndpointOptions& options = {});
+  ~FabricEndpoint() override;
+
+  static std::unique_ptr<FabricEndpoint> open(std::shared_ptr<FabricDomain> domain, const EndpointConfig& config = {},
+                                              const FabricEndpointOptions& options = {}) {
+    return std::make_unique<FabricEndpoint>(std::move(domain), config, options);
+  }
+
+  const std::shared_ptr<FabricDomain>& fabric_domain() const noexcept { return domain_; }
+  bool emulates_atomics() const noexcept { return emulated_atomics_; }
+  bool uses_delivery_complete() const noexcept { return delivery_complete_; }
+  // For benchmarks and tests comparing with direct libfabric use.
+  fid_ep* native_endpoint() const noexcept { return ep_; }
+
+ protected:
+  Backend backend_kind() const noexcept override { return Backend::fabric; }
+  Domain& domain() const noexcept override { return *domain_; }
+  std::uint64_t max_message_size() const noexcept override { return max_msg_; }
+  bool needs_target_progress() const noexcept override { return manual_progress_ || emulated_atomics_; }
+  bool do_native_atomics() const noexcept override { return !emulated_atomics_; }
+  std::vector<std::byte> do_name() const override;
+  std::uint64_t do_insert_peer(std::span<const std::byte> name) override;
+  void do_remove_peer(std::uint64_t handle) noexcept override;
+  Status do_put(const OpDesc& op) noexcept override;
+  Status do_get(const OpDesc& op) noexcept override;
+  Status do_send(const OpDesc& op) noexcept override;
+  Status do_recv(const OpDesc& op) noexcept override;
+  Status do_atomic(const OpDesc& op) noexcept override;
+  std::size_t do_poll(std::size_t max) noexcept override;
+  void do_cancel(const OpDesc& op) noexcept override;
+  Result<ExposureInfo> do_expose(const Slice& slice, RemoteAccess access) noexcept override;
+  void do_revoke(std::uint64_t handle) noexcept override;
+
+ private:
+  struct PeerAddr {
+    bool used = false;
+    std::uint64_t data = 0;  // fi_addr_t in av_
+    std::uint64_t ctrl = 0;  // fi_addr_t in ctrl_av_ (emulated atomics)
+    std::vector<std::byte> ctrl_name;
+  };
+  struct ExposureRec {
+    bool live = false;
+    Registration registration;
+    std::byte* base = nullptr;
+    std::uint64_t length = 0;
+    std::uint64_t address = 0;  // as in the RemoteRef
+    RemoteAccess access = RemoteAccess::read_only;
+  };
+  // Emulated atomics, per operation slot.
+  struct EmuOp {
+    std::uint64_t token = 0;  // 0 = none outstanding
+    bool send_done = false;
+    bool reply_done = false;
+    Status status = Status::ok;
+    std::uint64_t value = 0;
+  };
+  struct ReplyAddr {
+    std::vector<std::byte> name;
+    std::uint64_t addr = 0;
+  };
+
+  void open_resources(const FabricEndpointOptions& options);
+  void close_resources() noexcept;
+  Status post_emulated(const OpDesc& op) noexcept;
+  std::size_t poll_data(std::size_t max) noexcept;
+  std::size_t poll_ctrl() noexcept;
+  void serve_request(std::size_t k) noexcept;
+  void handle_reply(std::size_t k) noexcept;
+  Status post_ctrl_recv(std::size_t k) noexcept;
+  void flush_pending_replies() noexcept;
+  void finish_emulated(std::uint32_t index) noexcept;
+  Result<std::uint64_t> reply_address(std::span<const std::byte> name) noexcept;
+  Status rma_status(int rc) noexcept;
+  void* local_desc(const OpDesc& op) noexcept;
+
+  std::shared_ptr<FabricDomain> domain_;
+  FabricEndpointOptions options_;
+  fid_av* av_ = nullptr;
+  fid_cq* cq_ = nullptr;
+  fid_ep* ep_ = nullptr;
+  std::vector<std::byte> name_;
+  std::uint64_t max_msg_ = 0;
+  bool manual_progress_ = true;
+  bool delivery_complete_ = false;
+  bool emulated_atomics_ = false;
+
+  std::vector<PeerAddr> peers_;
+  std::vector<ExposureRec> exposures_;
+  std::unordered_map<std::uint64_t, std::size_t> exposure_by_key_;
+
+  // Native atomics: operand / compare / result words per slot, registered
+  // once so FI_MR_LOCAL providers get descriptors.
+  std::vector<std::uint64_t> atomic_words_;
+  Registration atomic_reg_;
+
+  // Emulated atomics: the control endpoint and its buffers.
+  fid_av* ctrl_av_ = nullptr;
+  fid_cq* ctrl_cq_ = nullptr;
+  fid_ep* ctrl_ep_ = nullptr;
+  std::vector<std::byte> ctrl_name_;
+  std::vector<std::byte> ctrl_buffers_;  // requests out (per slot), then rx, then replies
+  Registration ctrl_reg_;
+  std::vector<EmuOp> emu_;
+  std::unique_ptr<std::byte[]> ctrl_contexts_;  // fi_context2 per request send, rx and reply
+  std::vector<std::size_t> pending_replies_;    // rx indices whose reply could not be sent yet
+  std::vector<std::uint64_t> reply_dest_;        // per rx index: where its reply goes
+  std::vector<ReplyAddr> reply_addrs_;
+};
+
+}  // namespace regpool

@@ -1,0 +1,581 @@
+#include "regpool/endpoint.hpp"
+
+#include <algorithm>
+#include <random>
+
+namespace regpool {
+namespace {
+
+// Completions handed to callbacks per round of progress(); bounds the stack
+// space progress() uses (callbacks and results are moved out of their slots
+// so they can run without the endpoint's mutex).
+constexpr std::size_t kDeliverBatch = 32;
+// Deadlines are scanned at most this often: scanning walks every slot.
+constexpr auto kExpiryScanInterval = std::chrono::milliseconds(1);
+
+bool needs_peer(OpKind k) noexcept { return k != OpKind::recv; }
+
+}  // namespace
+
+const char* to_string(OpKind k) noexcept {
+  switch (k) {
+    case OpKind::put: return "put";
+    case OpKind::get: return "get";
+    case OpKind::send: return "send";
+    case OpKind::recv: return "recv";
+    case OpKind::fetch_add: return "fetch_add";
+    case OpKind::compare_swap: return "compare_swap";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------- Exposure
+
+Exposure& Exposure::operator=(Exposure&& o) noexcept {
+  if (this != &o) {
+    revoke();
+    link_ = std::move(o.link_);
+    slice_ = std::move(o.slice_);
+    ref_ = o.ref_;
+    active_ = o.active_;
+    o.active_ = false;
+  }
+  return *this;
+}
+
+void Exposure::revoke() noexcept {
+  if (active_) {
+    active_ = false;
+    if (link_) {
+      std::lock_guard<std::mutex> g(link_->mutex);
+      if (link_->ep) link_->ep->revoke_exposure(ref_.exposure_id);
+    }
+  }
+  link_.reset();
+  // Only after the key is gone may the bytes go back to the pool.
+  slice_ = Slice{};
+}
+
+// ---------------------------------------------------------------- Endpoint
+
+Endpoint::Endpoint(const EndpointConfig& config) : config_(config) {
+  if (config_.max_in_flight == 0 || config_.max_in_flight > (std::size_t{1} << 24)) {
+    throw Error(Status::invalid_argument, 0,
+                "endpoint: max_in_flight must be between 1 and 2^24 (got " + std::to_string(config_.max_in_flight) +
+                    ")");
+  }
+  if (config_.poll_batch == 0) config_.poll_batch = 1;
+  const std::size_t n = config_.max_in_flight;
+  slots_ = std::make_unique<Slot[]>(n);
+  free_.reserve(n);
+  for (std::size_t i = n; i-- > 0;) free_.push_back(static_cast<std::uint32_t>(i));
+  ready_.assign(n, 0);
+  peers_.reserve(16);
+  link_ = std::make_shared<detail::ExposureLink>();
+  link_->ep = this;
+  // Exposure ids differ between endpoint incarnations, so a reference from a
+  // previous run of a peer is not mistaken for a current one.
+  std::random_device rd;
+  exposure_nonce_ = (static_cast<std::uint64_t>(rd()) & 0xffffffffu) | 1u;
+}
+
+Endpoint::~Endpoint() {
+  // Derived destructors call shutdown(); this is the safety net for the
+  // thread and the exposures' back pointer only (no virtual calls here).
+  stopping_.store(true, std::memory_order_release);
+  if (progress_thread_.joinable()) progress_thread_.join();
+  if (link_) {
+    std::lock_guard<std::mutex> g(link_->mutex);
+    link_->ep = nullptr;
+  }
+}
+
+void Endpoint::start() {
+  if (config_.progress_thread && !progress_thread_.joinable()) {
+    progress_thread_ = std::thread([this] { progress_thread_main(); });
+  }
+}
+
+void Endpoint::shutdown() noexcept {
+  stopping_.store(true, std::memory_order_release);
+  if (progress_thread_.joinable() && progress_thread_.get_id() != std::this_thread::get_id()) {
+    progress_thread_.join();
+  }
+  {
+    std::lock_guard<std::mutex> g(link_->mutex);
+    link_->ep = nullptr;
+  }
+  std::lock_guard<std::mutex> g(mutex_);
+  for (auto& [id, handle] : exposures_) do_revoke(handle);
+  exposures_.clear();
+  usable_.store(false, std::memory_order_release);
+}
+
+PeerId Endpoint::insert_peer(std::span<const std::byte> name) {
+  if (name.empty()) throw Error(Status::invalid_argument, 0, "endpoint: empty peer name");
+  std::lock_guard<std::mutex> g(mutex_);
+  for (std::size_t i = 0; i < peers_.size(); ++i) {
+    const Peer& p = peers_[i];
+    if (p.used && p.name.size() == name.size() && std::equal(name.begin(), name.end(), p.name.begin())) {
+      return static_cast<PeerId>(i);
+    }
+  }
+  Peer p;
+  p.name.assign(name.begin(), name.end());
+  p.handle = do_insert_peer(name);
+  p.used = true;
+  for (std::size_t i = 0; i < peers_.size(); ++i) {
+    if (!peers_[i].used) {
+      peers_[i] = std::move(p);
+      return static_cast<PeerId>(i);
+    }
+  }
+  if (peers_.size() >= kAnyPeer) {
+    do_remove_peer(p.handle);
+    throw Error(Status::invalid_argument, 0, "endpoint: too many peers");
+  }
+  peers_.push_back(std::move(p));
+  return static_cast<PeerId>(peers_.size() - 1);
+}
+
+void Endpoint::remove_peer(PeerId peer) noexcept {
+  std::lock_guard<std::mutex> g(mutex_);
+  if (peer >= peers_.size() || !peers_[peer].used) return;
+  do_remove_peer(peers_[peer].handle);
+  peers_[peer].used = false;
+  peers_[peer].broken = false;
+  peers_[peer].name.clear();
+}
+
+std::size_t Endpoint::peer_count() const noexcept {
+  std::lock_guard<std::mutex> g(mutex_);
+  return static_cast<std::size_t>(std::count_if(peers_.begin(), peers_.end(), [](const Peer& p) { return p.used; }));
+}
+
+bool Endpoint::usable(PeerId peer) const noexcept {
+  std::lock_guard<std::mutex> g(mutex_);
+  return usable() && peer < peers_.size() && peers_[peer].used && !peers_[peer].broken;
+}
+
+Result<std::uint64_t> Endpoint::do_reconnect(PeerId /*peer*/, std::uint64_t handle,
+                                             std::span<const std::byte> name) noexcept {
+  do_remove_peer(handle);
+  try {
+    return do_insert_peer(name);
+  } catch (const Error& e) {
+    return e.status() == Status::ok ? Status::transport_error : e.status();
+  } catch (...) {
+    return Status::transport_error;
+  }
+}
+
+Status Endpoint::reconnect(PeerId peer) noexcept {
+  std::lock_guard<std::mutex> g(mutex_);
+  if (!usable()) return Status::closed;
+  if (peer >= peers_.size() || !peers_[peer].used) return Status::invalid_argument;
+  // Operations still out to the old connection will never be answered by
+  // it: give their owners an answer now (their slots stay with the backend
+  // until it lets go of them).
+  for (std::size_t i = 0; i < config_.max_in_flight; ++i) {
+    Slot& s = slots_[i];
+    if (s.backend_owned && !s.completed && s.desc.kind != OpKind::recv && s.desc.peer == peer) {
+      finish_locked(s, static_cast<std::uint32_t>(i), Status::peer_unreachable, 0, 0, kAnyPeer);
+      do_cancel(s.desc);
+    }
+  }
+  Peer& p = peers_[peer];
+  auto r = do_reconnect(peer, p.handle, p.name);
+  if (!r) {
+    p.broken = true;
+    return r.status();
+  }
+  p.handle = *r;
+  p.broken = false;
+  reconnects_.fetch_add(1, std::memory_order_relaxed);
+  return Status::ok;
+}
+
+Result<Exposure> Endpoint::expose(const Slice& slice, RemoteAccess access) noexcept {
+  if (!slice || slice.length() == 0) return Status::invalid_argument;
+  if (!slice.within_object()) return Status::out_of_bounds;
+  if (access != RemoteAccess::read_only && access != RemoteAccess::read_write) return Status::invalid_argument;
+  std::lock_guard<std::mutex> g(mutex_);
+  if (!usable()) return Status::closed;
+  auto info = do_expose(slice, access);
+  if (!info) return info.status();
+  const std::uint64_t id = (exposure_nonce_ << 32) | (next_exposure_id_++ & 0xffffffffu);
+  try {
+    exposures_.emplace(id, info->handle);
+  } catch (...) {
+    do_revoke(info->handle);
+    return Status::out_of_memory;
+  }
+  Exposure e;
+  e.link_ = link_;
+  e.slice_ = slice;
+  e.ref_.backend = backend_kind();
+  e.ref_.access = access;
+  e.ref_.mode = info->mode;
+  e.ref_.key = info->key;
+  e.ref_.address = info->address;
+  e.ref_.length = slice.length();
+  e.ref_.exposure_id = id;
+  e.ref_.flags = reinterpret_cast<std::uintptr_t>(slice.address()) % 8 == 0 ? RemoteRef::kFlagAligned8 : 0;
+  e.active_ = true;
+  return e;
+}
+
+void Endpoint::revoke_exposure(std::uint64_t exposure_id) noexcept {
+  std::lock_guard<std::mutex> g(mutex_);
+  auto it = exposures_.find(exposure_id);
+  if (it == exposures_.end()) return;
+  do_revoke(it->second);
+  exposures_.erase(it);
+}
+
+Status Endpoint::reject(Status st) noexcept {
+  rejected_.fetch_add(1, std::memory_order_relaxed);
+  return st;
+}
+
+Result<Token> Endpoint::put(const Slice& local, PeerId peer, const RemoteRef& remote, std::uint64_t remote_offset,
+                            Callback cb) noexcept {
+  return submit(OpKind::put, peer, &local, &remote, remote_offset, local.length(), 0, 0, std::move(cb));
+}
+
+Result<Token> Endpoint::get(PeerId peer, const RemoteRef& remote, std::uint64_t remote_offset, const Slice& local,
+                            Callback cb) noexcept {
+  return submit(OpKind::get, peer, &local, &remote, remote_offset, local.length(), 0, 0, std::move(cb));
+}
+
+Result<Token> Endpoint::send(PeerId peer, const Slice& local, Callback cb) noexcept {
+  return submit(OpKind::send, peer, &local, nullptr, 0, local.length(), 0, 0, std::move(cb));
+}
+
+Result<Token> Endpoint::post_recv(const Slice& local, Callback cb) noexcept {
+  return submit(OpKind::recv, kAnyPeer, &local, nullptr, 0, local.length(), 0, 0, std::move(cb));
+}
+
+Result<Token> Endpoint::fetch_add(PeerId peer, const RemoteRef& remote, std::uint64_t remote_offset,
+                                  std::uint64_t addend, Callback cb) noexcept {
+  return submit(OpKind::fetch_add, peer, nullptr, &remote, remote_offset, 8, addend, 0, std::move(cb));
+}
+
+Result<Token> Endpoint::compare_swap(PeerId peer, const RemoteRef& remote, std::uint64_t remote_offset,
+                                     std::uint64_t expected, std::uint64_t desired, Callback cb) noexcept {
+  return submit(OpKind::compare_swap, peer, nullptr, &remote, remote_offset, 8, desired, expected, std::move(cb));
+}
+
+Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
+                               std::uint64_t remote_offset, std::uint64_t length, std::uint64_t operand,
+                               std::uint64_t compare, Callback&& cb) noexcept {
+  // Checks that need no lock first: they are the ones users hit.
+  if (local) {
+    if (!*local || length == 0) return reject(Status::invalid_argument);
+    if (!local->within_object()) return reject(Status::out_of_bounds);
+  }
+  if (remote) {
+    if (remote->backend != backend_kind()) return reject(Status::invalid_argument);
+    if (!remote->contains(remote_offset, length)) return reject(Status::out_of_bounds);
+    const bool writes = kind != OpKind::get;  // put and both atomics modify the target
+    if (writes && !remote->allows_write()) return reject(Status::access_denied);
+    if ((kind == OpKind::fetch_add || kind == OpKind::compare_swap) && !remote->aligned_word(remote_offset)) {
+      return reject(Status::invalid_argument);
+    }
+  }
+  if ((kind == OpKind::send || kind == OpKind::recv) && length > max_message_size()) {
+    return reject(Status::invalid_argument);
+  }
+
+  std::lock_guard<std::mutex> g(mutex_);
+  if (!usable() || stopping_.load(std::memory_order_relaxed)) return reject(Status::closed);
+  std::uint64_t peer_handle = 0;
+  if (needs_peer(kind)) {
+    if (peer >= peers_.size() || !peers_[peer].used) return reject(Status::invalid_argument);
+    if (peers_[peer].broken) return reject(Status::peer_unreachable);
+    peer_handle = peers_[peer].handle;
+  }
+  if (free_.empty()) {
+    // Completed operations give their slots back during a poll.
+    (void)poll_locked();
+    if (free_.empty()) return reject(Status::would_block);
+  }
+  const std::uint32_t index = free_.back();
+  free_.pop_back();
+  Slot& s = slots_[index];
+  if (++s.gen == 0) s.gen = 1;
+  if (local) s.local = *local;  // the in-flight reference to the LDO
+  if (remote) s.remote = *remote;
+  s.desc = OpDesc{};
+  s.desc.index = index;
+  s.desc.kind = kind;
+  s.desc.peer = needs_peer(kind) ? peer : kAnyPeer;
+  s.desc.peer_handle = peer_handle;
+  s.desc.local = local ? &s.local : nullptr;
+  s.desc.length = length;
+  s.desc.remote = remote ? &s.remote : nullptr;
+  s.desc.remote_address = remote ? remote->address_at(remote_offset) : 0;
+  s.desc.operand = operand;
+  s.desc.compare = compare;
+  s.desc.context = s.context;
+  s.has_callback = static_cast<bool>(cb);
+  s.cb = std::move(cb);
+  const Token token{(static_cast<std::uint64_t>(s.gen) << 32) | index};
+  s.result = Completion{token, kind, Status::in_progress, s.desc.peer, 0, 0};
+  s.completed = false;
+  s.user_pending = true;
+  const auto bound = kind == OpKind::recv ? config_.recv_timeout : config_.op_timeout;
+  s.deadline = bound.count() > 0 ? Clock::now() + bound : Clock::time_point::max();
+
+  const Status st = post_locked(s);
+  if (st != Status::ok) {
+    s.user_pending = false;
+    s.local = Slice{};
+    s.cb.reset();
+    free_.push_back(index);
+    return reject(st);
+  }
+  s.backend_owned = true;
+  ++backend_owned_;
+  posted_.fetch_add(1, std::memory_order_relaxed);
+  return token;
+}
+
+Status Endpoint::post_locked(Slot& s) noexcept {
+  Clock::time_point deadline{};
+  for (std::uint64_t attempt = 0;; ++attempt) {
+    Status st = Status::invalid_argument;
+    switch (s.desc.kind) {
+      case OpKind::put: st = do_put(s.desc); break;
+      case OpKind::get: st = do_get(s.desc); break;
+      case OpKind::send: st = do_send(s.desc); break;
+      case OpKind::recv: st = do_recv(s.desc); break;
+      case OpKind::fetch_add:
+      case OpKind::compare_swap: st = do_atomic(s.desc); break;
+    }
+    if (st != Status::would_block) return st;
+    retries_.fetch_add(1, std::memory_order_relaxed);
+    // The provider wants progress first (connection setup, full queues).
+    (void)poll_locked();
+    const auto now = Clock::now();
+    if (attempt == 0) deadline = now + config_.post_timeout;
+    if (now >= deadline) return Status::would_block;
+    if (attempt > 64) std::this_thread::yield();
+  }
+}
+
+std::size_t Endpoint::poll_locked() noexcept {
+  const std::size_t n = do_poll(config_.poll_batch);
+  last_poll_events_ = n;
+  if (backend_owned_ > 0) {
+    const auto now = Clock::now();
+    if (now >= next_expiry_scan_) {
+      next_expiry_scan_ = now + kExpiryScanInterval;
+      expire_locked(now);
+    }
+  }
+  return n;
+}
+
+void Endpoint::expire_locked(Clock::time_point now) noexcept {
+  for (std::size_t i = 0; i < config_.max_in_flight; ++i) {
+    Slot& s = slots_[i];
+    if (!s.backend_owned || s.completed || s.deadline > now) continue;
+    timeouts_.fetch_add(1, std::memory_order_relaxed);
+    finish_locked(s, static_cast<std::uint32_t>(i), Status::timeout, 0, 0, kAnyPeer);
+    // Whatever state the connection is in, it did not answer in time: make
+    // the user decide (reconnect) before more operations pile up behind it.
+    if (s.desc.peer != kAnyPeer && s.desc.peer < peers_.size()) peers_[s.desc.peer].broken = true;
+    do_cancel(s.desc);
+  }
+}
+
+void Endpoint::complete(std::uint32_t index, Status status, std::uint64_t bytes, std::uint64_t value,
+                        PeerId peer) noexcept {
+  if (index >= config_.max_in_flight) return;
+  Slot& s = slots_[index];
+  if (!s.backend_owned) return;  // a backend bug; never free a slot twice
+  s.backend_owned = false;
+  --backend_owned_;
+  if (!s.completed) finish_locked(s, index, status, bytes, value, peer);
+  // The provider is done with the bytes: the in-flight reference goes now,
+  // even if the user has not looked at the completion yet.
+  s.local = Slice{};
+  maybe_free_locked(index);
+}
+
+void Endpoint::finish_locked(Slot& s, std::uint32_t index, Status st, std::uint64_t bytes, std::uint64_t value,
+                             PeerId peer) noexcept {
+  s.completed = true;
+  s.result.status = st;
+  s.result.bytes = bytes;
+  s.result.value = value;
+  if (peer != kAnyPeer) s.result.peer = peer;
+  completed_.fetch_add(1, std::memory_order_relaxed);
+  if (st != Status::ok) failed_.fetch_add(1, std::memory_order_relaxed);
+  if (st == Status::peer_unreachable && s.desc.peer != kAnyPeer && s.desc.peer < peers_.size()) {
+    peers_[s.desc.peer].broken = true;
+  }
+  if (s.has_callback) {
+    ready_[(ready_head_ + ready_count_) % ready_.size()] = index;
+    ++ready_count_;
+  }
+  if (waiters_.load(std::memory_order_relaxed) > 0) done_cv_.notify_all();
+}
+
+void Endpoint::maybe_free_locked(std::uint32_t index) noexcept {
+  Slot& s = slots_[index];
+  if (s.backend_owned || s.user_pending) return;
+  s.local = Slice{};
+  s.cb.reset();
+  s.completed = false;
+  free_.push_back(index);
+}
+
+void Endpoint::mark_peer_broken(PeerId peer) noexcept {
+  if (peer < peers_.size()) peers_[peer].broken = true;
+}
+
+PeerId Endpoint::peer_for_handle(std::uint64_t handle) const noexcept {
+  for (std::size_t i = 0; i < peers_.size(); ++i) {
+    if (peers_[i].used && peers_[i].handle == handle) return static_cast<PeerId>(i);
+  }
+  return kAnyPeer;
+}
+
+std::uint32_t Endpoint::index_of_context(const void* context) const noexcept {
+  const auto* first = reinterpret_cast<const std::byte*>(&slots_[0].context);
+  const auto* p = static_cast<const std::byte*>(context);
+  if (p < first) return kNoIndex;
+  const auto delta = static_cast<std::size_t>(p - first);
+  if (delta % sizeof(Slot) != 0) return kNoIndex;
+  const std::size_t index = delta / sizeof(Slot);
+  return index < config_.max_in_flight ? static_cast<std::uint32_t>(index) : kNoIndex;
+}
+
+const Endpoint::OpDesc& Endpoint::op_at(std::uint32_t index) const noexcept { return slots_[index].desc; }
+
+std::size_t Endpoint::progress() noexcept {
+  std::size_t delivered = 0;
+  for (;;) {
+    Callback cbs[kDeliverBatch];
+    Completion results[kDeliverBatch];
+    std::size_t k = 0;
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      if (!stopping_.load(std::memory_order_relaxed)) (void)poll_locked();
+      while (ready_count_ > 0 && k < kDeliverBatch) {
+        const std::uint32_t index = ready_[ready_head_];
+        ready_head_ = (ready_head_ + 1) % ready_.size();
+        --ready_count_;
+        Slot& s = slots_[index];
+        cbs[k] = std::move(s.cb);
+        results[k] = s.result;
+        ++k;
+        s.user_pending = false;
+        maybe_free_locked(index);
+      }
+    }
+    for (std::size_t i = 0; i < k; ++i) {
+      if (cbs[i]) cbs[i](results[i]);
+    }
+    delivered += k;
+    if (k < kDeliverBatch) return delivered;
+  }
+}
+
+Completion Endpoint::wait(Token token, std::chrono::milliseconds timeout) noexcept {
+  const std::uint32_t index = static_cast<std::uint32_t>(token.value & 0xffffffffu);
+  const std::uint32_t gen = static_cast<std::uint32_t>(token.value >> 32);
+  Completion bad{token, OpKind::put, Status::invalid_argument, kAnyPeer, 0, 0};
+  if (!token || index >= config_.max_in_flight) return bad;
+  const auto deadline = Clock::now() + timeout;
+  const bool threaded = progress_thread_.joinable();
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mutex_);
+      Slot& s = slots_[index];
+      if (s.gen != gen || !s.user_pending || s.has_callback) return bad;
+      if (s.completed) {
+        Completion c = s.result;
+        s.user_pending = false;
+        maybe_free_locked(index);
+        return c;
+      }
+      if (Clock::now() >= deadline) {
+        Completion c = s.result;
+        c.status = Status::in_progress;
+        return c;
+      }
+      if (threaded) {
+        waiters_.fetch_add(1, std::memory_order_relaxed);
+        done_cv_.wait_until(lk, std::min(deadline, Clock::now() + std::chrono::milliseconds(2)));
+        waiters_.fetch_sub(1, std::memory_order_relaxed);
+        continue;
+      }
+    }
+    (void)progress();
+  }
+}
+
+Status Endpoint::quiesce(std::chrono::milliseconds timeout) noexcept {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    (void)progress();
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      bool busy = ready_count_ > 0;
+      for (std::size_t i = 0; !busy && i < config_.max_in_flight; ++i) {
+        const Slot& s = slots_[i];
+        busy = s.user_pending && !s.completed && s.desc.kind != OpKind::recv;
+      }
+      if (!busy) return Status::ok;
+    }
+    if (Clock::now() >= deadline) return Status::timeout;
+    if (progress_thread_.joinable()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+void Endpoint::progress_for(std::chrono::milliseconds duration) noexcept {
+  const auto deadline = Clock::now() + duration;
+  while (Clock::now() < deadline) {
+    if (progress_thread_.joinable()) {
+      std::this_thread::sleep_for(std::min<Clock::duration>(deadline - Clock::now(), std::chrono::milliseconds(1)));
+    } else {
+      (void)progress();
+    }
+  }
+}
+
+void Endpoint::progress_thread_main() noexcept {
+  while (!stopping_.load(std::memory_order_acquire)) {
+    // progress() counts user completions only; internal traffic (emulated
+    // atomics served for peers, connection setup) is activity too, and
+    // sleeping through it would add the idle sleep to a peer's latency.
+    const std::size_t delivered = progress();
+    std::size_t events = 0;
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      events = last_poll_events_;
+    }
+    if (delivered == 0 && events == 0 && config_.progress_idle_sleep.count() > 0) {
+      std::this_thread::sleep_for(config_.progress_idle_sleep);
+    }
+  }
+}
+
+EndpointStats Endpoint::stats() const noexcept {
+  EndpointStats st;
+  st.posted = posted_.load(std::memory_order_relaxed);
+  st.completed = completed_.load(std::memory_order_relaxed);
+  st.failed = failed_.load(std::memory_order_relaxed);
+  st.rejected = rejected_.load(std::memory_order_relaxed);
+  st.timeouts = timeouts_.load(std::memory_order_relaxed);
+  st.post_retries = retries_.load(std::memory_order_relaxed);
+  st.reconnects = reconnects_.load(std::memory_order_relaxed);
+  std::lock_guard<std::mutex> g(mutex_);
+  st.in_flight = backend_owned_;
+  return st;
+}
+
+}  // namespace regpool

@@ -1,0 +1,781 @@
+#include "regpool/fabric_endpoint.hpp"
+
+#include <rdma/fabric.h>
+#include <rdma/fi_atomic.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+namespace regpool {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "control messages are sent in host byte order; big-endian hosts need byte swapping here");
+
+constexpr std::size_t kContextSize = 64;  // sizeof(fi_context2)
+static_assert(sizeof(fi_context2) <= kContextSize);
+static_assert(sizeof(fi_context2) <= Endpoint::kBackendContextSize);
+
+// Name blob: "RP", version, flags, u16 data name length, u16 control name
+// length, then the names. The control name is present when the endpoint
+// emulates atomics.
+constexpr std::uint8_t kNameVersion = 1;
+constexpr std::size_t kNameHeader = 8;
+constexpr std::uint8_t kNameHasCtrl = 1;
+
+// Control messages (emulated atomics), fixed size.
+constexpr std::uint32_t kCtrlMagic = 0x54415052;  // "RPAT"
+constexpr std::uint8_t kCtrlRequest = 1;
+constexpr std::uint8_t kCtrlReply = 2;
+constexpr std::size_t kCtrlNameMax = 64;
+struct CtrlMsg {
+  std::uint32_t magic;
+  std::uint8_t type;
+  std::uint8_t op;
+  std::uint8_t status;
+  std::uint8_t name_len;
+  std::uint32_t index;
+  std::uint32_t reserved;
+  std::uint64_t token;
+  std::uint64_t key;
+  std::uint64_t address;
+  std::uint64_t operand;
+  std::uint64_t compare;
+  std::uint64_t value;
+  std::uint8_t name[kCtrlNameMax];
+};
+constexpr std::size_t kCtrlMsgSize = 128;
+static_assert(sizeof(CtrlMsg) == kCtrlMsgSize);
+static_assert(std::is_trivially_copyable_v<CtrlMsg>);
+
+std::string fi_message(int rc) {
+  return std::string(fi_strerror(rc < 0 ? -rc : rc)) + " (" + std::to_string(rc) + ")";
+}
+
+// The cause of a failed operation, from a provider error code (either sign).
+Status status_from_fi(int err) noexcept {
+  // Providers report plain errno values for the socket-level causes and
+  // FI_E* (>= 256) for libfabric's own.
+  switch (err < 0 ? -err : err) {
+    case 0: return Status::ok;
+    case ECANCELED:
+    case ENOTCONN:
+    case EPIPE:
+    case ECONNRESET:
+    case ECONNREFUSED:
+    case ECONNABORTED:
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+    case ENETDOWN:
+    case EADDRNOTAVAIL:
+    case ESHUTDOWN:
+    case EHOSTDOWN:
+    case ESRCH: return Status::peer_unreachable;  // shm: the peer process is gone
+    case FI_ENOKEY:
+    case EKEYREJECTED: return Status::bad_key;
+    case EACCES:
+    case EPERM: return Status::access_denied;
+    case FI_ETRUNC:
+    case FI_ETOOSMALL:
+    case EMSGSIZE: return Status::out_of_bounds;
+    case ETIMEDOUT: return Status::timeout;
+    case EAGAIN: return Status::would_block;
+    case ENOMEM: return Status::out_of_memory;
+    case EINVAL: return Status::invalid_argument;
+    case ENOSYS:
+    case EOPNOTSUPP: return Status::unsupported;
+    default: return Status::transport_error;
+  }
+}
+
+void put_u16(std::byte* p, std::size_t v) noexcept {
+  p[0] = static_cast<std::byte>(v & 0xff);
+  p[1] = static_cast<std::byte>((v >> 8) & 0xff);
+}
+std::size_t get_u16(const std::byte* p) noexcept {
+  return static_cast<std::size_t>(p[0]) | (static_cast<std::size_t>(p[1]) << 8);
+}
+
+std::vector<std::byte> endpoint_name(fid_ep* ep) {
+  std::size_t len = 0;
+  int rc = fi_getname(&ep->fid, nullptr, &len);
+  if (rc != -FI_ETOOSMALL && rc != 0) throw Error(Status::transport_error, rc, "fabric endpoint: fi_getname: " + fi_message(rc));
+  std::vector<std::byte> name(len);
+  rc = fi_getname(&ep->fid, name.data(), &len);
+  if (rc != 0) throw Error(Status::transport_error, rc, "fabric endpoint: fi_getname: " + fi_message(rc));
+  name.resize(len);
+  return name;
+}
+
+bool is_layered(const std::string& provider) { return provider.find(';') != std::string::npos; }
+
+}  // namespace
+
+FabricEndpoint::FabricEndpoint(std::shared_ptr<FabricDomain> domain, const EndpointConfig& config,
+                               const FabricEndpointOptions& options)
+    : Endpoint(config), domain_(std::move(domain)), options_(options) {
+  if (!domain_) throw Error(Status::invalid_argument, 0, "fabric endpoint: null domain");
+  try {
+    open_resources(options);
+  } catch (...) {
+    shutdown();
+    close_resources();
+    throw;
+  }
+  start();
+}
+
+FabricEndpoint::~FabricEndpoint() {
+  shutdown();
+  close_resources();
+}
+
+void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
+  fi_info* info = domain_->info();
+  fid_domain* dom = domain_->domain();
+  const std::string& prov = domain_->provider_name();
+  const std::size_t n = config().max_in_flight;
+  const std::size_t k = std::max<std::size_t>(options.control_slots, 1);
+  max_msg_ = info->ep_attr ? info->ep_attr->max_msg_size : 0;
+  if (max_msg_ == 0) max_msg_ = ~std::uint64_t{0};
+  manual_progress_ = info->domain_attr->data_progress != FI_PROGRESS_AUTO ||
+                     info->domain_attr->control_progress != FI_PROGRESS_AUTO;
+  switch (options.delivery_complete) {
+    case FabricEndpointOptions::DeliveryComplete::on: delivery_complete_ = true; break;
+    case FabricEndpointOptions::DeliveryComplete::off: delivery_complete_ = false; break;
+    case FabricEndpointOptions::DeliveryComplete::automatic: delivery_complete_ = is_layered(prov); break;
+  }
+
+  // Native atomics need the provider's FI_ATOMIC and the two operations we
+  // use on 64-bit words. A layered provider's atomics (rxm) are a software
+  // emulation of its own; we use ours there so the tested path and its
+  // guarantees are the same on every provider that lacks NIC atomics.
+  bool native = false;
+  if (domain_->has_atomics() && options.atomics != FabricEndpointOptions::Atomics::emulated) {
+    fi_atomic_attr attr{};
+    native = fi_query_atomic(dom, FI_UINT64, FI_SUM, &attr, FI_FETCH_ATOMIC) == 0 &&
+             fi_query_atomic(dom, FI_UINT64, FI_CSWAP, &attr, FI_COMPARE_ATOMIC) == 0;
+    if (options.atomics == FabricEndpointOptions::Atomics::automatic && is_layered(prov)) native = false;
+  }
+  if (options.atomics == FabricEndpointOptions::Atomics::native && !native) {
+    throw Error(Status::unsupported, -FI_EOPNOTSUPP,
+                "fabric endpoint: provider '" + prov + "' offers no native 64-bit fetch-add/compare-swap atomics");
+  }
+  emulated_atomics_ = !native;
+
+  const std::size_t cq_size = options.cq_size ? options.cq_size : n + 2 * k;
+  auto open_triplet = [&](fid_av** av, fid_cq** cq, fid_ep** ep, const char* what) {
+    fi_av_attr av_attr{};
+    av_attr.type = FI_AV_TABLE;
+    int rc = fi_av_open(dom, &av_attr, av, nullptr);
+    if (rc != 0) {
+      *av = nullptr;
+      throw Error(Status::transport_error, rc, std::string("fabric endpoint: fi_av_open (") + what + "): " + fi_message(rc));
+    }
+    fi_cq_attr cq_attr{};
+    cq_attr.format = FI_CQ_FORMAT_DATA;
+    cq_attr.size = cq_size;
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    rc = fi_cq_open(dom, &cq_attr, cq, nullptr);
+    if (rc != 0) {
+      *cq = nullptr;
+      throw Error(Status::transport_error, rc, std::string("fabric endpoint: fi_cq_open (") + what + "): " + fi_message(rc));
+    }
+    rc = fi_endpoint(dom, info, ep, nullptr);
+    if (rc != 0) {
+      *ep = nullptr;
+      throw Error(Status::transport_error, rc,
+                  std::string("fabric endpoint: fi_endpoint (") + what + ") on '" + prov + "': " + fi_message(rc));
+    }
+    rc = fi_ep_bind(*ep, &(*av)->fid, 0);
+    if (rc == 0) rc = fi_ep_bind(*ep, &(*cq)->fid, FI_TRANSMIT | FI_RECV);
+    if (rc == 0) rc = fi_enable(*ep);
+    if (rc != 0) {
+      throw Error(Status::transport_error, rc,
+                  std::string("fabric endpoint: binding/enabling (") + what + ") failed: " + fi_message(rc));
+    }
+    // FI_MR_ENDPOINT providers bind registrations to endpoints.
+    domain_->attach_endpoint(*ep);
+  };
+  open_triplet(&av_, &cq_, &ep_, "data");
+  const std::vector<std::byte> data_name = endpoint_name(ep_);
+
+  peers_.reserve(16);
+  exposures_.reserve(16);
+  if (!emulated_atomics_) {
+    atomic_words_.assign(3 * n, 0);
+    atomic_reg_ = domain_->register_memory(atomic_words_.data(), atomic_words_.size() * sizeof(std::uint64_t),
+                                           Access::local);
+  } else {
+    open_triplet(&ctrl_av_, &ctrl_cq_, &ctrl_ep_, "control");
+    ctrl_name_ = endpoint_name(ctrl_ep_);
+    if (ctrl_name_.size() > kCtrlNameMax) {
+      throw Error(Status::unsupported, 0,
+                  "fabric endpoint: control endpoint name of " + std::to_string(ctrl_name_.size()) +
+                      " bytes does not fit a control message (max " + std::to_string(kCtrlNameMax) + ")");
+    }
+    ctrl_buffers_.assign((n + 2 * k) * kCtrlMsgSize, std::byte{0});
+    ctrl_reg_ = domain_->register_memory(ctrl_buffers_.data(), ctrl_buffers_.size(), Access::local);
+    ctrl_contexts_ = std::make_unique<std::byte[]>((n + 2 * k) * kContextSize);
+    emu_.assign(n, EmuOp{});
+    pending_replies_.reserve(k);
+    reply_dest_.assign(k, 0);
+    reply_addrs_.reserve(16);
+    options_.control_slots = k;
+    for (std::size_t i = 0; i < k; ++i) {
+      const Status st = post_ctrl_recv(i);
+      if (st != Status::ok) {
+        throw Error(st, 0, "fabric endpoint: posting control receive buffers failed: " + std::string(to_string(st)));
+      }
+    }
+  }
+
+  name_.resize(kNameHeader);
+  name_[0] = std::byte{'R'};
+  name_[1] = std::byte{'P'};
+  name_[2] = std::byte{kNameVersion};
+  name_[3] = std::byte{emulated_atomics_ ? kNameHasCtrl : std::uint8_t{0}};
+  put_u16(&name_[4], data_name.size());
+  put_u16(&name_[6], ctrl_name_.size());
+  name_.insert(name_.end(), data_name.begin(), data_name.end());
+  name_.insert(name_.end(), ctrl_name_.begin(), ctrl_name_.end());
+}
+
+void FabricEndpoint::close_resources() noexcept {
+  // Endpoints first (they reference the CQs, AVs and registrations), then
+  // the queues, then the registrations.
+  for (fid_ep** ep : {&ctrl_ep_, &ep_}) {
+    if (*ep) {
+      domain_->detach_endpoint(*ep);
+      (void)fi_close(&(*ep)->fid);
+      *ep = nullptr;
+    }
+  }
+  for (fid_cq** cq : {&ctrl_cq_, &cq_}) {
+    if (*cq) (void)fi_close(&(*cq)->fid);
+    *cq = nullptr;
+  }
+  for (fid_av** av : {&ctrl_av_, &av_}) {
+    if (*av) (void)fi_close(&(*av)->fid);
+    *av = nullptr;
+  }
+  exposures_.clear();
+  exposure_by_key_.clear();
+  atomic_reg_.reset();
+  ctrl_reg_.reset();
+}
+
+std::vector<std::byte> FabricEndpoint::do_name() const { return name_; }
+
+std::uint64_t FabricEndpoint::do_insert_peer(std::span<const std::byte> name) {
+  if (name.size() < kNameHeader || name[0] != std::byte{'R'} || name[1] != std::byte{'P'}) {
+    throw Error(Status::malformed, 0, "fabric endpoint: peer name is not a regpool fabric endpoint name");
+  }
+  if (name[2] != std::byte{kNameVersion}) {
+    throw Error(Status::unsupported, 0, "fabric endpoint: peer name has a foreign version");
+  }
+  const std::size_t data_len = get_u16(&name[4]);
+  const std::size_t ctrl_len = get_u16(&name[6]);
+  const bool has_ctrl = (static_cast<std::uint8_t>(name[3]) & kNameHasCtrl) != 0;
+  if (data_len == 0 || kNameHeader + data_len + ctrl_len != name.size() || has_ctrl != (ctrl_len > 0) ||
+      ctrl_len > kCtrlNameMax) {
+    throw Error(Status::malformed, 0, "fabric endpoint: peer name is truncated or inconsistent");
+  }
+  if (emulated_atomics_ != has_ctrl) {
+    throw Error(Status::unsupported, 0,
+                std::string("fabric endpoint: peer uses ") + (has_ctrl ? "emulated" : "native") +
+                    " atomics but this endpoint uses " + (emulated_atomics_ ? "emulated" : "native") +
+                    " ones (open both with the same provider and FabricEndpointOptions::atomics)");
+  }
+  PeerAddr p;
+  fi_addr_t a = FI_ADDR_NOTAVAIL;
+  int rc = fi_av_insert(av_, name.data() + kNameHeader, 1, &a, 0, nullptr);
+  if (rc != 1) {
+    throw Error(Status::transport_error, rc < 0 ? rc : -FI_EINVAL,
+                "fabric endpoint: fi_av_insert of a peer failed: " + fi_message(rc < 0 ? rc : -FI_EINVAL));
+  }
+  p.data = a;
+  if (has_ctrl) {
+    fi_addr_t c = FI_ADDR_NOTAVAIL;
+    rc = fi_av_insert(ctrl_av_, name.data() + kNameHeader + data_len, 1, &c, 0, nullptr);
+    if (rc != 1) {
+      (void)fi_av_remove(av_, &a, 1, 0);
+      throw Error(Status::transport_error, rc < 0 ? rc : -FI_EINVAL,
+                  "fabric endpoint: fi_av_insert of a peer's control endpoint failed");
+    }
+    p.ctrl = c;
+    p.ctrl_name.assign(name.begin() + static_cast<std::ptrdiff_t>(kNameHeader + data_len), name.end());
+  }
+  p.used = true;
+  for (std::size_t i = 0; i < peers_.size(); ++i) {
+    if (!peers_[i].used) {
+      peers_[i] = std::move(p);
+      return i;
+    }
+  }
+  peers_.push_back(std::move(p));
+  return peers_.size() - 1;
+}
+
+void FabricEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
+  if (handle >= peers_.size() || !peers_[handle].used) return;
+  PeerAddr& p = peers_[handle];
+  fi_addr_t a = p.data;
+  (void)fi_av_remove(av_, &a, 1, 0);
+  if (ctrl_av_) {
+    fi_addr_t c = p.ctrl;
+    (void)fi_av_remove(ctrl_av_, &c, 1, 0);
+    // A reply cache entry for the same process points at the removed
+    // connection too.
+    reply_addrs_.erase(std::remove_if(reply_addrs_.begin(), reply_addrs_.end(),
+                                      [&](const ReplyAddr& r) { return r.name == p.ctrl_name; }),
+                       reply_addrs_.end());
+  }
+  p = PeerAddr{};
+}
+
+void* FabricEndpoint::local_desc(const OpDesc& op) noexcept {
+  auto r = op.local->ldo().region(*domain_);
+  return r ? r->descriptor : nullptr;
+}
+
+Status FabricEndpoint::rma_status(int rc) noexcept {
+  if (rc == 0) return Status::ok;
+  return status_from_fi(rc);
+}
+
+Status FabricEndpoint::do_put(const OpDesc& op) noexcept {
+  auto region = op.local->ldo().region(*domain_);
+  if (!region) return region.status();
+  void* buf = op.local->address();
+  const fi_addr_t dest = peers_[op.peer_handle].data;
+  if (!delivery_complete_) {
+    return rma_status(static_cast<int>(fi_write(ep_, buf, op.length, region->descriptor, dest, op.remote_address,
+                                                op.remote->key, op.context)));
+  }
+  iovec iov{buf, op.length};
+  void* desc = region->descriptor;
+  fi_rma_iov rma{op.remote_address, op.length, op.remote->key};
+  fi_msg_rma msg{};
+  msg.msg_iov = &iov;
+  msg.desc = &desc;
+  msg.iov_count = 1;
+  msg.addr = dest;
+  msg.rma_iov = &rma;
+  msg.rma_iov_count = 1;
+  msg.context = op.context;
+  return rma_status(static_cast<int>(fi_writemsg(ep_, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE)));
+}
+
+Status FabricEndpoint::do_get(const OpDesc& op) noexcept {
+  auto region = op.local->ldo().region(*domain_);
+  if (!region) return region.status();
+  return rma_status(static_cast<int>(fi_read(ep_, op.local->address(), op.length, region->descriptor,
+                                             peers_[op.peer_handle].data, op.remote_address, op.remote->key,
+                                             op.context)));
+}
+
+Status FabricEndpoint::do_send(const OpDesc& op) noexcept {
+  auto region = op.local->ldo().region(*domain_);
+  if (!region) return region.status();
+  return rma_status(static_cast<int>(
+      fi_send(ep_, op.local->address(), op.length, region->descriptor, peers_[op.peer_handle].data, op.context)));
+}
+
+Status FabricEndpoint::do_recv(const OpDesc& op) noexcept {
+  auto region = op.local->ldo().region(*domain_);
+  if (!region) return region.status();
+  return rma_status(
+      static_cast<int>(fi_recv(ep_, op.local->address(), op.length, region->descriptor, FI_ADDR_UNSPEC, op.context)));
+}
+
+Status FabricEndpoint::do_atomic(const OpDesc& op) noexcept {
+  if (emulated_atomics_) return post_emulated(op);
+  std::uint64_t* w = &atomic_words_[3 * std::size_t{op.index}];
+  w[0] = op.operand;
+  w[1] = op.compare;
+  w[2] = 0;
+  void* desc = atomic_reg_.descriptor();
+  const fi_addr_t dest = peers_[op.peer_handle].data;
+  ssize_t rc = 0;
+  if (op.kind == OpKind::fetch_add) {
+    rc = fi_fetch_atomic(ep_, &w[0], 1, desc, &w[2], desc, dest, op.remote_address, op.remote->key, FI_UINT64,
+                         FI_SUM, op.context);
+  } else {
+    rc = fi_compare_atomic(ep_, &w[0], 1, desc, &w[1], desc, &w[2], desc, dest, op.remote_address, op.remote->key,
+                           FI_UINT64, FI_CSWAP, op.context);
+  }
+  return rma_status(static_cast<int>(rc));
+}
+
+// ------------------------------------------------------------ emulation
+
+Status FabricEndpoint::post_ctrl_recv(std::size_t k) noexcept {
+  const std::size_t n = config().max_in_flight;
+  std::byte* buf = ctrl_buffers_.data() + (n + k) * kCtrlMsgSize;
+  void* ctx = ctrl_contexts_.get() + (n + k) * kContextSize;
+  for (int tries = 0;; ++tries) {
+    const ssize_t rc = fi_recv(ctrl_ep_, buf, kCtrlMsgSize, ctrl_reg_.descriptor(), FI_ADDR_UNSPEC, ctx);
+    if (rc == 0) return Status::ok;
+    if (rc != -FI_EAGAIN || tries > 1000) return status_from_fi(static_cast<int>(rc));
+    // Receive queue full: let the provider drain (we hold no user state).
+    fi_cq_data_entry e[8];
+    (void)fi_cq_read(ctrl_cq_, e, 0);
+  }
+}
+
+Status FabricEndpoint::post_emulated(const OpDesc& op) noexcept {
+  const PeerAddr& p = peers_[op.peer_handle];
+  if (p.ctrl_name.empty()) return Status::unsupported;
+  static std::atomic<std::uint64_t> sequence{1};
+  EmuOp& e = emu_[op.index];
+  auto* msg = reinterpret_cast<CtrlMsg*>(ctrl_buffers_.data() + std::size_t{op.index} * kCtrlMsgSize);
+  CtrlMsg m{};
+  m.magic = kCtrlMagic;
+  m.type = kCtrlRequest;
+  m.op = static_cast<std::uint8_t>(op.kind);
+  m.index = op.index;
+  m.token = sequence.fetch_add(1, std::memory_order_relaxed);
+  m.key = op.remote->key;
+  m.address = op.remote_address;
+  m.operand = op.operand;
+  m.compare = op.compare;
+  m.name_len = static_cast<std::uint8_t>(ctrl_name_.size());
+  std::memcpy(m.name, ctrl_name_.data(), ctrl_name_.size());
+  std::memcpy(msg, &m, sizeof m);
+  void* ctx = ctrl_contexts_.get() + std::size_t{op.index} * kContextSize;
+  const ssize_t rc = fi_send(ctrl_ep_, msg, kCtrlMsgSize, ctrl_reg_.descriptor(), p.ctrl, ctx);
+  if (rc != 0) return status_from_fi(static_cast<int>(rc));
+  e = EmuOp{};
+  e.token = m.token;
+  return Status::ok;
+}
+
+void FabricEndpoint::finish_emulated(std::uint32_t index) noexcept {
+  EmuOp& e = emu_[index];
+  if (e.token == 0 || !e.send_done || !e.reply_done) return;
+  const Status st = e.status;
+  const std::uint64_t value = e.value;
+  e = EmuOp{};
+  complete(index, st, st == Status::ok ? 8 : 0, value);
+}
+
+Result<std::uint64_t> FabricEndpoint::reply_address(std::span<const std::byte> name) noexcept {
+  for (const PeerAddr& p : peers_) {
+    if (p.used && p.ctrl_name.size() == name.size() && std::equal(name.begin(), name.end(), p.ctrl_name.begin())) {
+      return p.ctrl;
+    }
+  }
+  for (const ReplyAddr& r : reply_addrs_) {
+    if (r.name.size() == name.size() && std::equal(name.begin(), name.end(), r.name.begin())) return r.addr;
+  }
+  // A requester we never inserted: address it privately. Allocates once per
+  // new requester, not per request.
+  fi_addr_t a = FI_ADDR_NOTAVAIL;
+  if (fi_av_insert(ctrl_av_, name.data(), 1, &a, 0, nullptr) != 1) return Status::peer_unreachable;
+  try {
+    reply_addrs_.push_back(ReplyAddr{std::vector<std::byte>(name.begin(), name.end()), a});
+  } catch (...) {
+    (void)fi_av_remove(ctrl_av_, &a, 1, 0);
+    return Status::out_of_memory;
+  }
+  return a;
+}
+
+void FabricEndpoint::serve_request(std::size_t k) noexcept {
+  const std::size_t n = config().max_in_flight;
+  CtrlMsg req;
+  std::memcpy(&req, ctrl_buffers_.data() + (n + k) * kCtrlMsgSize, sizeof req);
+  if (req.name_len == 0 || req.name_len > kCtrlNameMax) {
+    (void)post_ctrl_recv(k);
+    return;
+  }
+  Status st = Status::ok;
+  std::uint64_t old = 0;
+  auto it = exposure_by_key_.find(req.key);
+  if (it == exposure_by_key_.end() || !exposures_[it->second].live) {
+    st = Status::bad_key;
+  } else {
+    const ExposureRec& x = exposures_[it->second];
+    if (x.access != RemoteAccess::read_write) {
+      st = Status::access_denied;
+    } else if (req.address < x.address || req.address - x.address > x.length || x.length - (req.address - x.address) < 8) {
+      st = Status::out_of_bounds;
+    } else {
+      std::byte* p = x.base + (req.address - x.address);
+      if (reinterpret_cast<std::uintptr_t>(p) % 8 != 0) {
+        st = Status::invalid_argument;
+      } else {
+        // atomic_ref: atomic against the target's own std::atomic_ref users
+        // too, not only against other emulated requests (which are serialised
+        // by the endpoint's mutex anyway).
+        std::atomic_ref<std::uint64_t> word(*reinterpret_cast<std::uint64_t*>(p));
+        if (req.op == static_cast<std::uint8_t>(OpKind::fetch_add)) {
+          old = word.fetch_add(req.operand, std::memory_order_acq_rel);
+        } else if (req.op == static_cast<std::uint8_t>(OpKind::compare_swap)) {
+          std::uint64_t expected = req.compare;
+          word.compare_exchange_strong(expected, req.operand, std::memory_order_acq_rel);
+          old = expected;
+        } else {
+          st = Status::invalid_argument;
+        }
+      }
+    }
+  }
+  auto addr = reply_address({reinterpret_cast<const std::byte*>(req.name), req.name_len});
+  if (!addr) {
+    (void)post_ctrl_recv(k);
+    return;
+  }
+  CtrlMsg rep{};
+  rep.magic = kCtrlMagic;
+  rep.type = kCtrlReply;
+  rep.op = req.op;
+  rep.status = static_cast<std::uint8_t>(st);
+  rep.index = req.index;
+  rep.token = req.token;
+  rep.value = old;
+  std::memcpy(ctrl_buffers_.data() + (n + options_.control_slots + k) * kCtrlMsgSize, &rep, sizeof rep);
+  reply_dest_[k] = *addr;
+  pending_replies_.push_back(k);  // capacity reserved: never allocates
+  flush_pending_replies();
+}
+
+void FabricEndpoint::flush_pending_replies() noexcept {
+  const std::size_t n = config().max_in_flight;
+  const std::size_t kk = options_.control_slots;
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < pending_replies_.size(); ++i) {
+    const std::size_t k = pending_replies_[i];
+    std::byte* buf = ctrl_buffers_.data() + (n + kk + k) * kCtrlMsgSize;
+    void* ctx = ctrl_contexts_.get() + (n + kk + k) * kContextSize;
+    const ssize_t rc = fi_send(ctrl_ep_, buf, kCtrlMsgSize, ctrl_reg_.descriptor(), reply_dest_[k], ctx);
+    if (rc == -FI_EAGAIN) {
+      pending_replies_[kept++] = k;
+    } else if (rc != 0) {
+      (void)post_ctrl_recv(k);  // requester unreachable: drop the reply
+    }
+  }
+  pending_replies_.resize(kept);
+}
+
+void FabricEndpoint::handle_reply(std::size_t k) noexcept {
+  const std::size_t n = config().max_in_flight;
+  CtrlMsg rep;
+  std::memcpy(&rep, ctrl_buffers_.data() + (n + k) * kCtrlMsgSize, sizeof rep);
+  (void)post_ctrl_recv(k);
+  if (rep.index >= n) return;
+  EmuOp& e = emu_[rep.index];
+  if (e.token == 0 || e.token != rep.token || e.reply_done) return;  // late reply to a cancelled op
+  e.reply_done = true;
+  e.status = rep.status <= static_cast<std::uint8_t>(Status::transport_error) ? static_cast<Status>(rep.status)
+                                                                               : Status::transport_error;
+  e.value = rep.value;
+  finish_emulated(rep.index);
+}
+
+std::size_t FabricEndpoint::poll_ctrl() noexcept {
+  const std::size_t n = config().max_in_flight;
+  const std::size_t kk = options_.control_slots;
+  auto classify = [&](void* ctx, std::size_t& slot) -> int {
+    const auto* base = ctrl_contexts_.get();
+    const auto* p = static_cast<const std::byte*>(ctx);
+    if (p < base) return -1;
+    const std::size_t i = static_cast<std::size_t>(p - base) / kContextSize;
+    if (i < n) {
+      slot = i;
+      return 0;  // request send
+    }
+    if (i < n + kk) {
+      slot = i - n;
+      return 1;  // receive
+    }
+    if (i < n + 2 * kk) {
+      slot = i - n - kk;
+      return 2;  // reply send
+    }
+    return -1;
+  };
+  std::size_t events = 0;
+  if (!pending_replies_.empty()) flush_pending_replies();
+  for (;;) {
+    fi_cq_data_entry entries[16];
+    const ssize_t got = fi_cq_read(ctrl_cq_, entries, 16);
+    if (got == -FI_EAVAIL) {
+      fi_cq_err_entry err{};
+      if (fi_cq_readerr(ctrl_cq_, &err, 0) != 1) break;
+      ++events;
+      std::size_t slot = 0;
+      switch (classify(err.op_context, slot)) {
+        case 0: {
+          EmuOp& e = emu_[slot];
+          if (e.token == 0) break;
+          e.send_done = true;
+          if (!e.reply_done) {
+            e.reply_done = true;  // no reply will come for a request that never left
+            e.status = status_from_fi(err.err);
+          }
+          finish_emulated(static_cast<std::uint32_t>(slot));
+          break;
+        }
+        case 1:
+          if (err.err != ECANCELED) (void)post_ctrl_recv(slot);
+          break;
+        case 2: (void)post_ctrl_recv(slot); break;
+        default: break;
+      }
+      continue;
+    }
+    if (got <= 0) break;
+    for (ssize_t i = 0; i < got; ++i) {
+      ++events;
+      std::size_t slot = 0;
+      switch (classify(entries[i].op_context, slot)) {
+        case 0: {
+          EmuOp& e = emu_[slot];
+          if (e.token == 0) break;
+          e.send_done = true;
+          finish_emulated(static_cast<std::uint32_t>(slot));
+          break;
+        }
+        case 1: {
+          CtrlMsg head;
+          std::memcpy(&head, ctrl_buffers_.data() + (n + slot) * kCtrlMsgSize, sizeof head);
+          if (entries[i].len != kCtrlMsgSize || head.magic != kCtrlMagic) {
+            (void)post_ctrl_recv(slot);
+          } else if (head.type == kCtrlRequest) {
+            serve_request(slot);
+          } else if (head.type == kCtrlReply) {
+            handle_reply(slot);
+          } else {
+            (void)post_ctrl_recv(slot);
+          }
+          break;
+        }
+        case 2: (void)post_ctrl_recv(slot); break;
+        default: break;
+      }
+    }
+    if (got < 16) break;
+  }
+  return events;
+}
+
+// ------------------------------------------------------------ polling
+
+std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
+  std::size_t events = 0;
+  while (events < max) {
+    fi_cq_data_entry entries[32];
+    const std::size_t want = std::min<std::size_t>(32, max - events);
+    const ssize_t got = fi_cq_read(cq_, entries, want);
+    if (got == -FI_EAVAIL) {
+      fi_cq_err_entry err{};
+      if (fi_cq_readerr(cq_, &err, 0) != 1) break;
+      ++events;
+      const std::uint32_t index = index_of_context(err.op_context);
+      if (index == kNoIndex) continue;
+      Status st = status_from_fi(err.err);
+      if (st == Status::ok) st = Status::transport_error;
+      // A truncated receive still delivered its first bytes.
+      complete(index, st, op_at(index).kind == OpKind::recv ? err.len : 0, 0);
+      continue;
+    }
+    if (got <= 0) {
+      if (got != -FI_EAGAIN && got < 0) mark_unusable();  // the CQ itself failed
+      break;
+    }
+    for (ssize_t i = 0; i < got; ++i) {
+      const std::uint32_t index = index_of_context(entries[i].op_context);
+      if (index == kNoIndex) continue;
+      const OpDesc& op = op_at(index);
+      switch (op.kind) {
+        case OpKind::recv: complete(index, Status::ok, entries[i].len, 0); break;
+        case OpKind::fetch_add:
+        case OpKind::compare_swap: complete(index, Status::ok, 8, atomic_words_[3 * std::size_t{index} + 2]); break;
+        default: complete(index, Status::ok, op.length, 0); break;
+      }
+    }
+    events += static_cast<std::size_t>(got);
+    if (static_cast<std::size_t>(got) < want) break;
+  }
+  return events;
+}
+
+std::size_t FabricEndpoint::do_poll(std::size_t max) noexcept {
+  std::size_t events = poll_data(max);
+  if (ctrl_cq_) events += poll_ctrl();
+  return events;
+}
+
+void FabricEndpoint::do_cancel(const OpDesc& op) noexcept {
+  if ((op.kind == OpKind::fetch_add || op.kind == OpKind::compare_swap) && emulated_atomics_) {
+    EmuOp& e = emu_[op.index];
+    if (e.token == 0) return;
+    // The reply lands in a control buffer, never in the slot, so once the
+    // request has left the slot can go; a late reply is ignored by token.
+    e.reply_done = true;
+    e.status = Status::canceled;
+    finish_emulated(op.index);
+    return;
+  }
+  (void)fi_cancel(&ep_->fid, op.context);
+}
+
+// ------------------------------------------------------------ exposures
+
+Result<ExposureInfo> FabricEndpoint::do_expose(const Slice& slice, RemoteAccess access) noexcept {
+  const Access rights = access == RemoteAccess::read_write
+                            ? (Access::remote_read | Access::remote_write | Access::remote_atomic)
+                            : Access::remote_read;
+  // A registration of exactly the slice: its key grants nothing else of the
+  // arena (on providers that check keys), and closing it revokes it.
+  auto reg = domain_->try_register(slice.address(), static_cast<std::size_t>(slice.length()), rights);
+  if (!reg) return reg.status();
+  std::size_t slot = exposures_.size();
+  for (std::size_t i = 0; i < exposures_.size(); ++i) {
+    if (!exposures_[i].live) {
+      slot = i;
+      break;
+    }
+  }
+  try {
+    if (slot == exposures_.size()) exposures_.emplace_back();
+    ExposureRec& x = exposures_[slot];
+    x.registration = std::move(*reg);
+    x.base = slice.address();
+    x.length = slice.length();
+    x.address = x.registration.remote_address(slice.address());
+    x.access = access;
+    x.live = true;
+    exposure_by_key_[x.registration.remote_key()] = slot;
+    ExposureInfo info;
+    info.key = x.registration.remote_key();
+    info.address = x.address;
+    info.mode = x.registration.address_mode();
+    info.handle = slot;
+    return info;
+  } catch (...) {
+    return Status::out_of_memory;
+  }
+}
+
+void FabricEndpoint::do_revoke(std::uint64_t handle) noexcept {
+  if (handle >= exposures_.size() || !exposures_[handle].live) return;
+  ExposureRec& x = exposures_[handle];
+  exposure_by_key_.erase(x.registration.remote_key());
+  x.registration.reset();
+  x.live = false;
+  x.base = nullptr;
+}
+
+}  // namespace regpool

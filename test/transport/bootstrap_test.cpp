@@ -1,0 +1,105 @@
+// TcpBootstrap on loopback: allgather among forked processes, and bounded
+// failure when a rank never shows up or dies.
+
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "regpool/bootstrap.hpp"
+#include "transport/harness.hpp"
+
+using namespace std::chrono_literals;
+using regpool::Status;
+
+TEST_CASE("tcp bootstrap allgathers blobs of different sizes among 4 processes", "[unit]") {
+  constexpr int kSize = 4;
+  auto root = rpt::root_bootstrap(kSize);
+  const auto port = root->port();
+  REQUIRE(port != 0);
+  auto blob_of = [](int rank, int round) {
+    std::vector<std::byte> b(static_cast<std::size_t>(rank * 1000 + round));
+    rpt::fill(b, static_cast<std::uint64_t>(rank * 31 + round));
+    return b;
+  };
+  std::vector<rpt::ChildGuard> kids;
+  for (int r = 1; r < kSize; ++r) {
+    kids.push_back(rpt::spawn(
+        [&, r]() -> int {
+          auto b = rpt::child_bootstrap(port, r, kSize);
+          for (int round = 0; round < 3; ++round) {
+            auto all = b->allgather(blob_of(r, round), 10s);
+            RPT_CHECK(all.size() == kSize);
+            for (int k = 0; k < kSize; ++k) RPT_CHECK(all[static_cast<std::size_t>(k)] == blob_of(k, round));
+          }
+          b->barrier(10s);
+          return 0;
+        },
+        30));
+  }
+  for (int round = 0; round < 3; ++round) {
+    auto all = root->allgather(blob_of(0, round), 10s);
+    REQUIRE(all.size() == kSize);
+    for (int k = 0; k < kSize; ++k) CHECK(all[static_cast<std::size_t>(k)] == blob_of(k, round));
+  }
+  root->barrier(10s);
+  for (auto& k : kids) CHECK(rpt::reap(k, 10s) == 0);
+}
+
+TEST_CASE("tcp bootstrap times out when a rank never connects", "[unit]") {
+  regpool::TcpBootstrapConfig c;
+  c.rank = 0;
+  c.size = 2;
+  c.connect_timeout = 300ms;
+  regpool::TcpBootstrap root(c);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    (void)root.allgather({}, 200ms);
+    FAIL("allgather should have thrown");
+  } catch (const regpool::Error& e) {
+    CHECK(e.status() == Status::timeout);
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+}
+
+TEST_CASE("tcp bootstrap reports a rank that died", "[unit]") {
+  auto root = rpt::root_bootstrap(2);
+  const auto port = root->port();
+  auto kid = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        (void)b->allgather({}, 10s);
+        return 0;  // exits before the second collective
+      },
+      30);
+  (void)root->allgather({}, 10s);
+  CHECK(rpt::reap(kid, 10s) == 0);
+  try {
+    (void)root->allgather({}, 5s);
+    FAIL("allgather should have thrown");
+  } catch (const regpool::Error& e) {
+    CHECK(e.status() == Status::peer_unreachable);
+  }
+}
+
+TEST_CASE("tcp bootstrap validates its configuration", "[unit]") {
+  regpool::TcpBootstrapConfig c;
+  c.rank = 2;
+  c.size = 2;
+  CHECK_THROWS_AS(regpool::TcpBootstrap(c), regpool::Error);
+  c.rank = 1;
+  c.port = 0;
+  CHECK_THROWS_AS(regpool::TcpBootstrap(c), regpool::Error);
+  c.rank = 0;
+  c.size = 1;
+  regpool::TcpBootstrap solo(c);
+  auto all = solo.allgather(std::vector<std::byte>(3), 1s);
+  CHECK(all.size() == 1);
+  CHECK(all[0].size() == 3);
+}
+
+TEST_CASE("mpi bootstrap is reported honestly", "[unit]") {
+  if (!regpool::mpi_bootstrap_available()) {
+    CHECK_THROWS_AS(regpool::mpi_bootstrap(), regpool::Error);
+  } else {
+    SUCCEED("built with MPI; exercised under mpirun only");
+  }
+}

@@ -1,0 +1,282 @@
+// FabricEndpoint between two (or three) real processes on loopback, on shm
+// and on tcp (tcp;ofi_rxm). Targets run the endpoint's progress thread: on
+// these manual-progress providers an operation completes only while its
+// target progresses, and the targets here spend their time blocked in the
+// bootstrap.
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "transport/harness.hpp"
+
+using namespace std::chrono_literals;
+using regpool::Completion;
+using regpool::Exposure;
+using regpool::RemoteAccess;
+using regpool::RemoteRef;
+using regpool::Slice;
+using regpool::Status;
+
+namespace {
+
+regpool::EndpointConfig target_config() {
+  regpool::EndpointConfig c;
+  c.progress_thread = true;
+  c.progress_idle_sleep = 0us;  // spin: targets serve peers' latency-bound traffic
+  return c;
+}
+
+// Packs blobs as (u32 length, bytes)* so one bootstrap round can carry a
+// name and several references.
+std::vector<std::byte> pack(const std::vector<std::vector<std::byte>>& parts) {
+  std::vector<std::byte> out;
+  for (const auto& p : parts) {
+    const auto n = static_cast<std::uint32_t>(p.size());
+    const auto* l = reinterpret_cast<const std::byte*>(&n);
+    out.insert(out.end(), l, l + 4);
+    out.insert(out.end(), p.begin(), p.end());
+  }
+  return out;
+}
+std::vector<std::vector<std::byte>> unpack(const std::vector<std::byte>& in) {
+  std::vector<std::vector<std::byte>> parts;
+  std::size_t pos = 0;
+  while (pos + 4 <= in.size()) {
+    std::uint32_t n = 0;
+    std::memcpy(&n, in.data() + pos, 4);
+    pos += 4;
+    if (in.size() - pos < n) break;
+    parts.emplace_back(in.begin() + static_cast<std::ptrdiff_t>(pos), in.begin() + static_cast<std::ptrdiff_t>(pos + n));
+    pos += n;
+  }
+  return parts;
+}
+
+std::vector<std::byte> encoded(const Exposure& e) {
+  auto a = e.encode();
+  return {a.begin(), a.end()};
+}
+
+RemoteRef decode_or_die(const std::vector<std::byte>& b) {
+  auto r = RemoteRef::decode(b);
+  if (!r) throw regpool::Error(r.status(), 0, "test: decode");
+  return *r;
+}
+
+struct Measure {
+  std::uint64_t size;
+  std::uint64_t offset;
+  std::uint64_t hash;
+};
+
+constexpr std::uint64_t kMessages = 3000;
+constexpr std::uint64_t kMaxMsg = 4096;
+constexpr std::size_t kRecvs = 64;
+constexpr std::size_t kWindow = 32;
+std::uint64_t msg_size(std::uint64_t i) { return 8 + (i * 37) % (kMaxMsg - 8); }
+
+const std::vector<std::uint64_t> kSizes = {1, 3, 4096 + 1, 65536 + 3, (1u << 20) + 7, (16u << 20) + 5, 64u << 20};
+
+}  // namespace
+
+TEST_CASE("put and get move exact bytes, 1 B to 64 MiB, at unaligned offsets", "[fabric]") {
+  const std::string prov = GENERATE(as<std::string>{}, "shm", "tcp");
+  INFO("provider " << prov);
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  constexpr std::uint64_t kSlack = 64;
+
+  auto kid = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        rpt::Stack s(prov);
+        auto all = b->allgather(s.ep->name(), 20s);
+        auto parts = unpack(all[0]);
+        const auto peer = s.ep->insert_peer(parts[0]);
+        const RemoteRef ref = decode_or_die(parts[1]);
+        auto src = s.alloc((64u << 20) + kSlack);
+        for (std::uint64_t size : kSizes) {
+          // put: local bytes at offset 3, remote offset 5 + size % 7
+          const std::uint64_t lo = 3, ro = 5 + size % 7;
+          auto local = rpt::slice_or_die(Slice::data(src, lo, size));
+          rpt::fill(local.bytes(), size);
+          const Completion c = rpt::wait_ok(*s.ep, s.ep->put(local, peer, ref, ro));
+          if (c.status != Status::ok) std::fprintf(stderr, "put %llu: %s\n", (unsigned long long)size, regpool::to_string(c.status));
+          RPT_CHECK(c.status == Status::ok && c.bytes == size);
+          (void)b->allgather(rpt::pod_bytes(Measure{size, ro, rpt::hash(local.bytes())}), 60s);
+          // get: the target wrote a fresh pattern and tells us where and its hash
+          auto theirs = rpt::from_bytes<Measure>(b->allgather({}, 60s)[0]);
+          RPT_CHECK(theirs.size == size);
+          auto into = rpt::slice_or_die(Slice::data(src, 5, size));
+          std::memset(into.address(), 0, size);
+          const Completion g = rpt::wait_ok(*s.ep, s.ep->get(peer, ref, theirs.offset, into));
+          RPT_CHECK(g.status == Status::ok && g.bytes == size);
+          const std::uint64_t mine = rpt::hash(into.bytes());
+          (void)b->allgather(rpt::pod_bytes(mine), 60s);
+          RPT_CHECK(mine == theirs.hash);
+        }
+        return 0;
+      },
+      240);
+
+  rpt::Stack s(prov, target_config());
+  auto target = s.alloc((64u << 20) + kSlack);
+  auto whole = rpt::slice_or_die(Slice::data(target));
+  auto exposure = s.ep->expose(whole, RemoteAccess::read_write);
+  REQUIRE(exposure.ok());
+  auto all = boot->allgather(pack({s.ep->name(), encoded(*exposure)}), 20s);
+  for (std::uint64_t size : kSizes) {
+    INFO("size " << size);
+    auto m = rpt::from_bytes<Measure>(boot->allgather({}, 60s)[1]);
+    REQUIRE(m.size == size);
+    CHECK(rpt::hash({target.data().data() + m.offset, size}) == m.hash);
+    const std::uint64_t ro2 = 1 + size % 5;
+    auto region = rpt::slice_or_die(Slice::data(target, ro2, size));
+    rpt::fill(region.bytes(), size * 7 + 1);
+    // Hash now: once the initiator has reported, its next put may already be
+    // landing in this region.
+    const std::uint64_t filled = rpt::hash(region.bytes());
+    (void)boot->allgather(rpt::pod_bytes(Measure{size, ro2, filled}), 60s);
+    auto theirs = rpt::from_bytes<std::uint64_t>(boot->allgather({}, 60s)[1]);
+    CHECK(theirs == filled);
+  }
+  CHECK(rpt::reap(kid, 60s) == 0);
+}
+
+TEST_CASE("send and recv deliver many messages in order and intact", "[fabric]") {
+  const std::string prov = GENERATE(as<std::string>{}, "shm", "tcp");
+  INFO("provider " << prov);
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+
+  auto kid = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        rpt::Stack s(prov);
+        auto all = b->allgather(s.ep->name(), 20s);
+        const auto peer = s.ep->insert_peer(all[0]);
+        auto buf = s.alloc(kWindow * kMaxMsg);
+        std::vector<regpool::Token> pending(kWindow);
+        for (std::uint64_t i = 0; i < kMessages; ++i) {
+          const std::size_t w = i % kWindow;
+          if (pending[w]) RPT_CHECK(s.ep->wait(pending[w], 30s).status == Status::ok);
+          auto m = rpt::slice_or_die(Slice::data(buf, w * kMaxMsg, msg_size(i)));
+          rpt::fill(m.bytes(), i);
+          std::memcpy(m.address(), &i, 8);
+          auto t = s.ep->send(peer, m);
+          RPT_CHECK(t.ok());
+          pending[w] = *t;
+        }
+        for (auto& t : pending) {
+          if (t) RPT_CHECK(s.ep->wait(t, 30s).status == Status::ok);
+        }
+        b->barrier(60s);
+        return 0;
+      },
+      120);
+
+  rpt::Stack s(prov);
+  auto all = boot->allgather(s.ep->name(), 20s);
+  auto buf = s.alloc(kRecvs * kMaxMsg);
+  std::uint64_t received = 0, in_order = 0, intact = 0;
+  struct Ctx {
+    rpt::Stack* s;
+    regpool::Ldo* buf;
+    std::uint64_t* received;
+    std::uint64_t* in_order;
+    std::uint64_t* intact;
+  } ctx{&s, &buf, &received, &in_order, &intact};
+  // Each receive re-posts itself from its callback (callbacks run outside the
+  // endpoint's lock, so that is allowed).
+  std::function<void(std::size_t)> post = [&](std::size_t k) {
+    auto slot = rpt::slice_or_die(Slice::data(buf, k * kMaxMsg, kMaxMsg));
+    auto t = s.ep->post_recv(slot, [&ctx, &post, k](const Completion& c) {
+      if (c.status != Status::ok) return;
+      const std::byte* p = ctx.buf->data().data() + k * kMaxMsg;
+      std::uint64_t seq = 0;
+      std::memcpy(&seq, p, 8);
+      if (seq == *ctx.received) ++*ctx.in_order;
+      std::vector<std::byte> expect(msg_size(seq));
+      rpt::fill(expect, seq);
+      std::memcpy(expect.data(), &seq, 8);
+      if (c.bytes == expect.size() && std::memcmp(p, expect.data(), expect.size()) == 0) ++*ctx.intact;
+      ++*ctx.received;
+      post(k);
+    });
+    REQUIRE(t.ok());
+  };
+  for (std::size_t k = 0; k < kRecvs; ++k) post(k);
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (received < kMessages && std::chrono::steady_clock::now() < deadline) s.ep->progress();
+  CHECK(received == kMessages);
+  CHECK(in_order == kMessages);
+  CHECK(intact == kMessages);
+  boot->barrier(30s);
+  CHECK(rpt::reap(kid, 30s) == 0);
+}
+
+TEST_CASE("atomics under contention from two processes", "[fabric]") {
+  const std::string prov = GENERATE(as<std::string>{}, "shm", "tcp");
+  INFO("provider " << prov);
+  constexpr std::uint64_t kAdds = 2000;
+  constexpr std::uint64_t kCas = 200;
+  auto boot = rpt::root_bootstrap(3);
+  const auto port = boot->port();
+
+  std::vector<rpt::ChildGuard> kids;
+  for (int rank = 1; rank <= 2; ++rank) {
+    kids.push_back(rpt::spawn(
+        [&, rank]() -> int {
+          auto b = rpt::child_bootstrap(port, rank, 3);
+          rpt::Stack s(prov);
+          auto all = b->allgather({}, 20s);
+          auto parts = unpack(all[0]);
+          const auto peer = s.ep->insert_peer(parts[0]);
+          const RemoteRef ref = decode_or_die(parts[1]);
+          b->barrier(20s);  // start together: real contention
+          std::uint64_t last = 0;
+          bool first = true;
+          for (std::uint64_t i = 0; i < kAdds; ++i) {
+            auto c = rpt::wait_ok(*s.ep, s.ep->fetch_add(peer, ref, 8, 1));
+            RPT_CHECK(c.status == Status::ok);
+            RPT_CHECK(first || c.value > last);  // our own increments are ordered
+            last = c.value;
+            first = false;
+          }
+          for (std::uint64_t i = 0; i < kCas; ++i) {
+            for (int tries = 0;; ++tries) {
+              RPT_CHECK(tries < 100000);
+              auto cur = rpt::wait_ok(*s.ep, s.ep->fetch_add(peer, ref, 8, 0));
+              RPT_CHECK(cur.status == Status::ok);
+              auto c = rpt::wait_ok(*s.ep, s.ep->compare_swap(peer, ref, 8, cur.value, cur.value + 1));
+              RPT_CHECK(c.status == Status::ok);
+              if (c.value == cur.value) break;  // swapped
+            }
+          }
+          // A failing compare-swap returns the current value and changes nothing.
+          auto w = rpt::wait_ok(*s.ep, s.ep->compare_swap(peer, ref, 0, 12345, 999));
+          RPT_CHECK(w.status == Status::ok && w.value == 0x5a5a5a5a5a5a5a5aull);
+          b->barrier(60s);
+          return 0;
+        },
+        120));
+  }
+  rpt::Stack s(prov, target_config());
+  auto obj = s.alloc(64);
+  std::memset(obj.data().data(), 0, 64);
+  std::memset(obj.data().data(), 0x5a, 8);  // word 0: fixed sentinel
+  auto exposure = s.ep->expose(rpt::slice_or_die(Slice::data(obj)), RemoteAccess::read_write);
+  REQUIRE(exposure.ok());
+  (void)boot->allgather(pack({s.ep->name(), encoded(*exposure)}), 20s);
+  boot->barrier(20s);
+  boot->barrier(60s);
+  std::uint64_t counter = 0, sentinel = 0;
+  std::memcpy(&counter, obj.data().data() + 8, 8);
+  std::memcpy(&sentinel, obj.data().data(), 8);
+  CHECK(counter == 2 * (kAdds + kCas));
+  CHECK(sentinel == 0x5a5a5a5a5a5a5a5aull);
+  CHECK(s.ep->native_atomics() == (prov == "shm"));
+  for (auto& k : kids) CHECK(rpt::reap(k, 30s) == 0);
+}

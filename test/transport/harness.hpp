@@ -1,0 +1,218 @@
+#pragma once
+// Two-process harness for the transport tests: fork a child with a hard time
+// bound (alarm), reap it with a bound (SIGKILL on expiry), and never leave a
+// child behind (ChildGuard). Blobs are exchanged through TcpBootstrap on
+// loopback, so every two-process test also exercises the bootstrap.
+//
+// The child must not use Catch2 assertions (its results would die with it):
+// it returns an exit code and prints what went wrong to stderr.
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "regpool/bootstrap.hpp"
+#include "regpool/endpoint.hpp"
+#include "regpool/fabric_domain.hpp"
+#include "regpool/fabric_endpoint.hpp"
+#include "regpool/pool.hpp"
+#include "regpool/slice.hpp"
+
+namespace rpt {
+
+using namespace std::chrono_literals;
+
+// Kills and reaps on scope exit unless reaped already.
+struct ChildGuard {
+  pid_t pid = -1;
+  ChildGuard() = default;
+  ChildGuard(ChildGuard&& o) noexcept : pid(o.pid) { o.pid = -1; }
+  ChildGuard& operator=(ChildGuard&& o) noexcept {
+    std::swap(pid, o.pid);
+    return *this;
+  }
+  ChildGuard(const ChildGuard&) = delete;
+  ChildGuard& operator=(const ChildGuard&) = delete;
+  ~ChildGuard() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      int st = 0;
+      ::waitpid(pid, &st, 0);
+    }
+  }
+};
+
+// Exit code of the child, 128+signal when killed, -1 when it had to be
+// killed for exceeding the bound.
+inline int reap(ChildGuard& g, std::chrono::milliseconds bound) {
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  for (;;) {
+    int st = 0;
+    const pid_t r = ::waitpid(g.pid, &st, WNOHANG);
+    if (r == g.pid) {
+      g.pid = -1;
+      if (WIFEXITED(st)) return WEXITSTATUS(st);
+      if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
+      return -2;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::kill(g.pid, SIGKILL);
+      ::waitpid(g.pid, &st, 0);
+      g.pid = -1;
+      return -1;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+}
+
+// Fork; the child runs fn under alarm(alarm_s) and _exits with its result
+// (no atexit handlers, no Catch2 teardown in the child).
+inline ChildGuard spawn(const std::function<int()>& fn, unsigned alarm_s) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    std::perror("fork");
+    std::abort();
+  }
+  if (pid == 0) {
+    ::alarm(alarm_s);
+    int rc = 1;
+    try {
+      rc = fn();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "child: exception: %s\n", e.what());
+      rc = 3;
+    } catch (...) {
+      std::fprintf(stderr, "child: unknown exception\n");
+      rc = 3;
+    }
+    std::fflush(nullptr);
+    ::_exit(rc);
+  }
+  ChildGuard g;
+  g.pid = pid;
+  return g;
+}
+
+// Child-side check: print and bail out with a distinct code.
+#define RPT_CHECK(cond)                                                                \
+  do {                                                                                 \
+    if (!(cond)) {                                                                     \
+      std::fprintf(stderr, "child check failed at %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+      return 10 + (__LINE__ % 100);                                                    \
+    }                                                                                  \
+  } while (0)
+
+inline regpool::FabricConfig fabric_config(const std::string& provider) {
+  ::setenv("FI_TCP_IFACE", "lo", 0);
+  regpool::FabricConfig c;
+  c.provider = provider;
+  if (provider == "tcp") c.node = "127.0.0.1";
+  return c;
+}
+
+// A process's transport stack for one test.
+struct Stack {
+  std::shared_ptr<regpool::FabricDomain> domain;
+  std::unique_ptr<regpool::Pool> pool;
+  std::unique_ptr<regpool::FabricEndpoint> ep;
+
+  Stack(const std::string& provider, regpool::EndpointConfig ec = {}, regpool::FabricEndpointOptions fo = {},
+        std::size_t arena = std::size_t{16} << 20) {
+    domain = regpool::FabricDomain::open(fabric_config(provider));
+    regpool::PoolConfig pc;
+    pc.arena_size = arena;
+    pool = std::make_unique<regpool::Pool>(std::vector<std::shared_ptr<regpool::Domain>>{domain}, pc);
+    ep = regpool::FabricEndpoint::open(domain, ec, fo);
+  }
+  ~Stack() {
+    ep.reset();  // in-flight LDO references go before the pool
+    pool.reset();
+  }
+  regpool::Ldo alloc(std::uint64_t n) {
+    auto r = pool->allocate(n);
+    if (!r) throw regpool::Error(r.status(), 0, "test: allocate failed");
+    return std::move(*r);
+  }
+};
+
+inline std::unique_ptr<regpool::TcpBootstrap> root_bootstrap(int size = 2) {
+  regpool::TcpBootstrapConfig c;
+  c.rank = 0;
+  c.size = size;
+  c.connect_timeout = 20s;
+  return std::make_unique<regpool::TcpBootstrap>(c);
+}
+
+inline std::unique_ptr<regpool::TcpBootstrap> child_bootstrap(std::uint16_t port, int rank = 1, int size = 2) {
+  regpool::TcpBootstrapConfig c;
+  c.rank = rank;
+  c.size = size;
+  c.port = port;
+  c.connect_timeout = 20s;
+  return std::make_unique<regpool::TcpBootstrap>(c);
+}
+
+inline std::vector<std::byte> bytes_of(std::span<const std::byte> s) { return {s.begin(), s.end()}; }
+
+template <class T>
+std::vector<std::byte> pod_bytes(const T& v) {
+  const auto* p = reinterpret_cast<const std::byte*>(&v);
+  return {p, p + sizeof v};
+}
+template <class T>
+T from_bytes(const std::vector<std::byte>& b) {
+  T v{};
+  if (b.size() == sizeof v) std::memcpy(&v, b.data(), sizeof v);
+  return v;
+}
+
+// FNV-1a 64: content hash for integrity checks.
+inline std::uint64_t hash(std::span<const std::byte> s) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (std::byte b : s) {
+    h ^= static_cast<std::uint8_t>(b);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Deterministic pattern, distinct per seed.
+inline void fill(std::span<std::byte> s, std::uint64_t seed) {
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (i % 8 == 0) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+    }
+    s[i] = static_cast<std::byte>(x >> (8 * (i % 8)));
+  }
+}
+
+inline regpool::Slice slice_or_die(regpool::Result<regpool::Slice> r) {
+  if (!r) throw regpool::Error(r.status(), 0, "test: slice");
+  return std::move(*r);
+}
+
+// Wait for a token; returns the completion.
+inline regpool::Completion wait_ok(regpool::Endpoint& ep, regpool::Result<regpool::Token> t,
+                                   std::chrono::milliseconds bound = 30s) {
+  if (!t) return regpool::Completion{regpool::Token{}, regpool::OpKind::put, t.status(), regpool::kAnyPeer, 0, 0};
+  return ep.wait(*t, bound);
+}
+
+}  // namespace rpt
