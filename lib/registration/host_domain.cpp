@@ -2,6 +2,8 @@
 
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -10,10 +12,20 @@
 #include "platform/mapping.hpp"
 
 namespace regpool {
+namespace {
+
+// Straight to the kernel: sanitizers intercept mlock/munlock and turn them
+// into no-ops, which would make the host domain claim pinning it never did.
+int sys_mlock(void* addr, std::size_t length) noexcept { return static_cast<int>(::syscall(SYS_mlock, addr, length)); }
+int sys_munlock(void* addr, std::size_t length) noexcept {
+  return static_cast<int>(::syscall(SYS_munlock, addr, length));
+}
+
+}  // namespace
 
 Domain::Native HostDomain::do_register(void* addr, std::size_t length, Access /*access*/) {
   if (length == 0) throw Error(Status::invalid_argument, 0, "host domain: cannot register 0 bytes");
-  if (config_.lock_pages && ::mlock(addr, length) != 0) {
+  if (config_.lock_pages && sys_mlock(addr, length) != 0) {
     const int err = errno;
     if (err == ENOMEM || err == EPERM || err == EAGAIN) {
       // The usual cause is RLIMIT_MEMLOCK; say which limit, how much was
@@ -27,7 +39,7 @@ Domain::Native HostDomain::do_register(void* addr, std::size_t length, Access /*
 }
 
 void HostDomain::do_deregister(const Native& /*native*/, void* addr, std::size_t length) noexcept {
-  if (config_.lock_pages) ::munlock(addr, length);
+  if (config_.lock_pages) sys_munlock(addr, length);
 }
 
 }  // namespace regpool
