@@ -108,4 +108,10 @@ class Arena {
   std::array<Registration, kMaxPoolDomains> registrations_;
 };
 
+inline std::byte* base_of(const ControlBlock* cb) noexcept {
+  if (cb->kind == BlockKind::user) [[unlikely]]
+    return static_cast<const UserBlock*>(cb)->memory.data();
+  return cb->arena->base() + cb->arena->offset_of(cb);
+}
+
 }  // namespace regpool::detail

@@ -8,6 +8,8 @@
 
 #include <array>
 #include <atomic>
+#include <bit>
+#include <cstring>
 #include <boost/intrusive/list.hpp>
 #include <cstddef>
 #include <cstdint>
@@ -60,11 +62,25 @@ struct UserBlock : ControlBlock {
   std::array<Registration, kMaxDomains> registrations;
 };
 
-// Where the object's wire header lives.
-std::byte* base_of(const ControlBlock* cb) noexcept;
+// Where the object's wire header lives (defined inline in arena.hpp).
+inline std::byte* base_of(const ControlBlock* cb) noexcept;
 
 // Return the object to its pool or run the user cleanup.
 void destroy(ControlBlock* cb) noexcept;
+
+// The wire header, written on every allocation: on little-endian hosts a
+// plain copy of the fields (WireHeader::encode is the portable spelling).
+inline void write_wire_header(std::byte* out, std::uint32_t type_id, std::uint64_t meta_size,
+                              std::uint64_t data_size) noexcept {
+  if constexpr (std::endian::native == std::endian::little) {
+    const std::uint32_t words[2] = {type_id, 0};
+    std::memcpy(out, words, sizeof words);
+    std::memcpy(out + 8, &meta_size, 8);
+    std::memcpy(out + 16, &data_size, 8);
+  } else {
+    WireHeader{type_id, 0, meta_size, data_size}.encode(out);
+  }
+}
 
 inline void retain(ControlBlock* cb) noexcept { cb->refs.fetch_add(1, std::memory_order_relaxed); }
 

@@ -1,3 +1,4 @@
+#include <bit>
 #include <cstring>
 #include <new>
 
@@ -7,11 +8,6 @@
 
 namespace regpool {
 namespace detail {
-
-std::byte* base_of(const ControlBlock* cb) noexcept {
-  if (cb->kind == BlockKind::user) return static_cast<const UserBlock*>(cb)->memory.data();
-  return cb->arena->base() + cb->arena->offset_of(cb);
-}
 
 void destroy(ControlBlock* cb) noexcept {
   if (cb->kind == BlockKind::user) {
@@ -25,27 +21,35 @@ void destroy(ControlBlock* cb) noexcept {
     if (cleanup) cleanup(memory);
     return;
   }
-  cb->arena->pool()->free(cb);
+  PoolCore* pool = cb->arena->pool();
+  if (!pool->free_cached(cb)) pool->free(cb);
 }
 
 }  // namespace detail
 
 namespace {
 
-void put_le32(std::byte* p, std::uint32_t v) noexcept {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
+// The header is little-endian on the wire. On little-endian hosts (all that
+// RDMA runs on in practice) that is a plain copy, which matters: the header
+// is written on every allocation.
+template <class T>
+void put_le(std::byte* p, T v) noexcept {
+  if constexpr (std::endian::native != std::endian::little) {
+    T s = 0;
+    for (std::size_t i = 0; i < sizeof(T); ++i) s = static_cast<T>((s << 8) | ((v >> (8 * i)) & 0xff));
+    v = s;
+  }
+  std::memcpy(p, &v, sizeof v);
 }
-void put_le64(std::byte* p, std::uint64_t v) noexcept {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
-}
-std::uint32_t get_le32(const std::byte* p) noexcept {
-  std::uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= std::uint32_t{std::to_integer<std::uint8_t>(p[i])} << (8 * i);
-  return v;
-}
-std::uint64_t get_le64(const std::byte* p) noexcept {
-  std::uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= std::uint64_t{std::to_integer<std::uint8_t>(p[i])} << (8 * i);
+template <class T>
+T get_le(const std::byte* p) noexcept {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  if constexpr (std::endian::native != std::endian::little) {
+    T s = 0;
+    for (std::size_t i = 0; i < sizeof(T); ++i) s = static_cast<T>((s << 8) | ((v >> (8 * i)) & 0xff));
+    v = s;
+  }
   return v;
 }
 
@@ -56,14 +60,15 @@ void write_header(detail::ControlBlock* cb) noexcept {
 }  // namespace
 
 void WireHeader::encode(std::byte* out) const noexcept {
-  put_le32(out, type_id);
-  put_le32(out + 4, flags);
-  put_le64(out + 8, meta_size);
-  put_le64(out + 16, data_size);
+  put_le<std::uint32_t>(out, type_id);
+  put_le<std::uint32_t>(out + 4, flags);
+  put_le<std::uint64_t>(out + 8, meta_size);
+  put_le<std::uint64_t>(out + 16, data_size);
 }
 
 WireHeader WireHeader::decode(const std::byte* in) noexcept {
-  return WireHeader{get_le32(in), get_le32(in + 4), get_le64(in + 8), get_le64(in + 16)};
+  return WireHeader{get_le<std::uint32_t>(in), get_le<std::uint32_t>(in + 4), get_le<std::uint64_t>(in + 8),
+                    get_le<std::uint64_t>(in + 16)};
 }
 
 Ldo::Ldo(const Ldo& o) noexcept : cb_(o.cb_) {

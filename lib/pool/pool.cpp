@@ -6,6 +6,9 @@
 
 namespace regpool {
 namespace detail {
+
+thread_local TlsFast tls_fast [[gnu::tls_model("initial-exec")]];
+
 namespace {
 
 constexpr std::uint64_t kPage = platform::kPageSize;
@@ -22,16 +25,15 @@ struct TlsDirectory {
     std::shared_ptr<CacheRegistry> registry;
   };
   std::vector<Entry> entries;
-  std::uint64_t last_id = 0;
-  ThreadCache* last = nullptr;
   ~TlsDirectory();
 };
 
-thread_local bool tls_dead = false;  // trivially destructible: safe to read during thread exit
-thread_local TlsDirectory tls_dir;
+thread_local TlsDirectory tls_dir;  // slow path only
 
 TlsDirectory::~TlsDirectory() {
-  tls_dead = true;
+  tls_fast.dead = true;
+  tls_fast.last_id = 0;
+  tls_fast.last = nullptr;
   for (auto& e : entries) {
     {
       std::lock_guard g(e.registry->mutex);
@@ -101,14 +103,14 @@ PoolCore::~PoolCore() {
   for (Arena* a : arenas_) delete a;
 }
 
-ThreadCache* PoolCore::thread_cache() noexcept {
-  if (!config_.thread_cache || tls_dead) return nullptr;
+ThreadCache* PoolCore::thread_cache_slow() noexcept {
+  TlsFast& f = tls_fast;
+  if (!config_.thread_cache || f.dead) return nullptr;
   TlsDirectory& d = tls_dir;
-  if (d.last_id == id_) return d.last;
   for (auto& e : d.entries) {
     if (e.id == id_) {
-      d.last_id = id_;
-      d.last = e.tc;
+      f.last_id = id_;
+      f.last = e.tc;
       return e.tc;
     }
   }
@@ -120,8 +122,8 @@ ThreadCache* PoolCore::thread_cache() noexcept {
     delete e.tc;
     return true;
   });
-  d.last_id = 0;
-  d.last = nullptr;
+  f.last_id = 0;
+  f.last = nullptr;
   auto* tc = new (std::nothrow) ThreadCache();
   if (!tc) return nullptr;
   tc->core = this;
@@ -136,8 +138,8 @@ ThreadCache* PoolCore::thread_cache() noexcept {
     std::lock_guard g(registry_->mutex);
     registry_->caches.push_back(*tc);
   }
-  d.last_id = id_;
-  d.last = tc;
+  f.last_id = id_;
+  f.last = tc;
   return tc;
 }
 
@@ -287,17 +289,31 @@ Result<ControlBlock*> PoolCore::allocate(const LdoShape& shape) noexcept {
     failed_allocations_.fetch_add(1, std::memory_order_relaxed);
     return total > kMaxObjectBytes ? Status::invalid_argument : Status::pool_exhausted;
   }
-  auto r = total <= kMaxSmallObject ? allocate_small(class_of(total)) : allocate_large(total);
-  if (!r) {
-    failed_allocations_.fetch_add(1, std::memory_order_relaxed);
-    return r;
+  ControlBlock* cb = nullptr;
+  if (total <= kMaxSmallObject) {
+    const std::size_t cls = class_of(total);
+    cb = allocate_cached(cls);
+    if (!cb) {
+      auto r = allocate_small(cls);
+      if (!r) {
+        failed_allocations_.fetch_add(1, std::memory_order_relaxed);
+        return r;
+      }
+      cb = *r;
+    }
+  } else {
+    auto r = allocate_large(total);
+    if (!r) {
+      failed_allocations_.fetch_add(1, std::memory_order_relaxed);
+      return r;
+    }
+    cb = *r;
   }
-  ControlBlock* cb = *r;
   cb->refs.store(1, std::memory_order_relaxed);
   cb->type_id = shape.type_id;
   cb->meta_size = shape.meta_size;
   cb->data_size = shape.data_size;
-  WireHeader{shape.type_id, 0, shape.meta_size, shape.data_size}.encode(base_of(cb));
+  write_wire_header(base_of(cb), shape.type_id, shape.meta_size, shape.data_size);
   return cb;
 }
 

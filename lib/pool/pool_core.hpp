@@ -68,6 +68,18 @@ struct CacheRegistry {
   CacheList caches;
 };
 
+// The fast path reads only this: trivially destructible (no TLS guard or
+// wrapper call) and initial-exec (no __tls_get_addr), which together halve
+// the cost of a cache hit. initial-exec is what malloc replacements use too;
+// it needs the library loaded at startup or into glibc's static TLS surplus,
+// which a few dozen bytes always fit.
+struct TlsFast {
+  std::uint64_t last_id = 0;
+  ThreadCache* last = nullptr;
+  bool dead = false;  // set during thread exit, after the directory is gone
+};
+extern thread_local TlsFast tls_fast [[gnu::tls_model("initial-exec")]];
+
 class PoolCore {
  public:
   PoolCore(std::vector<std::shared_ptr<Domain>> domains, PoolConfig config);  // throws Error
@@ -75,6 +87,30 @@ class PoolCore {
 
   Result<ControlBlock*> allocate(const LdoShape& shape) noexcept;
   void free(ControlBlock* cb) noexcept;
+
+  // Fast paths, inline so a cache hit is a handful of instructions with no
+  // lock and no atomic RMW. They decline (nullptr / false) whenever anything
+  // needs the slow path: empty or full bin, large object, closing pool.
+  ControlBlock* allocate_cached(std::size_t cls) noexcept {
+    ThreadCache* tc = thread_cache();
+    if (!tc) return nullptr;
+    auto& bin = tc->bins[cls];
+    if (bin.list.empty()) return nullptr;
+    ControlBlock& cb = bin.list.front();
+    bin.list.pop_front();
+    tc->counters.allocs[cls].add(1);
+    return &cb;
+  }
+  bool free_cached(ControlBlock* cb) noexcept {
+    if (cb->kind != BlockKind::slab_slot || detached_.load(std::memory_order_acquire)) return false;
+    ThreadCache* tc = thread_cache();
+    if (!tc) return false;
+    auto& bin = tc->bins[cb->size_class];
+    if (bin.list.size() >= bin.limit) return false;
+    bin.list.push_front(*cb);
+    tc->counters.frees[cb->size_class].add(1);
+    return true;
+  }
   std::size_t trim() noexcept;
   PoolStats stats() const;
   // Called by Pool's destructor; deletes the core now or when the last
@@ -102,7 +138,12 @@ class PoolCore {
     FreeList list;
   };
 
-  ThreadCache* thread_cache() noexcept;
+  ThreadCache* thread_cache() noexcept {
+    TlsFast& f = tls_fast;
+    if (f.last_id == id_) return f.last;  // ids are never reused, so never stale
+    return thread_cache_slow();
+  }
+  [[gnu::noinline]] ThreadCache* thread_cache_slow() noexcept;
   Result<ControlBlock*> allocate_small(std::size_t cls) noexcept;
   Result<ControlBlock*> allocate_large(std::uint64_t bytes) noexcept;
   // Central list refill for class c: carve a slab. Caller holds central_[c].
