@@ -77,6 +77,9 @@
 //                                           with exactly `access` (scoped key
 //                                           where the backend can: memory
 //                                           window, sub-registration).
+//   Result<ExposureInfo> do_expose_to(slice, access, peer, handle)
+//                                           optional: the same for one peer
+//                                           only (default: do_expose).
 //   void do_revoke(handle)                  undo an exposure; later remote
 //                                           use should fail (bad_key) where
 //                                           the provider checks keys.
@@ -324,6 +327,13 @@ class Endpoint {
 
   // Expose a slice to peers with the given rights. Data path: no throw.
   Result<Exposure> expose(const Slice& slice, RemoteAccess access) noexcept;
+  // Expose a slice to one peer only, where the backend can scope a key to a
+  // connection (verbs: a type-2 memory window bound on that peer's queue
+  // pair, so the key grants exactly this slice to exactly this peer).
+  // Backends without per-peer keys give the same key expose(slice, access)
+  // would. invalid_argument for an unknown peer, peer_unreachable for a
+  // broken one.
+  Result<Exposure> expose(const Slice& slice, RemoteAccess access, PeerId peer) noexcept;
 
   // --- operations (never throw; a failed check posts nothing) ---
   // Completion goes to `cb` when given (then the token is only informative:
@@ -434,6 +444,12 @@ class Endpoint {
   virtual std::size_t do_poll(std::size_t max) noexcept = 0;
   virtual void do_cancel(const OpDesc& op) noexcept = 0;
   virtual Result<ExposureInfo> do_expose(const Slice& slice, RemoteAccess access) noexcept = 0;
+  // Per-peer exposure (see expose(slice, access, peer)); the default ignores
+  // the peer.
+  virtual Result<ExposureInfo> do_expose_to(const Slice& slice, RemoteAccess access, PeerId /*peer*/,
+                                            std::uint64_t /*peer_handle*/) noexcept {
+    return do_expose(slice, access);
+  }
   virtual void do_revoke(std::uint64_t handle) noexcept = 0;
 
  private:
@@ -473,6 +489,7 @@ class Endpoint {
   void revoke_exposure(std::uint64_t exposure_id) noexcept;
   void progress_thread_main() noexcept;
   Status reject(Status st) noexcept;
+  Result<Exposure> expose_impl(const Slice& slice, RemoteAccess access, PeerId peer) noexcept;
 
   EndpointConfig config_;
   mutable std::mutex mutex_;

@@ -18,3 +18,9 @@
 #if __has_include("regpool/fabric_endpoint.hpp")
 #include "regpool/fabric_endpoint.hpp"
 #endif
+#if __has_include("regpool/verbs_domain.hpp")
+#include "regpool/verbs_domain.hpp"
+#endif
+#if __has_include("regpool/verbs_endpoint.hpp")
+#include "regpool/verbs_endpoint.hpp"
+#endif

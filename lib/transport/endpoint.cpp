@@ -196,12 +196,25 @@ Status Endpoint::reconnect(PeerId peer) noexcept {
 }
 
 Result<Exposure> Endpoint::expose(const Slice& slice, RemoteAccess access) noexcept {
+  return expose_impl(slice, access, kAnyPeer);
+}
+
+Result<Exposure> Endpoint::expose(const Slice& slice, RemoteAccess access, PeerId peer) noexcept {
+  if (peer == kAnyPeer) return Status::invalid_argument;
+  return expose_impl(slice, access, peer);
+}
+
+Result<Exposure> Endpoint::expose_impl(const Slice& slice, RemoteAccess access, PeerId peer) noexcept {
   if (!slice || slice.length() == 0) return Status::invalid_argument;
   if (!slice.within_object()) return Status::out_of_bounds;
   if (access != RemoteAccess::read_only && access != RemoteAccess::read_write) return Status::invalid_argument;
   std::lock_guard<std::mutex> g(mutex_);
   if (!usable()) return Status::closed;
-  auto info = do_expose(slice, access);
+  if (peer != kAnyPeer) {
+    if (peer >= peers_.size() || !peers_[peer].used) return Status::invalid_argument;
+    if (peers_[peer].broken) return Status::peer_unreachable;
+  }
+  auto info = peer == kAnyPeer ? do_expose(slice, access) : do_expose_to(slice, access, peer, peers_[peer].handle);
   if (!info) return info.status();
   const std::uint64_t id = (exposure_nonce_ << 32) | (next_exposure_id_++ & 0xffffffffu);
   try {

@@ -26,10 +26,23 @@
 
 #include "regpool/bootstrap.hpp"
 #include "regpool/endpoint.hpp"
-#include "regpool/fabric_domain.hpp"
-#include "regpool/fabric_endpoint.hpp"
 #include "regpool/pool.hpp"
 #include "regpool/slice.hpp"
+#include "regpool_config.h"
+#if REGPOOL_HAVE_FABRIC
+#include "regpool/fabric_domain.hpp"
+#include "regpool/fabric_endpoint.hpp"
+#endif
+#if REGPOOL_HAVE_VERBS
+#include "regpool/verbs_domain.hpp"
+#include "regpool/verbs_endpoint.hpp"
+#endif
+
+// One test source, several backends: the conformance tests GENERATE over
+// rpt::backends(). The same sources are built twice (test/meson.build):
+// transport-endpoint/-negative on libfabric (shm, tcp; suite fabric), and
+// verbs-endpoint/-negative with RPT_BACKEND_VERBS defined (rxe inside the
+// Soft-RoCE guest; suite verbs).
 
 namespace rpt {
 
@@ -116,6 +129,25 @@ inline ChildGuard spawn(const std::function<int()>& fn, unsigned alarm_s) {
     }                                                                                  \
   } while (0)
 
+// The backends this executable tests.
+inline const std::vector<std::string>& backends() {
+#ifdef RPT_BACKEND_VERBS
+  static const std::vector<std::string> b = {"verbs"};
+#else
+  static const std::vector<std::string> b = {"shm", "tcp"};
+#endif
+  return b;
+}
+
+// What differs between backends, as properties the tests ask for (never
+// "if backend == ...": a new backend states its properties here).
+// The provider checks keys and rights itself (a forged reference fails
+// remotely); shm checks nothing (FACTS.md).
+inline bool checks_remote_keys(const std::string& backend) { return backend != "shm"; }
+// fetch_add/compare_swap run on the NIC/provider rather than emulated.
+inline bool expects_native_atomics(const std::string& backend) { return backend == "shm" || backend == "verbs"; }
+
+#if REGPOOL_HAVE_FABRIC
 inline regpool::FabricConfig fabric_config(const std::string& provider) {
   ::setenv("FI_TCP_IFACE", "lo", 0);
   regpool::FabricConfig c;
@@ -123,20 +155,34 @@ inline regpool::FabricConfig fabric_config(const std::string& provider) {
   if (provider == "tcp") c.node = "127.0.0.1";
   return c;
 }
+#endif
 
 // A process's transport stack for one test.
 struct Stack {
-  std::shared_ptr<regpool::FabricDomain> domain;
+  std::shared_ptr<regpool::Domain> domain;
   std::unique_ptr<regpool::Pool> pool;
-  std::unique_ptr<regpool::FabricEndpoint> ep;
+  std::unique_ptr<regpool::Endpoint> ep;
 
-  Stack(const std::string& provider, regpool::EndpointConfig ec = {}, regpool::FabricEndpointOptions fo = {},
-        std::size_t arena = std::size_t{16} << 20) {
-    domain = regpool::FabricDomain::open(fabric_config(provider));
+  explicit Stack(const std::string& backend, regpool::EndpointConfig ec = {},
+                 std::size_t arena = std::size_t{16} << 20) {
+#if REGPOOL_HAVE_VERBS
+    if (backend == "verbs") {
+      auto d = regpool::VerbsDomain::open();
+      domain = d;
+      ep = regpool::VerbsEndpoint::open(d, ec);
+    }
+#endif
+#if REGPOOL_HAVE_FABRIC
+    if (backend != "verbs") {
+      auto d = regpool::FabricDomain::open(fabric_config(backend));
+      domain = d;
+      ep = regpool::FabricEndpoint::open(d, ec);
+    }
+#endif
+    if (!ep) throw regpool::Error(regpool::Status::unsupported, 0, "test: backend " + backend + " not built");
     regpool::PoolConfig pc;
     pc.arena_size = arena;
     pool = std::make_unique<regpool::Pool>(std::vector<std::shared_ptr<regpool::Domain>>{domain}, pc);
-    ep = regpool::FabricEndpoint::open(domain, ec, fo);
   }
   ~Stack() {
     ep.reset();  // in-flight LDO references go before the pool

@@ -1,4 +1,5 @@
-// Bad input and failures between real processes, on shm and tcp: each must
+// Bad input and failures between real processes, for every backend in
+// rpt::backends() (shm and tcp; verbs in the guest): each must
 // give a clear status, never a hang, and never touch a neighbouring object.
 
 #include <signal.h>
@@ -63,8 +64,8 @@ constexpr std::uint64_t kObj = 4096;
 }  // namespace
 
 TEST_CASE("bounds and rights are enforced before the wire", "[fabric]") {
-  const std::string prov = GENERATE(as<std::string>{}, "shm", "tcp");
-  INFO("provider " << prov);
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
   auto boot = rpt::root_bootstrap();
   const auto port = boot->port();
 
@@ -96,7 +97,7 @@ TEST_CASE("bounds and rights are enforced before the wire", "[fabric]") {
         // peers must exist.
         RPT_CHECK(s.ep->fetch_add(peer, rw, 4, 1).status() == Status::invalid_argument);
         RemoteRef foreign = rw;
-        foreign.backend = regpool::Backend::verbs;
+        foreign.backend = rw.backend == regpool::Backend::verbs ? regpool::Backend::fabric : regpool::Backend::verbs;
         RPT_CHECK(s.ep->put(whole, peer, foreign, 0).status() == Status::invalid_argument);
         RPT_CHECK(s.ep->put(whole, peer + 7, rw, 0).status() == Status::invalid_argument);
         RPT_CHECK(s.ep->send(peer, Slice{}).status() == Status::invalid_argument);
@@ -113,13 +114,14 @@ TEST_CASE("bounds and rights are enforced before the wire", "[fabric]") {
         RPT_CHECK(rpt::wait_ok(*s.ep, s.ep->put(whole, peer, rw, 0)).status == Status::ok);
 
         // A forged reference (read-only key claimed read-write) passes our
-        // checks by construction. tcp checks the key's rights and fails the
-        // write; shm checks nothing (FACTS.md), so it is not attempted there.
-        if (prov == "tcp") {
+        // checks by construction. tcp and verbs check the key's rights and
+        // fail the write; shm checks nothing (FACTS.md), so it is not
+        // attempted there.
+        if (rpt::checks_remote_keys(prov)) {
           RemoteRef forged = ro;
           forged.access = RemoteAccess::read_write;
           auto bad = rpt::wait_ok(*s.ep, s.ep->put(rpt::slice_or_die(whole.select(0, 16)), peer, forged, 0), 20s);
-          std::fprintf(stderr, "forged write on tcp: %s\n", regpool::to_string(bad.status));
+          std::fprintf(stderr, "forged write on %s: %s\n", prov.c_str(), regpool::to_string(bad.status));
           // Without FI_DELIVERY_COMPLETE rxm reports the bad write as a
           // success and fails the next op; ours uses it, so the write itself
           // must fail.
@@ -178,8 +180,8 @@ TEST_CASE("malformed remote references never reach an endpoint", "[fabric]") {
 }
 
 TEST_CASE("an operation to a killed peer completes with an error in bounded time", "[fabric]") {
-  const std::string prov = GENERATE(as<std::string>{}, "shm", "tcp");
-  INFO("provider " << prov);
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
   auto boot = rpt::root_bootstrap();
   const auto port = boot->port();
   auto kid = rpt::spawn(
@@ -230,8 +232,8 @@ TEST_CASE("an operation to a killed peer completes with an error in bounded time
 }
 
 TEST_CASE("dropping the LDO handle while its put is in flight is safe", "[fabric]") {
-  const std::string prov = GENERATE(as<std::string>{}, "shm", "tcp");
-  INFO("provider " << prov);
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
   constexpr std::uint64_t kSize = 16u << 20;
   auto boot = rpt::root_bootstrap();
   const auto port = boot->port();
@@ -282,7 +284,7 @@ TEST_CASE("dropping the LDO handle while its put is in flight is safe", "[fabric
 TEST_CASE("an in-flight reference is held until the provider is done", "[fabric]") {
   // Single process, no peer traffic needed: a receive that never matches
   // holds its object until the endpoint goes.
-  rpt::Stack s("shm");
+  rpt::Stack s(rpt::backends().front());
   auto obj = s.alloc(256);
   const auto live0 = s.pool->stats().live_objects;
   auto t = s.ep->post_recv(rpt::slice_or_die(Slice::data(obj)));

@@ -1,0 +1,1145 @@
+#include "regpool/verbs_endpoint.hpp"
+
+#include <infiniband/verbs.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+
+namespace regpool {
+namespace {
+
+using MonoClock = std::chrono::steady_clock;
+
+static_assert(std::endian::native == std::endian::little,
+              "names and control messages are host byte order; big-endian hosts need byte swapping here");
+
+// ---- endpoint name (what insert_peer gets) ----
+constexpr std::uint32_t kNameMagic = 0x4e565052;  // "RPVN"
+constexpr std::uint8_t kNameVersion = 1;
+constexpr std::size_t kNameSize = 40;
+struct WireName {
+  std::uint32_t magic;
+  std::uint8_t version;
+  std::uint8_t flags;  // bit 0: ethernet (RoCE)
+  std::uint8_t port;
+  std::uint8_t mtu;    // enum ibv_mtu
+  std::uint16_t lid;
+  std::uint16_t reserved;
+  std::uint32_t ud_qpn;
+  std::uint64_t endpoint_id;
+  std::uint8_t gid[16];
+};
+static_assert(sizeof(WireName) == kNameSize);
+
+// ---- control messages over UD ----
+constexpr std::uint32_t kCtrlMagic = 0x43565052;  // "RPVC"
+constexpr std::uint8_t kReq = 1;
+constexpr std::uint8_t kRep = 2;
+struct CtrlMsg {
+  std::uint32_t magic;
+  std::uint8_t type;
+  std::uint8_t reserved[3];
+  std::uint32_t qpn;    // sender's RC QP for this pair
+  std::uint32_t psn;    // sender's initial send PSN
+  std::uint32_t epoch;  // REQ: sender's epoch; REP: the epoch answered
+  std::uint32_t reserved2;
+  std::uint64_t dst_id;  // endpoint id the message is for
+  WireName src;          // the sender, so a target can answer unknown peers
+};
+constexpr std::size_t kCtrlSize = sizeof(CtrlMsg);
+constexpr std::size_t kGrh = 40;  // UD receives start with a GRH
+constexpr std::size_t kCtrlSlot = 128;
+static_assert(kGrh + kCtrlSize <= kCtrlSlot);
+constexpr std::size_t kCtrlRecvs = 32;
+constexpr std::size_t kCtrlSends = 32;
+constexpr std::uint32_t kQkey = 0x11111111;
+constexpr auto kRetransmit = std::chrono::milliseconds(50);
+// Bounds on the synchronous waits inside a backend call (window bind and
+// invalidate, draining a QP before reset).
+constexpr auto kInternalWait = std::chrono::milliseconds(2000);
+
+// ---- wr_id layout: tag (4 bits) | sequence (36 bits) | index (24 bits) ----
+enum Tag : std::uint64_t { kTagOp = 1, kTagFence = 2, kTagInternal = 3, kTagUdSend = 4, kTagUdRecv = 5, kTagRecv = 6 };
+constexpr std::uint64_t kSeqMask = (std::uint64_t{1} << 36) - 1;
+constexpr std::uint64_t make_wr_id(Tag t, std::uint64_t seq, std::uint32_t index) noexcept {
+  return (static_cast<std::uint64_t>(t) << 60) | ((seq & kSeqMask) << 24) | (index & 0xffffffu);
+}
+constexpr Tag tag_of(std::uint64_t id) noexcept { return static_cast<Tag>(id >> 60); }
+constexpr std::uint64_t seq_of(std::uint64_t id) noexcept { return (id >> 24) & kSeqMask; }
+constexpr std::uint32_t index_of(std::uint64_t id) noexcept { return static_cast<std::uint32_t>(id & 0xffffffu); }
+
+constexpr std::uint32_t kNone = ~std::uint32_t{0};
+
+std::string errno_text(int err) { return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")"; }
+
+Status status_from_wc(ibv_wc_status s) noexcept {
+  switch (s) {
+    case IBV_WC_SUCCESS: return Status::ok;
+    case IBV_WC_REM_ACCESS_ERR: return Status::bad_key;
+    case IBV_WC_RETRY_EXC_ERR:
+    case IBV_WC_RNR_RETRY_EXC_ERR:
+    case IBV_WC_WR_FLUSH_ERR: return Status::peer_unreachable;
+    case IBV_WC_LOC_LEN_ERR: return Status::out_of_bounds;
+    case IBV_WC_REM_INV_REQ_ERR: return Status::invalid_argument;
+    case IBV_WC_MW_BIND_ERR: return Status::access_denied;
+    default: return Status::transport_error;
+  }
+}
+
+std::uint32_t random_psn(std::mt19937_64& rng) noexcept { return static_cast<std::uint32_t>(rng()) & 0xffffffu; }
+
+}  // namespace
+
+// ----------------------------------------------------------------- state
+
+struct VerbsEndpoint::Conn {
+  enum class State : std::uint8_t { init, connecting, connected, error };
+  bool used = false;
+  bool inserted = false;  // the user inserted this peer (else accepted from a REQ)
+  WireName remote{};
+  ibv_qp* qp = nullptr;
+  ibv_ah* ah = nullptr;  // to the peer's UD QP
+  State state = State::init;
+  std::uint32_t local_psn = 0;
+  std::uint32_t remote_qpn = 0;
+  std::uint32_t remote_psn = 0;
+  std::uint32_t epoch = 0;         // ours, bumped by reconnect
+  std::uint32_t remote_epoch = 0;  // the peer's last seen
+  MonoClock::time_point next_req{};
+  // Send queue bookkeeping: every WR gets seq = ++wr_seq; an RC send queue
+  // completes in order, so a completion for seq S retires everything <= S.
+  std::uint64_t wr_seq = 0;
+  std::uint64_t retired_seq = 0;
+  std::uint64_t last_signaled_seq = 0;
+  std::uint32_t unsignaled_run = 0;
+  bool fence_outstanding = false;
+  std::uint64_t fence_seq = 0;
+  // Ring of unsignalled user ops: (seq, slot index).
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> ring;
+  std::size_t ring_head = 0;
+  std::size_t ring_count = 0;
+};
+
+struct VerbsEndpoint::Exposed {
+  bool live = false;
+  bool window = false;
+  Registration registration;  // sub-registration exposures
+  ibv_mw* mw = nullptr;       // window exposures
+  std::uint32_t rkey = 0;
+  std::uint32_t conn = kNone;
+};
+
+struct SlotState {
+  std::uint64_t post_seq = 0;  // matches wr_id's sequence while live
+  std::uint64_t qp_seq = 0;
+  std::uint32_t conn = kNone;
+  bool live = false;
+  bool unsignaled = false;
+};
+
+struct VerbsEndpoint::Impl {
+  ibv_cq* cq = nullptr;
+  ibv_srq* srq = nullptr;
+  ibv_qp* ud = nullptr;
+  std::uint32_t sq_depth = 0;
+  std::uint8_t rd_atomic = 1;
+  std::uint64_t endpoint_id = 0;
+  std::mt19937_64 rng{std::random_device{}()};
+  std::uint64_t post_seq = 0;
+  std::vector<SlotState> slots;
+  std::vector<Conn> conns;
+  std::vector<Exposed> exposed;
+  // Control buffers: kCtrlRecvs receive slots, then kCtrlSends send slots;
+  // plus one word per op slot for atomic results.
+  std::vector<std::byte> ctrl;
+  Registration ctrl_reg;
+  std::vector<std::uint64_t> atomic_words;
+  Registration atomic_reg;
+  std::vector<bool> send_busy;
+  // Internal (window bind/invalidate) completion being waited for.
+  std::uint64_t internal_wait_id = 0;
+  bool internal_done = false;
+  ibv_wc_status internal_status = IBV_WC_SUCCESS;
+  // Set while a QP is drained before a reset (see reset_conn).
+  bool draining = false;
+};
+
+// ----------------------------------------------------------------- setup
+
+VerbsEndpoint::VerbsEndpoint(std::shared_ptr<VerbsDomain> domain, const EndpointConfig& config,
+                             const VerbsEndpointOptions& options)
+    : Endpoint(config), domain_(std::move(domain)), options_(options), impl_(std::make_unique<Impl>()) {
+  if (!domain_) throw Error(Status::invalid_argument, 0, "verbs endpoint: null domain");
+  try {
+    open_resources();
+  } catch (...) {
+    shutdown();
+    close_resources();
+    throw;
+  }
+  start();
+}
+
+VerbsEndpoint::~VerbsEndpoint() {
+  shutdown();
+  close_resources();
+}
+
+namespace {
+
+void modify_or_throw(ibv_qp* qp, ibv_qp_attr& a, int mask, const char* what) {
+  const int rc = ibv_modify_qp(qp, &a, mask);
+  if (rc != 0) throw Error(Status::transport_error, rc, std::string("verbs endpoint: ") + what + ": " + errno_text(rc));
+}
+
+ibv_ah_attr ah_attr_for(const VerbsPortInfo& me, const WireName& peer) noexcept {
+  ibv_ah_attr ah{};
+  ah.dlid = peer.lid;
+  ah.sl = 0;
+  ah.src_path_bits = 0;
+  ah.port_num = me.port;
+  if ((peer.flags & 1) != 0 || me.ethernet) {
+    ah.is_global = 1;
+    std::memcpy(ah.grh.dgid.raw, peer.gid, 16);
+    ah.grh.sgid_index = static_cast<std::uint8_t>(me.gid_index < 0 ? 0 : me.gid_index);
+    ah.grh.hop_limit = 64;
+  }
+  return ah;
+}
+
+}  // namespace
+
+void VerbsEndpoint::open_resources() {
+  Impl& m = *impl_;
+  ibv_context* ctx = domain_->context();
+  ibv_pd* pd = domain_->pd();
+  const VerbsPortInfo& port = domain_->port_info();
+  const std::size_t n = config().max_in_flight;
+  if (n > 0xffffffu) throw Error(Status::invalid_argument, 0, "verbs endpoint: max_in_flight above 2^24");
+  max_msg_ = port.max_msg_size ? port.max_msg_size : (std::uint64_t{1} << 31);
+  m.endpoint_id = m.rng() | 1u;
+  m.slots.assign(n, SlotState{});
+  m.send_busy.assign(kCtrlSends, false);
+  m.rd_atomic = static_cast<std::uint8_t>(
+      std::clamp<std::uint32_t>(options_.max_rd_atomic, 1, std::max<std::uint32_t>(domain_->max_qp_rd_atom(), 1)));
+  m.sq_depth = options_.send_queue_depth ? options_.send_queue_depth : static_cast<std::uint32_t>(n + 8);
+  m.sq_depth = std::min(m.sq_depth, domain_->max_qp_wr());
+  m.conns.reserve(16);
+
+  // One CQ for everything: user ops (one CQE each; a flushed put/get split
+  // into chunks gives one per chunk), SRQ receives (counted in
+  // max_in_flight), fences and window ops (a few per peer), UD control
+  // traffic. Sized for every op flushing as up to three chunks; beyond the
+  // device's max_cqe a mass flush of huge transfers could overrun it.
+  const std::uint32_t cqe = static_cast<std::uint32_t>(
+      std::min<std::size_t>(4 * n + kCtrlRecvs + kCtrlSends + 256, domain_->max_cqe()));
+  m.cq = ibv_create_cq(ctx, static_cast<int>(cqe), nullptr, nullptr, 0);
+  if (!m.cq) {
+    const int err = errno;
+    throw Error(Status::transport_error, err, "verbs endpoint: ibv_create_cq(" + std::to_string(cqe) + "): " + errno_text(err));
+  }
+  ibv_srq_init_attr sa{};
+  sa.attr.max_wr = static_cast<std::uint32_t>(std::min<std::size_t>(n, domain_->max_srq_wr()));
+  sa.attr.max_sge = 1;
+  m.srq = ibv_create_srq(pd, &sa);
+  if (!m.srq) {
+    const int err = errno;
+    throw Error(Status::unsupported, err, "verbs endpoint: ibv_create_srq: " + errno_text(err));
+  }
+
+  // Control QP (UD) and its buffers.
+  m.ctrl.assign((kCtrlRecvs + kCtrlSends) * kCtrlSlot, std::byte{0});
+  m.ctrl_reg = domain_->register_memory(m.ctrl.data(), m.ctrl.size(), Access::local);
+  m.atomic_words.assign(n, 0);
+  m.atomic_reg = domain_->register_memory(m.atomic_words.data(), m.atomic_words.size() * 8, Access::local);
+
+  ibv_qp_init_attr ua{};
+  ua.send_cq = m.cq;
+  ua.recv_cq = m.cq;
+  ua.cap.max_send_wr = kCtrlSends;
+  ua.cap.max_recv_wr = kCtrlRecvs;
+  ua.cap.max_send_sge = 1;
+  ua.cap.max_recv_sge = 1;
+  ua.qp_type = IBV_QPT_UD;
+  m.ud = ibv_create_qp(pd, &ua);
+  if (!m.ud) {
+    const int err = errno;
+    throw Error(Status::transport_error, err, "verbs endpoint: ibv_create_qp(UD): " + errno_text(err));
+  }
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = port.port;
+  a.qkey = kQkey;
+  modify_or_throw(m.ud, a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY, "UD QP to INIT");
+  a = ibv_qp_attr{};
+  a.qp_state = IBV_QPS_RTR;
+  modify_or_throw(m.ud, a, IBV_QP_STATE, "UD QP to RTR");
+  a = ibv_qp_attr{};
+  a.qp_state = IBV_QPS_RTS;
+  a.sq_psn = random_psn(m.rng);
+  modify_or_throw(m.ud, a, IBV_QP_STATE | IBV_QP_SQ_PSN, "UD QP to RTS");
+  for (std::uint32_t k = 0; k < kCtrlRecvs; ++k) {
+    ibv_sge sge{reinterpret_cast<std::uintptr_t>(m.ctrl.data() + k * kCtrlSlot), kCtrlSlot, m.ctrl_reg.local_key()};
+    ibv_recv_wr wr{};
+    ibv_recv_wr* bad = nullptr;
+    wr.wr_id = make_wr_id(kTagUdRecv, 0, k);
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    const int rc = ibv_post_recv(m.ud, &wr, &bad);
+    if (rc != 0) throw Error(Status::transport_error, rc, "verbs endpoint: ibv_post_recv(UD): " + errno_text(rc));
+  }
+  max_inline_ = options_.max_inline;  // refined by the first RC QP
+}
+
+void VerbsEndpoint::close_resources() noexcept {
+  if (!impl_) return;
+  Impl& m = *impl_;
+  for (Exposed& x : m.exposed) {
+    if (x.mw) (void)ibv_dealloc_mw(x.mw);
+    x.mw = nullptr;
+    x.registration.reset();
+    x.live = false;
+  }
+  for (Conn& c : m.conns) {
+    if (c.qp) (void)ibv_destroy_qp(c.qp);
+    if (c.ah) (void)ibv_destroy_ah(c.ah);
+    c = Conn{};
+  }
+  if (m.ud) (void)ibv_destroy_qp(m.ud);
+  if (m.srq) (void)ibv_destroy_srq(m.srq);
+  if (m.cq) (void)ibv_destroy_cq(m.cq);
+  m.ud = nullptr;
+  m.srq = nullptr;
+  m.cq = nullptr;
+  m.ctrl_reg.reset();
+  m.atomic_reg.reset();
+}
+
+std::vector<std::byte> VerbsEndpoint::do_name() const {
+  const VerbsPortInfo& port = domain_->port_info();
+  WireName w{};
+  w.magic = kNameMagic;
+  w.version = kNameVersion;
+  w.flags = port.ethernet ? 1 : 0;
+  w.port = port.port;
+  w.mtu = static_cast<std::uint8_t>(port.active_mtu);
+  w.lid = port.lid;
+  w.ud_qpn = impl_->ud->qp_num;
+  w.endpoint_id = impl_->endpoint_id;
+  std::memcpy(w.gid, port.gid, 16);
+  std::vector<std::byte> out(kNameSize);
+  std::memcpy(out.data(), &w, kNameSize);
+  return out;
+}
+
+namespace {
+
+bool parse_name(std::span<const std::byte> name, WireName& out) noexcept {
+  if (name.size() != kNameSize) return false;
+  std::memcpy(&out, name.data(), kNameSize);
+  return out.magic == kNameMagic && out.version == kNameVersion && out.endpoint_id != 0;
+}
+
+}  // namespace
+
+
+// ----------------------------------------------------------------- connections
+
+std::uint32_t VerbsEndpoint::new_conn(const void* remote_name) {
+  Impl& m = *impl_;
+  const auto& r = *static_cast<const WireName*>(remote_name);
+  std::uint32_t ci = static_cast<std::uint32_t>(m.conns.size());
+  for (std::uint32_t i = 0; i < m.conns.size(); ++i) {
+    if (!m.conns[i].used) {
+      ci = i;
+      break;
+    }
+  }
+  Conn c;
+  c.remote = r;
+  c.ring.resize(m.sq_depth);
+  ibv_qp_init_attr qa{};
+  qa.send_cq = m.cq;
+  qa.recv_cq = m.cq;
+  qa.srq = m.srq;
+  qa.cap.max_send_wr = m.sq_depth;
+  qa.cap.max_recv_wr = 0;  // receives come from the SRQ
+  qa.cap.max_send_sge = 1;
+  qa.cap.max_recv_sge = 1;
+  qa.cap.max_inline_data = options_.max_inline;
+  qa.qp_type = IBV_QPT_RC;
+  qa.sq_sig_all = 0;  // selective signalling
+  c.qp = ibv_create_qp(domain_->pd(), &qa);
+  if (!c.qp && options_.max_inline > 0) {
+    // Some devices refuse any inline size they cannot do; go without.
+    qa.cap.max_inline_data = 0;
+    c.qp = ibv_create_qp(domain_->pd(), &qa);
+  }
+  if (!c.qp) {
+    const int err = errno;
+    throw Error(Status::transport_error, err, "verbs endpoint: ibv_create_qp(RC): " + errno_text(err));
+  }
+  // ibv_create_qp writes back what the device granted.
+  max_inline_ = std::min<std::uint32_t>(options_.max_inline, qa.cap.max_inline_data);
+  ibv_ah_attr aa = ah_attr_for(domain_->port_info(), r);
+  c.ah = ibv_create_ah(domain_->pd(), &aa);
+  if (!c.ah) {
+    const int err = errno;
+    (void)ibv_destroy_qp(c.qp);
+    throw Error(Status::peer_unreachable, err, "verbs endpoint: ibv_create_ah for a peer: " + errno_text(err));
+  }
+  const int rc = qp_to_init(c);
+  if (rc != 0) {
+    (void)ibv_destroy_qp(c.qp);
+    (void)ibv_destroy_ah(c.ah);
+    throw Error(Status::transport_error, rc, "verbs endpoint: RC QP to INIT: " + errno_text(rc));
+  }
+  c.local_psn = random_psn(m.rng);
+  c.epoch = 1;
+  c.used = true;
+  if (ci == m.conns.size()) {
+    m.conns.push_back(std::move(c));
+  } else {
+    m.conns[ci] = std::move(c);
+  }
+  return ci;
+}
+
+int VerbsEndpoint::qp_to_init(Conn& c) noexcept {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = domain_->port_info().port;
+  // The QP allows every remote operation; each key (MR or window) restricts
+  // what it grants.
+  a.qp_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+  c.state = Conn::State::init;
+  return ibv_modify_qp(c.qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+}
+
+int VerbsEndpoint::qp_to_rts(Conn& c) noexcept {
+  const VerbsPortInfo& port = domain_->port_info();
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = static_cast<ibv_mtu>(std::min<int>(port.active_mtu, c.remote.mtu ? c.remote.mtu : port.active_mtu));
+  a.dest_qp_num = c.remote_qpn;
+  a.rq_psn = c.remote_psn;
+  a.max_dest_rd_atomic = impl_->rd_atomic;
+  a.min_rnr_timer = 12;
+  a.ah_attr = ah_attr_for(port, c.remote);
+  int rc = ibv_modify_qp(c.qp, &a,
+                         IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                             IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  if (rc != 0) return rc;
+  a = ibv_qp_attr{};
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = options_.ack_timeout;
+  a.retry_cnt = std::min<std::uint8_t>(options_.retry_count, 7);
+  a.rnr_retry = 7;  // "infinite": a receiver that has not posted yet is not an error
+  a.sq_psn = c.local_psn;
+  a.max_rd_atomic = impl_->rd_atomic;
+  rc = ibv_modify_qp(c.qp, &a,
+                     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                         IBV_QP_MAX_QP_RD_ATOMIC);
+  if (rc != 0) return rc;
+  c.state = Conn::State::connected;
+  return 0;
+}
+
+int VerbsEndpoint::reset_conn(std::uint32_t ci) noexcept {
+  Impl& m = *impl_;
+  Conn& c = m.conns[ci];
+  // A signalled marker behind everything posted: its (flushed) completion
+  // retires every WR before it, including unsignalled ones that completed
+  // without a CQE, so the drain below ends as soon as the CQ catches up.
+  if (c.wr_seq != c.retired_seq) {
+    ibv_send_wr wr{};
+    ibv_send_wr* bad = nullptr;
+    const std::uint64_t seq = c.wr_seq + 1;
+    wr.wr_id = make_wr_id(kTagFence, seq, ci);
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    if (ibv_post_send(c.qp, &wr, &bad) == 0) {
+      c.wr_seq = seq;
+      c.fence_seq = seq;
+      c.fence_outstanding = true;
+    }
+  }
+  // ERROR first: a QP moved straight to RESET drops its WRs without
+  // completions, and their slots would never be given back.
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  (void)ibv_modify_qp(c.qp, &a, IBV_QP_STATE);
+  m.draining = true;
+  const auto deadline = MonoClock::now() + kInternalWait;
+  while (c.retired_seq < c.wr_seq && MonoClock::now() < deadline) {
+    if (poll_cq(32) == 0) std::this_thread::yield();
+  }
+  m.draining = false;
+  // Whatever did not come back is answered here; a late CQE for it is
+  // recognised as stale by its sequence number.
+  for (std::uint32_t i = 0; i < m.slots.size(); ++i) {
+    SlotState& s = m.slots[i];
+    if (s.live && s.conn == ci) {
+      s.live = false;
+      complete(i, Status::peer_unreachable, 0);
+    }
+  }
+  c.retired_seq = c.wr_seq;
+  c.ring_count = 0;
+  c.ring_head = 0;
+  c.unsignaled_run = 0;
+  c.fence_outstanding = false;
+  a = ibv_qp_attr{};
+  a.qp_state = IBV_QPS_RESET;
+  int rc = ibv_modify_qp(c.qp, &a, IBV_QP_STATE);
+  if (rc == 0) rc = qp_to_init(c);
+  c.local_psn = random_psn(m.rng);
+  if (rc != 0) c.state = Conn::State::error;
+  return rc;
+}
+
+void VerbsEndpoint::send_ctrl(Conn& c, std::uint8_t type, std::uint32_t epoch) noexcept {
+  Impl& m = *impl_;
+  std::uint32_t k = kNone;
+  for (std::uint32_t i = 0; i < kCtrlSends; ++i) {
+    if (!m.send_busy[i]) {
+      k = i;
+      break;
+    }
+  }
+  if (k == kNone) return;  // all in flight: REQs are retransmitted, REPs re-sent on the next REQ
+  CtrlMsg msg{};
+  msg.magic = kCtrlMagic;
+  msg.type = type;
+  msg.qpn = c.qp->qp_num;
+  msg.psn = c.local_psn;
+  msg.epoch = epoch;
+  msg.dst_id = c.remote.endpoint_id;
+  const std::vector<std::byte> me = do_name();
+  std::memcpy(&msg.src, me.data(), kNameSize);
+  std::byte* buf = m.ctrl.data() + (kCtrlRecvs + k) * kCtrlSlot;
+  std::memcpy(buf, &msg, kCtrlSize);
+  ibv_sge sge{reinterpret_cast<std::uintptr_t>(buf), static_cast<std::uint32_t>(kCtrlSize), m.ctrl_reg.local_key()};
+  ibv_send_wr wr{};
+  ibv_send_wr* bad = nullptr;
+  wr.wr_id = make_wr_id(kTagUdSend, 0, k);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.ud.ah = c.ah;
+  wr.wr.ud.remote_qpn = c.remote.ud_qpn;
+  wr.wr.ud.remote_qkey = kQkey;
+  if (ibv_post_send(m.ud, &wr, &bad) == 0) m.send_busy[k] = true;
+}
+
+std::uint32_t VerbsEndpoint::conn_by_id(std::uint64_t endpoint_id) const noexcept {
+  for (std::uint32_t i = 0; i < impl_->conns.size(); ++i) {
+    const Conn& c = impl_->conns[i];
+    if (c.used && c.remote.endpoint_id == endpoint_id) return i;
+  }
+  return kNone;
+}
+
+std::uint32_t VerbsEndpoint::conn_by_qpn(std::uint32_t qpn) const noexcept {
+  for (std::uint32_t i = 0; i < impl_->conns.size(); ++i) {
+    const Conn& c = impl_->conns[i];
+    if (c.used && c.qp && c.qp->qp_num == qpn) return i;
+  }
+  return kNone;
+}
+
+std::uint64_t VerbsEndpoint::do_insert_peer(std::span<const std::byte> name) {
+  WireName w{};
+  if (!parse_name(name, w)) throw Error(Status::malformed, 0, "verbs endpoint: not a verbs endpoint name");
+  if (w.endpoint_id == impl_->endpoint_id) {
+    throw Error(Status::invalid_argument, 0, "verbs endpoint: inserting its own name (loopback QPs are not supported)");
+  }
+  // A peer that connected to us first already has a connection: adopt it.
+  std::uint32_t ci = conn_by_id(w.endpoint_id);
+  if (ci == kNone) {
+    ci = new_conn(&w);
+    Conn& c = impl_->conns[ci];
+    c.state = Conn::State::connecting;
+    c.next_req = MonoClock::now() + kRetransmit;
+    send_ctrl(c, kReq, c.epoch);
+  }
+  impl_->conns[ci].inserted = true;
+  return ci;
+}
+
+void VerbsEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
+  Impl& m = *impl_;
+  if (handle >= m.conns.size() || !m.conns[handle].used) return;
+  const auto ci = static_cast<std::uint32_t>(handle);
+  Conn& c = m.conns[ci];
+  if (c.wr_seq != c.retired_seq) (void)reset_conn(ci);
+  for (Exposed& x : m.exposed) {
+    if (x.live && x.window && x.conn == ci) {
+      (void)ibv_dealloc_mw(x.mw);
+      x.mw = nullptr;
+      x.live = false;
+      x.registration.reset();
+    }
+  }
+  (void)ibv_destroy_qp(c.qp);
+  (void)ibv_destroy_ah(c.ah);
+  c = Conn{};
+}
+
+Result<std::uint64_t> VerbsEndpoint::do_reconnect(PeerId /*peer*/, std::uint64_t handle,
+                                                  std::span<const std::byte> /*name*/) noexcept {
+  Impl& m = *impl_;
+  if (handle >= m.conns.size() || !m.conns[handle].used) return Status::invalid_argument;
+  const auto ci = static_cast<std::uint32_t>(handle);
+  if (reset_conn(ci) != 0) return Status::transport_error;
+  Conn& c = m.conns[ci];
+  // A new epoch tells the peer to reset its side too (top comment).
+  ++c.epoch;
+  c.state = Conn::State::connecting;
+  c.next_req = MonoClock::now() + kRetransmit;
+  send_ctrl(c, kReq, c.epoch);
+  return handle;
+}
+
+void VerbsEndpoint::handle_ctrl(std::uint32_t k, std::uint32_t byte_len) noexcept {
+  Impl& m = *impl_;
+  std::byte* buf = m.ctrl.data() + k * kCtrlSlot;
+  CtrlMsg msg{};
+  const bool sane = byte_len >= kGrh + kCtrlSize;
+  if (sane) std::memcpy(&msg, buf + kGrh, kCtrlSize);
+  // Give the buffer back first: the message is copied out.
+  ibv_sge sge{reinterpret_cast<std::uintptr_t>(buf), kCtrlSlot, m.ctrl_reg.local_key()};
+  ibv_recv_wr wr{};
+  ibv_recv_wr* bad = nullptr;
+  wr.wr_id = make_wr_id(kTagUdRecv, 0, k);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  (void)ibv_post_recv(m.ud, &wr, &bad);
+  if (!sane || msg.magic != kCtrlMagic || msg.dst_id != m.endpoint_id) return;
+  if (msg.src.magic != kNameMagic || msg.src.endpoint_id == 0) return;
+  // While draining a QP or waiting for a window op we cannot reset another
+  // QP underneath the caller; dropping is fine, REQs are retransmitted.
+  if (m.draining || m.internal_wait_id != 0) return;
+
+  std::uint32_t ci = conn_by_id(msg.src.endpoint_id);
+  if (msg.type == kReq) {
+    if (ci == kNone) {
+      try {
+        ci = new_conn(&msg.src);
+      } catch (...) {
+        return;  // no resources now; the peer retransmits
+      }
+    }
+    Conn& c = m.conns[ci];
+    const bool fresh = c.state != Conn::State::connected || c.remote_epoch != msg.epoch || c.remote_qpn != msg.qpn;
+    if (fresh) {
+      // A new epoch from a connected peer means it reset its QP: reset ours
+      // (our in-flight ops to it fail with peer_unreachable) and follow.
+      if (c.state != Conn::State::init && c.state != Conn::State::connecting) {
+        if (reset_conn(ci) != 0) return;
+      }
+      c.remote_qpn = msg.qpn;
+      c.remote_psn = msg.psn;
+      c.remote_epoch = msg.epoch;
+      if (qp_to_rts(c) != 0) {
+        c.state = Conn::State::error;
+        return;
+      }
+    }
+    send_ctrl(c, kRep, msg.epoch);
+  } else if (msg.type == kRep) {
+    if (ci == kNone) return;
+    Conn& c = m.conns[ci];
+    if (c.state != Conn::State::connecting || msg.epoch != c.epoch) return;  // late or duplicate
+    c.remote_qpn = msg.qpn;
+    c.remote_psn = msg.psn;
+    if (qp_to_rts(c) != 0) c.state = Conn::State::error;
+  }
+}
+
+bool VerbsEndpoint::wait_connected(std::uint32_t ci) noexcept {
+  const auto deadline = MonoClock::now() + config().post_timeout;
+  while (impl_->conns[ci].state == Conn::State::connecting && MonoClock::now() < deadline) {
+    if (do_poll(config().poll_batch) == 0) std::this_thread::yield();
+  }
+  return impl_->conns[ci].state == Conn::State::connected;
+}
+
+// ----------------------------------------------------------------- data path
+
+Status VerbsEndpoint::post_rc(const OpDesc& op) noexcept {
+  Impl& m = *impl_;
+  if (op.peer_handle >= m.conns.size() || !m.conns[op.peer_handle].used) return Status::invalid_argument;
+  const auto ci = static_cast<std::uint32_t>(op.peer_handle);
+  Conn& c = m.conns[ci];
+  if (c.state == Conn::State::error) {
+    mark_peer_broken(op.peer);
+    return Status::peer_unreachable;
+  }
+  if (c.state != Conn::State::connected) return Status::would_block;  // handshake still running
+  if (op.remote && op.remote->key > 0xffffffffu) return Status::invalid_argument;
+
+  ibv_sge sge{};
+  ibv_send_wr wr{};
+  std::uint64_t chunks = 1;
+  const bool atomic = op.kind == OpKind::fetch_add || op.kind == OpKind::compare_swap;
+  if (atomic) {
+    m.atomic_words[op.index] = 0;
+    sge.addr = reinterpret_cast<std::uintptr_t>(&m.atomic_words[op.index]);
+    sge.length = 8;
+    sge.lkey = m.atomic_reg.local_key();
+    wr.opcode = op.kind == OpKind::fetch_add ? IBV_WR_ATOMIC_FETCH_AND_ADD : IBV_WR_ATOMIC_CMP_AND_SWP;
+    wr.wr.atomic.remote_addr = op.remote_address;
+    wr.wr.atomic.rkey = static_cast<std::uint32_t>(op.remote->key);
+    wr.wr.atomic.compare_add = op.kind == OpKind::fetch_add ? op.operand : op.compare;
+    wr.wr.atomic.swap = op.operand;
+  } else {
+    auto region = op.local->ldo().region(*domain_);
+    if (!region) return region.status();
+    sge.addr = reinterpret_cast<std::uintptr_t>(op.local->address());
+    sge.lkey = region->local_key;
+    // The port's max_msg_sz (8 MiB on rxe) bounds one WR: larger RDMA
+    // transfers go as several WRs, only the last one signalled.
+    chunks = (op.length + max_msg_ - 1) / max_msg_;
+    if (op.kind == OpKind::send && chunks > 1) return Status::invalid_argument;
+    wr.opcode = op.kind == OpKind::put ? IBV_WR_RDMA_WRITE : op.kind == OpKind::get ? IBV_WR_RDMA_READ : IBV_WR_SEND;
+    if (op.remote) wr.wr.rdma.rkey = static_cast<std::uint32_t>(op.remote->key);
+  }
+  // Keep two WRs of room for a fence or a window bind/invalidate.
+  if (c.wr_seq - c.retired_seq + chunks + 2 > m.sq_depth) return Status::would_block;
+
+  const bool small_inline = !atomic && op.kind != OpKind::get && op.length <= max_inline_;
+  bool signaled = true;
+  if (small_inline && options_.selective_signaling && c.unsignaled_run + 1 < kSignalInterval) signaled = false;
+
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  SlotState& s = m.slots[op.index];
+  const std::uint64_t first = c.wr_seq + 1;
+  std::uint64_t seq = c.wr_seq;
+  for (std::uint64_t k = 0; k < chunks; ++k) {
+    const std::uint64_t off = k * max_msg_;
+    const bool last = k + 1 == chunks;
+    ++seq;
+    if (!atomic) {
+      sge.addr = reinterpret_cast<std::uintptr_t>(op.local->address()) + off;
+      sge.length = static_cast<std::uint32_t>(std::min<std::uint64_t>(max_msg_, op.length - off));
+      if (op.remote) wr.wr.rdma.remote_addr = op.remote_address + off;
+    }
+    wr.send_flags = (last && signaled ? static_cast<unsigned>(IBV_SEND_SIGNALED) : 0u) |
+                    (small_inline ? static_cast<unsigned>(IBV_SEND_INLINE) : 0u);
+    wr.wr_id = make_wr_id(kTagOp, seq, op.index);
+    ibv_send_wr* bad = nullptr;
+    const int rc = ibv_post_send(c.qp, &wr, &bad);
+    if (rc != 0) {
+      if (k == 0) return rc == ENOMEM ? Status::would_block : Status::transport_error;
+      // Part of the op is on the wire: it can no longer be refused. Fail it
+      // through the QP (its posted chunks flush) so the slot comes back.
+      c.wr_seq = seq - 1;
+      s = SlotState{0, c.wr_seq, ci, true, false};
+      s.post_seq = first;
+      conn_failed(ci);
+      ibv_qp_attr a{};
+      a.qp_state = IBV_QPS_ERR;
+      (void)ibv_modify_qp(c.qp, &a, IBV_QP_STATE);
+      return Status::ok;
+    }
+  }
+  c.wr_seq = seq;
+  s.post_seq = first;  // first WR of the op (its range is [post_seq, qp_seq])
+  s.qp_seq = seq;
+  s.conn = ci;
+  s.live = true;
+  s.unsignaled = !signaled;
+  if (signaled) {
+    c.unsignaled_run = 0;
+    c.last_signaled_seq = seq;
+  } else {
+    c.ring[(c.ring_head + c.ring_count) % c.ring.size()] = {seq, op.index};
+    ++c.ring_count;
+    ++c.unsignaled_run;
+  }
+  return Status::ok;
+}
+
+Status VerbsEndpoint::do_put(const OpDesc& op) noexcept { return post_rc(op); }
+Status VerbsEndpoint::do_get(const OpDesc& op) noexcept { return post_rc(op); }
+Status VerbsEndpoint::do_send(const OpDesc& op) noexcept { return post_rc(op); }
+Status VerbsEndpoint::do_atomic(const OpDesc& op) noexcept { return post_rc(op); }
+
+Status VerbsEndpoint::do_recv(const OpDesc& op) noexcept {
+  Impl& m = *impl_;
+  if (op.length > 0xffffffffu) return Status::invalid_argument;
+  auto region = op.local->ldo().region(*domain_);
+  if (!region) return region.status();
+  SlotState& s = m.slots[op.index];
+  const std::uint64_t tag = ++m.post_seq;
+  ibv_sge sge{reinterpret_cast<std::uintptr_t>(op.local->address()), static_cast<std::uint32_t>(op.length),
+              region->local_key};
+  ibv_recv_wr wr{};
+  ibv_recv_wr* bad = nullptr;
+  wr.wr_id = make_wr_id(kTagRecv, tag, op.index);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  const int rc = ibv_post_srq_recv(m.srq, &wr, &bad);
+  if (rc != 0) return rc == ENOMEM ? Status::would_block : Status::transport_error;
+  s = SlotState{};
+  s.post_seq = tag & kSeqMask;
+  s.conn = kNone;
+  s.live = true;
+  return Status::ok;
+}
+
+void VerbsEndpoint::conn_failed(std::uint32_t ci) noexcept {
+  Impl& m = *impl_;
+  Conn& c = m.conns[ci];
+  if (c.state == Conn::State::connected) c.state = Conn::State::error;
+  // During our own reset the flushes are expected; the caller decides.
+  if (!m.draining) mark_peer_broken(peer_for_handle(ci));
+}
+
+void VerbsEndpoint::retire(std::uint32_t ci, std::uint64_t seq) noexcept {
+  Impl& m = *impl_;
+  Conn& c = m.conns[ci];
+  // In-order completion: unsignalled ops posted before `seq` are done, and
+  // done well (a failed one reports itself with its own CQE first).
+  while (c.ring_count > 0) {
+    const auto [rs, idx] = c.ring[c.ring_head];
+    if (rs > seq) break;
+    c.ring_head = (c.ring_head + 1) % c.ring.size();
+    --c.ring_count;
+    if (rs == seq) continue;  // the CQE's own op: its caller completes it
+    SlotState& s = m.slots[idx];
+    if (s.live && s.conn == ci && s.qp_seq == rs) {
+      s.live = false;
+      complete(idx, Status::ok, op_at(idx).length);
+    }
+  }
+  if (seq > c.retired_seq) c.retired_seq = seq;
+}
+
+void VerbsEndpoint::handle_wc(const ibv_wc& wc) noexcept {
+  Impl& m = *impl_;
+  const Tag tag = tag_of(wc.wr_id);
+  const std::uint32_t index = index_of(wc.wr_id);
+  switch (tag) {
+    case kTagUdRecv:
+      if (index >= kCtrlRecvs) return;
+      if (wc.status == IBV_WC_SUCCESS) {
+        handle_ctrl(index, wc.byte_len);
+      } else if (wc.status != IBV_WC_WR_FLUSH_ERR) {
+        handle_ctrl(index, 0);  // re-posts the buffer
+      }
+      return;
+    case kTagUdSend:
+      if (index < kCtrlSends) m.send_busy[index] = false;
+      return;
+    case kTagRecv: {
+      if (index >= m.slots.size()) return;
+      SlotState& s = m.slots[index];
+      if (!s.live || s.conn != kNone || s.post_seq != seq_of(wc.wr_id)) return;  // stale
+      s.live = false;
+      const Status st = status_from_wc(wc.status);
+      const std::uint32_t ci = conn_by_qpn(wc.qp_num);
+      const PeerId from = ci == kNone ? kAnyPeer : peer_for_handle(ci);
+      complete(index, st, st == Status::ok ? wc.byte_len : 0, 0, from);
+      return;
+    }
+    default: break;
+  }
+  // Send-queue completions of an RC QP.
+  const std::uint32_t ci = conn_by_qpn(wc.qp_num);
+  if (ci == kNone) return;
+  Conn& c = m.conns[ci];
+  // Expand the 36-bit sequence of the wr_id against the QP's counter.
+  std::uint64_t seq = (c.wr_seq & ~kSeqMask) | seq_of(wc.wr_id);
+  if (seq > c.wr_seq) seq -= kSeqMask + 1;
+  retire(ci, seq);
+  const Status st = status_from_wc(wc.status);
+  if (st != Status::ok) conn_failed(ci);
+  if (tag == kTagFence) {
+    if (c.fence_outstanding && seq == c.fence_seq) c.fence_outstanding = false;
+    return;
+  }
+  if (tag == kTagInternal) {
+    if (wc.wr_id == m.internal_wait_id) {
+      m.internal_done = true;
+      m.internal_status = wc.status;
+    }
+    return;
+  }
+  if (tag != kTagOp || index >= m.slots.size()) return;
+  SlotState& s = m.slots[index];
+  if (!s.live || s.conn != ci || seq < s.post_seq || seq > s.qp_seq) return;  // stale
+  if (st == Status::ok && seq != s.qp_seq) return;  // an early chunk (not normally signalled)
+  s.live = false;
+  const OpDesc& op = op_at(index);
+  const bool atomic = op.kind == OpKind::fetch_add || op.kind == OpKind::compare_swap;
+  if (st != Status::ok) {
+    complete(index, st, 0, 0);
+  } else if (atomic) {
+    complete(index, Status::ok, 8, m.atomic_words[index]);
+  } else {
+    complete(index, Status::ok, op.length, 0);
+  }
+}
+
+std::size_t VerbsEndpoint::poll_cq(std::size_t max) noexcept {
+  Impl& m = *impl_;
+  std::size_t events = 0;
+  while (events < max) {
+    ibv_wc wcs[16];
+    const int want = static_cast<int>(std::min<std::size_t>(16, max - events));
+    const int got = ibv_poll_cq(m.cq, want, wcs);
+    if (got < 0) {
+      mark_unusable();  // the CQ itself failed
+      break;
+    }
+    for (int i = 0; i < got; ++i) handle_wc(wcs[i]);
+    events += static_cast<std::size_t>(got);
+    if (got < want) break;
+  }
+  return events;
+}
+
+void VerbsEndpoint::housekeeping() noexcept {
+  Impl& m = *impl_;
+  const auto now = MonoClock::now();
+  for (std::uint32_t ci = 0; ci < m.conns.size(); ++ci) {
+    Conn& c = m.conns[ci];
+    if (!c.used) continue;
+    if (c.state == Conn::State::connecting && now >= c.next_req) {
+      c.next_req = now + kRetransmit;
+      send_ctrl(c, kReq, c.epoch);
+    }
+    // An unsignalled tail with nothing signalled behind it would never
+    // complete: close it with a signalled zero-length RDMA WRITE (a no-op at
+    // the target, IB spec C9-88: no key is checked for zero bytes).
+    if (c.state == Conn::State::connected && c.ring_count > 0 && !c.fence_outstanding) {
+      const auto tail = c.ring[(c.ring_head + c.ring_count - 1) % c.ring.size()].first;
+      if (tail > c.last_signaled_seq && c.wr_seq - c.retired_seq + 1 <= m.sq_depth) {
+        ibv_send_wr wr{};
+        ibv_send_wr* bad = nullptr;
+        const std::uint64_t seq = c.wr_seq + 1;
+        wr.wr_id = make_wr_id(kTagFence, seq, ci);
+        wr.opcode = IBV_WR_RDMA_WRITE;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        wr.num_sge = 0;
+        if (ibv_post_send(c.qp, &wr, &bad) == 0) {
+          c.wr_seq = seq;
+          c.fence_seq = seq;
+          c.fence_outstanding = true;
+          c.last_signaled_seq = seq;
+          c.unsignaled_run = 0;
+        }
+      }
+    }
+  }
+}
+
+std::size_t VerbsEndpoint::do_poll(std::size_t max) noexcept {
+  const std::size_t events = poll_cq(max);
+  // Fences and retransmissions only once the CQ ran dry: a signalled
+  // completion that is already queued closes the tail for free.
+  if (events < max) housekeeping();
+  return events;
+}
+
+void VerbsEndpoint::do_cancel(const OpDesc& /*op*/) noexcept {
+  // Verbs cannot withdraw one posted WR. The op stays with the QP until it
+  // completes or is flushed (reconnect, remove_peer, endpoint close); a
+  // receive stays on the SRQ until a message fills it or the endpoint closes.
+}
+
+// ----------------------------------------------------------------- exposures
+
+Result<ExposureInfo> VerbsEndpoint::do_expose(const Slice& slice, RemoteAccess access) noexcept {
+  Impl& m = *impl_;
+  const Access rights = access == RemoteAccess::read_write
+                            ? (Access::remote_read | Access::remote_write | Access::remote_atomic)
+                            : Access::remote_read;
+  // A registration of exactly the slice: its rkey grants that slice with
+  // those rights and nothing else, to any peer; deregistering revokes it.
+  auto reg = domain_->try_register(slice.address(), static_cast<std::size_t>(slice.length()), rights);
+  if (!reg) return reg.status();
+  try {
+    std::size_t slot = m.exposed.size();
+    for (std::size_t i = 0; i < m.exposed.size(); ++i) {
+      if (!m.exposed[i].live) {
+        slot = i;
+        break;
+      }
+    }
+    if (slot == m.exposed.size()) m.exposed.emplace_back();
+    Exposed& x = m.exposed[slot];
+    x = Exposed{};
+    x.registration = std::move(*reg);
+    x.live = true;
+    ExposureInfo info;
+    info.key = x.registration.remote_key();
+    info.address = reinterpret_cast<std::uintptr_t>(slice.address());
+    info.mode = AddressMode::virtual_address;
+    info.handle = slot;
+    return info;
+  } catch (...) {
+    return Status::out_of_memory;
+  }
+}
+
+bool VerbsEndpoint::wait_internal(std::uint64_t wr_id) noexcept {
+  Impl& m = *impl_;
+  m.internal_wait_id = wr_id;
+  m.internal_done = false;
+  const auto deadline = MonoClock::now() + kInternalWait;
+  while (!m.internal_done && MonoClock::now() < deadline) {
+    if (poll_cq(32) == 0) std::this_thread::yield();
+  }
+  m.internal_wait_id = 0;
+  return m.internal_done && m.internal_status == IBV_WC_SUCCESS;
+}
+
+Result<ExposureInfo> VerbsEndpoint::do_expose_to(const Slice& slice, RemoteAccess access, PeerId /*peer*/,
+                                                 std::uint64_t peer_handle) noexcept {
+  Impl& m = *impl_;
+  if (!domain_->memory_windows()) return Status::unsupported;
+  if (peer_handle >= m.conns.size() || !m.conns[peer_handle].used) return Status::invalid_argument;
+  const auto ci = static_cast<std::uint32_t>(peer_handle);
+  if (m.conns[ci].state == Conn::State::connecting && !wait_connected(ci)) return Status::would_block;
+  Conn& c = m.conns[ci];
+  if (c.state != Conn::State::connected) return Status::peer_unreachable;
+  if (c.wr_seq - c.retired_seq + 1 > m.sq_depth) return Status::would_block;
+  bool over_slice = options_.window_backing == VerbsEndpointOptions::WindowBacking::slice;
+  if (options_.window_backing == VerbsEndpointOptions::WindowBacking::automatic) {
+    over_slice = domain_->device_name().rfind("rxe", 0) == 0;  // see WindowBacking
+  }
+  Registration backing;
+  ibv_mr* mr = nullptr;
+  if (over_slice) {
+    // Local rights only: remote access to these bytes exists only through
+    // the window bound over them.
+    auto reg = domain_->try_register(slice.address(), static_cast<std::size_t>(slice.length()), Access::local);
+    if (!reg) return reg.status();
+    backing = std::move(*reg);
+    mr = static_cast<ibv_mr*>(backing.native());
+  } else {
+    auto region = slice.ldo().region(*domain_);
+    if (!region) return region.status();
+    if (!region->registration || !region->registration->native()) return Status::unsupported;
+    mr = static_cast<ibv_mr*>(region->registration->native());
+  }
+
+  ibv_mw* mw = ibv_alloc_mw(domain_->pd(), IBV_MW_TYPE_2);
+  if (!mw) return errno == ENOMEM ? Status::out_of_memory : Status::unsupported;
+  // A fresh key tag per bind, so a key from an earlier binding of this
+  // window never matches again.
+  const std::uint32_t rkey = ibv_inc_rkey(mw->rkey);
+  ibv_send_wr wr{};
+  ibv_send_wr* bad = nullptr;
+  const std::uint64_t seq = c.wr_seq + 1;
+  wr.wr_id = make_wr_id(kTagInternal, seq, ci);
+  wr.opcode = IBV_WR_BIND_MW;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.bind_mw.mw = mw;
+  wr.bind_mw.rkey = rkey;
+  wr.bind_mw.bind_info.mr = mr;
+  wr.bind_mw.bind_info.addr = reinterpret_cast<std::uintptr_t>(slice.address());
+  wr.bind_mw.bind_info.length = slice.length();
+  wr.bind_mw.bind_info.mw_access_flags =
+      access == RemoteAccess::read_write
+          ? (IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)
+          : IBV_ACCESS_REMOTE_READ;
+  if (ibv_post_send(c.qp, &wr, &bad) != 0) {
+    (void)ibv_dealloc_mw(mw);
+    return Status::would_block;
+  }
+  c.wr_seq = seq;
+  c.last_signaled_seq = seq;
+  c.unsignaled_run = 0;
+  const bool ok = wait_internal(wr.wr_id);
+  // libibverbs does not update mw->rkey for WR binds; keep it for the next
+  // ibv_inc_rkey.
+  mw->rkey = rkey;
+  if (!ok) {
+    (void)ibv_dealloc_mw(mw);
+    // A bind lost because the connection broke under it (a peer's
+    // reconnect resets the QP) is retryable after reconnecting; only a bind
+    // the device refused on a healthy connection is an access error.
+    return m.conns[ci].state == Conn::State::connected ? Status::access_denied : Status::peer_unreachable;
+  }
+  try {
+    std::size_t slot = m.exposed.size();
+    for (std::size_t i = 0; i < m.exposed.size(); ++i) {
+      if (!m.exposed[i].live) {
+        slot = i;
+        break;
+      }
+    }
+    if (slot == m.exposed.size()) m.exposed.emplace_back();
+    Exposed& x = m.exposed[slot];
+    x = Exposed{};
+    x.live = true;
+    x.window = true;
+    x.registration = std::move(backing);
+    x.mw = mw;
+    x.rkey = rkey;
+    x.conn = ci;
+    ExposureInfo info;
+    info.key = rkey;
+    info.address = reinterpret_cast<std::uintptr_t>(slice.address());
+    info.mode = AddressMode::virtual_address;
+    info.handle = slot;
+    return info;
+  } catch (...) {
+    (void)ibv_dealloc_mw(mw);
+    return Status::out_of_memory;
+  }
+}
+
+void VerbsEndpoint::do_revoke(std::uint64_t handle) noexcept {
+  Impl& m = *impl_;
+  if (handle >= m.exposed.size() || !m.exposed[handle].live) return;
+  Exposed& x = m.exposed[handle];
+  x.live = false;
+  if (!x.window) {
+    x.registration.reset();
+    return;
+  }
+  ibv_mw* mw = x.mw;
+  x.mw = nullptr;
+  if (x.conn < m.conns.size() && m.conns[x.conn].used && m.conns[x.conn].state == Conn::State::connected &&
+      m.internal_wait_id == 0) {
+    Conn& c = m.conns[x.conn];
+    ibv_send_wr wr{};
+    ibv_send_wr* bad = nullptr;
+    const std::uint64_t seq = c.wr_seq + 1;
+    wr.wr_id = make_wr_id(kTagInternal, seq, x.conn);
+    wr.opcode = IBV_WR_LOCAL_INV;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.invalidate_rkey = x.rkey;
+    if (c.wr_seq - c.retired_seq + 1 <= m.sq_depth && ibv_post_send(c.qp, &wr, &bad) == 0) {
+      c.wr_seq = seq;
+      c.last_signaled_seq = seq;
+      c.unsignaled_run = 0;
+      (void)wait_internal(wr.wr_id);  // bounded; dealloc below revokes either way
+    }
+  }
+  // Windows are not recycled: rebinding an invalidated type-2 window on rxe
+  // fails with a bind error when its QP was reset in between (a peer's
+  // reconnect does that), so each exposure gets a fresh window. Once the
+  // invalidate completed, deallocating cannot race a remote access; when
+  // it did not (QP in ERROR, timeout), deallocation revokes synchronously.
+  (void)ibv_dealloc_mw(mw);
+  // Only now, with no window bound over it, can a backing MR go.
+  x.registration.reset();
+}
+
+}  // namespace regpool

@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""Shape and sanity checks for the regpool command-line tools.
+
+    check_tools.py info    REGPOOL_INFO    README
+    check_tools.py regcost REGPOOL_REGCOST README
+    check_tools.py perf    REGPOOL_PERF    README [PROVIDER]
+    check_tools.py badargs TOOL            (exit code 2 on bad arguments)
+
+Each mode runs the tool on a small configuration and checks what it prints:
+JSON parses, the expected fields are there, numbers are positive, simulated
+domains are flagged. Never timing: the machine these run on is shared and
+busy. Every option named in a tool's --help must also appear in README.
+Python 3 standard library only.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+FAILURES = []
+
+
+def check(cond, what):
+    if not cond:
+        FAILURES.append(what)
+        print("FAIL: " + what, file=sys.stderr)
+    return cond
+
+
+def run(argv, timeout=300, env=None):
+    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
+                       env=env, text=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+def check_help_documented(tool, readme):
+    rc, out, _ = run([tool, "--help"])
+    check(rc == 0, f"{tool} --help exits 0 (got {rc})")
+    options = sorted(set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", out)))
+    check(len(options) > 0, f"{tool} --help lists options")
+    with open(readme, encoding="utf-8") as f:
+        text = f.read()
+    name = os.path.basename(tool)
+    check(name in text, f"README mentions {name}")
+    for opt in options:
+        check(opt in text, f"README documents {name} {opt}")
+
+
+def positive(x):
+    return isinstance(x, (int, float)) and x > 0
+
+
+def mode_info(tool, readme):
+    check_help_documented(tool, readme)
+    rc, out, err = run([tool, "--json"])
+    check(rc == 0, f"regpool-info --json exits 0 (got {rc}: {err})")
+    d = json.loads(out)
+    for key in ("libfabric", "verbs", "memlock", "transparent_hugepages", "hugetlbfs", "numa"):
+        check(key in d, f"info JSON has {key}")
+    fab = d["libfabric"]
+    if fab["available"]:
+        check(isinstance(fab["providers"], list), "libfabric providers is a list")
+        for p in fab["providers"] + fab["rdm_providers"]:
+            check(p["ep_type"] in ("MSG", "RDM", "DGRAM", "other"), f"ep_type of {p['provider']}")
+            check(isinstance(p["caps"], list) and isinstance(p["mr_mode"], list), "caps and mr_mode are lists")
+        for p in fab["rdm_providers"]:
+            check(p["ep_type"] == "RDM", "RDM query returns RDM endpoints only")
+            check("MSG" in p["caps"] and "RMA" in p["caps"], f"RDM entry {p['provider']} has MSG and RMA")
+    check(isinstance(d["verbs"]["devices"], list), "verbs devices is a list (possibly empty)")
+    for dev in d["verbs"]["devices"]:
+        check(dev["name"] != "", "verbs device has a name")
+    m = d["memlock"]
+    check(m["soft_limit_bytes"] is None or m["soft_limit_bytes"] >= 0, "memlock soft limit")
+    check(isinstance(m["can_exceed"], bool), "memlock can_exceed is a bool")
+    check(isinstance(d["numa"]["nodes"], list), "numa nodes list")
+    rc, out, _ = run([tool])
+    check(rc == 0, "regpool-info text exits 0")
+    for needle in ("libfabric:", "verbs devices:", "memlock limit", "transparent huge pages", "hugetlbfs", "NUMA"):
+        check(needle in out, f"info text has '{needle}'")
+    if not d["verbs"]["devices"]:
+        check(re.search(r"verbs devices:\n\s+(none|unavailable)", out) is not None, "no verbs device prints none")
+
+
+def mode_regcost(tool, readme):
+    check_help_documented(tool, readme)
+    sizes = [4096, 65536, 262144]
+    base = [tool, "--sizes", "4K,64K,256K", "--reps", "2"]
+    domains = "host,shm,tcp"
+    rc, out, err = run(base + ["--domain", domains, "--json"])
+    check(rc == 0, f"regcost --json exits 0 (got {rc}: {err})")
+    d = json.loads(out)
+    check(d["sizes"] == sizes, "regcost sizes echoed")
+    check(set(d["methods"]) == {"register_deregister", "register", "deregister", "memcpy", "pool"},
+          "regcost methods")
+    check("crossover_definition" in d, "crossover definition present")
+    names = [x["spec"] for x in d["domains"]]
+    check(names == ["host", "shm", "tcp"], f"one entry per domain in order (got {names})")
+    for dom in d["domains"]:
+        spec = dom["spec"]
+        if not dom["opened"]:
+            # Reported, not aborted: acceptable only for host (memlock) here.
+            check(spec == "host" and dom["error"], f"{spec}: unopened domain must say why")
+            continue
+        if spec in ("shm", "tcp"):
+            check(dom["simulated"] is True and dom["pins_memory"] is False, f"{spec} flagged simulated")
+            check("SIMULATED" in dom["note"], f"{spec} note says SIMULATED")
+        if spec == "host":
+            check(dom["simulated"] is False, "host is not simulated")
+        check(dom["pool_registrations_during_measurement"] == 0, f"{spec}: pool registered nothing while measured")
+        states = [s["state"] for s in dom["memory"]]
+        check(states == ["touched", "fresh"], f"{spec}: both memory states (got {states})")
+        for st in dom["memory"]:
+            check("crossover_bytes" in st and "crossover" in st, f"{spec}/{st['state']}: crossover reported")
+            x = st["crossover_bytes"]
+            check(x is None or x in sizes, f"{spec}/{st['state']}: crossover is a measured size or null")
+            check((x is None) == (st["crossover"] == "none in range"), "crossover text matches bytes")
+            check([r["size"] for r in st["results"]] == sizes, f"{spec}/{st['state']}: a row per size")
+            for r in st["results"]:
+                for meth, cell in r["methods"].items():
+                    if "error" in cell:
+                        check(spec == "host" and meth != "memcpy", f"{spec} {meth} {r['size']}: {cell['error']}")
+                        continue
+                    for k in ("median_us", "q1_us", "q3_us", "min_us", "max_us"):
+                        check(positive(cell[k]), f"{spec} {meth} {r['size']} {k} positive")
+                    check(cell["min_us"] <= cell["median_us"] <= cell["max_us"], f"{spec} {meth} min<=median<=max")
+                    check(cell["n"] == 2, f"{spec} {meth}: n equals --reps")
+    # CSV: header plus sizes x methods x states rows per opened domain.
+    rc, out, err = run(base + ["--domain", "shm", "--memory", "touched", "--csv"])
+    check(rc == 0, f"regcost --csv exits 0 ({err})")
+    lines = out.strip().splitlines()
+    check(lines[0].startswith("domain,simulated,memory,size_bytes,method,median_us"), "CSV header")
+    check(len(lines) == 1 + 3 * 5, f"CSV rows (got {len(lines) - 1})")
+    check(all(l.split(",")[1] == "1" for l in lines[1:]), "CSV flags shm simulated")
+    # Table.
+    rc, out, _ = run(base + ["--domain", "shm", "--memory", "fresh"])
+    check(rc == 0 and "crossover" in out and "SIMULATED" in out and "fresh" in out, "regcost table")
+    # Plot (when gnuplot is here), and the message when it is not.
+    with tempfile.TemporaryDirectory() as tmp:
+        svg = os.path.join(tmp, "x.svg")
+        have_gnuplot = any(os.access(os.path.join(p, "gnuplot"), os.X_OK)
+                           for p in os.environ.get("PATH", "").split(os.pathsep) if p)
+        if have_gnuplot:
+            rc, _, err = run(base + ["--domain", "shm", "--plot", svg])
+            check(rc == 0, f"regcost --plot exits 0 ({err})")
+            check(os.path.exists(svg) and "<svg" in open(svg, encoding="utf-8").read(), "plot is an SVG")
+        env = dict(os.environ, PATH=tmp)
+        rc, _, err = run(base + ["--domain", "shm", "--plot", svg], env=env)
+        check(rc == 1 and "gnuplot" in err, f"missing gnuplot: exit 1 with a message (got {rc}: {err})")
+
+
+def mode_perf(tool, readme, provider):
+    check_help_documented(tool, readme)
+    rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", "8,4K", "--iters", "20",
+                        "--window", "4", "--json"], timeout=240)
+    check(rc == 0, f"perf {provider} exits 0 (got {rc}: {err})")
+    d = json.loads(out)
+    check(d["iters"] == 20 and d["window"] == 4, "perf echoes its configuration")
+    seen = {(r["op"], r["size"]) for r in d["results"]}
+    want = {("put", 8), ("put", 4096), ("get", 8), ("get", 4096), ("send", 8), ("send", 4096),
+            ("fetch_add", 8), ("compare_swap", 8)}
+    check(seen == want, f"perf rows (got {sorted(seen)})")
+    for r in d["results"]:
+        what = f"{provider} {r['op']} {r['size']}"
+        check(r["error"] is None, f"{what}: no error ({r['error']})")
+        lat = r["latency_us"]
+        check(lat is not None and positive(lat["median"]) and lat["min"] <= lat["median"] <= lat["max"],
+              f"{what}: latency sane")
+        check(lat is not None and lat["iters"] == 20, f"{what}: latency over --iters ops")
+        if r["op"] != "compare_swap":
+            check(positive(r["bandwidth_MBps"]) and positive(r["rate_Mops"]), f"{what}: bandwidth positive")
+    # Text output and a subset of ops.
+    rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", "64", "--iters", "5",
+                        "--ops", "put", "--progress"], timeout=240)
+    check(rc == 0, f"perf text exits 0 ({err})")
+    rows = [l for l in out.splitlines() if l.startswith("put")]
+    check(len(rows) == 1 and "get" not in out.split("\n", 2)[-1], "perf --ops put runs put only")
+    check("regpool-perf: put" in err, "--progress writes a progress line to stderr")
+
+
+BAD_ARGS = {
+    "regpool-info": [["--bogus"], ["--json", "extra"]],
+    "regpool-regcost": [["--bogus"], ["--min", "0"], ["--sizes", "4X"], ["--reps", "0"], ["--reps", "abc"],
+                        ["--domain", "nosuch"], ["--plot", "out.pdf"], ["--min", "1M", "--max", "4K"],
+                        ["--csv", "--json"], ["--memory", "lukewarm"], ["--sizes", "4K", "--min", "4K"],
+                        ["--max"], ["--max", "100T"]],
+    "regpool-perf": [[], ["--bogus"], ["--server", "--client", "x"], ["--loopback", "--ops", "fly"],
+                     ["--loopback", "--iters", "-1"], ["--server", "--sizes", "8"],
+                     ["--client", "host:99999"], ["--loopback", "--window", "0"], ["--loopback", "--sizes", "0"],
+                     ["--client"]],
+}
+
+
+def mode_badargs(tool):
+    name = os.path.basename(tool)
+    for args in BAD_ARGS[name]:
+        rc, out, err = run([tool] + args, timeout=30)
+        check(rc == 2, f"{name} {' '.join(args)}: exit 2 (got {rc})")
+        check(err.strip() != "" and name in err, f"{name} {' '.join(args)}: message on stderr naming the tool")
+        check(out == "", f"{name} {' '.join(args)}: nothing on stdout")
+
+
+def main():
+    if len(sys.argv) < 3:
+        print(__doc__, file=sys.stderr)
+        return 2
+    mode, tool = sys.argv[1], sys.argv[2]
+    if mode == "info":
+        mode_info(tool, sys.argv[3])
+    elif mode == "regcost":
+        mode_regcost(tool, sys.argv[3])
+    elif mode == "perf":
+        mode_perf(tool, sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else "shm")
+    elif mode == "badargs":
+        mode_badargs(tool)
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    if FAILURES:
+        print(f"{len(FAILURES)} check(s) failed", file=sys.stderr)
+        return 1
+    print("ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

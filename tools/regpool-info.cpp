@@ -1,0 +1,626 @@
+// regpool-info: what this machine offers for registered memory, before
+// anyone decides how to manage buffers on it.
+//
+//   regpool-info [--json]
+//
+// Lists libfabric providers (fi_getinfo without hints, and with the RDM
+// hints regpool's FabricDomain uses), verbs devices (libibverbs directly, so
+// it works whether or not regpool's verbs backend is built), the memlock
+// limit and CAP_IPC_LOCK, transparent-huge-page mode, hugetlbfs pages and
+// NUMA nodes. Every section degrades to "none"/"unavailable" instead of
+// failing: the tool is run on machines that lack things.
+
+#include <dirent.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "platform/mapping.hpp"
+#include "regpool_config.h"
+#include "tool_common.hpp"
+
+#if REGPOOL_HAVE_FABRIC
+#include <rdma/fabric.h>
+#endif
+#if defined(REGPOOL_TOOLS_HAVE_IBVERBS) && REGPOOL_TOOLS_HAVE_IBVERBS
+#include <arpa/inet.h>
+#include <endian.h>
+#include <infiniband/verbs.h>
+#endif
+
+namespace {
+
+using regpool_tools::json_escape;
+using regpool_tools::UsageError;
+
+void usage(std::FILE* to) {
+  std::fprintf(to,
+               "usage: regpool-info [--json]\n"
+               "Lists what this machine offers for registered memory: libfabric providers\n"
+               "(endpoint types, FI_MSG/FI_RMA/FI_ATOMIC caps, mr_mode bits, progress), verbs\n"
+               "devices (ports, GIDs, max MR size, memory windows), the memlock limit and\n"
+               "whether this process may exceed it (CAP_IPC_LOCK), transparent huge pages,\n"
+               "hugetlbfs pages and NUMA nodes.\n"
+               "  --json      one JSON object on stdout instead of text\n"
+               "  -h, --help  this text\n"
+               "Exit codes: 0 ok, 2 bad arguments.\n");
+}
+
+std::string read_first_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line)) return {};
+  return line;
+}
+
+// "always [madvise] never" -> "madvise".
+std::string bracketed(const std::string& s) {
+  const auto a = s.find('[');
+  const auto b = s.find(']');
+  if (a == std::string::npos || b == std::string::npos || b < a) return s;
+  return s.substr(a + 1, b - a - 1);
+}
+
+std::vector<std::string> list_dir(const std::string& path) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(path.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] != '.') out.emplace_back(e->d_name);
+    }
+    ::closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string out;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (i) out += sep;
+    out += v[i];
+  }
+  return out;
+}
+
+std::string json_strings(const std::vector<std::string>& v) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (i) out += ",";
+    out += json_escape(v[i]);
+  }
+  return out + "]";
+}
+
+// ---------------------------------------------------------------- libfabric
+
+struct FabricEntry {
+  std::string provider, fabric, domain, ep_type, progress, threading;
+  std::vector<std::string> caps, mr_mode;
+};
+
+struct FabricReport {
+  bool built = false;
+  std::string version;
+  std::string error_all, error_rdm;
+  std::vector<FabricEntry> all, rdm;
+};
+
+#if REGPOOL_HAVE_FABRIC
+FabricEntry describe(const fi_info* fi) {
+  FabricEntry e;
+  e.provider = fi->fabric_attr && fi->fabric_attr->prov_name ? fi->fabric_attr->prov_name : "?";
+  e.fabric = fi->fabric_attr && fi->fabric_attr->name ? fi->fabric_attr->name : "";
+  e.domain = fi->domain_attr && fi->domain_attr->name ? fi->domain_attr->name : "";
+  switch (fi->ep_attr ? fi->ep_attr->type : FI_EP_UNSPEC) {
+    case FI_EP_MSG: e.ep_type = "MSG"; break;
+    case FI_EP_DGRAM: e.ep_type = "DGRAM"; break;
+    case FI_EP_RDM: e.ep_type = "RDM"; break;
+    default: e.ep_type = "other"; break;
+  }
+  const struct {
+    std::uint64_t bit;
+    const char* name;
+  } kCaps[] = {{FI_MSG, "MSG"},       {FI_RMA, "RMA"},           {FI_ATOMIC, "ATOMIC"},
+               {FI_TAGGED, "TAGGED"}, {FI_RMA_EVENT, "RMA_EVENT"}, {FI_MULTI_RECV, "MULTI_RECV"},
+               {FI_HMEM, "HMEM"}};
+  for (const auto& c : kCaps) {
+    if (fi->caps & c.bit) e.caps.emplace_back(c.name);
+  }
+  const int mr = fi->domain_attr ? fi->domain_attr->mr_mode : 0;
+  const struct {
+    int bit;
+    const char* name;
+  } kMr[] = {{FI_MR_LOCAL, "LOCAL"},         {FI_MR_RAW, "RAW"},           {FI_MR_VIRT_ADDR, "VIRT_ADDR"},
+             {FI_MR_ALLOCATED, "ALLOCATED"}, {FI_MR_PROV_KEY, "PROV_KEY"}, {FI_MR_MMU_NOTIFY, "MMU_NOTIFY"},
+             {FI_MR_RMA_EVENT, "RMA_EVENT"}, {FI_MR_ENDPOINT, "ENDPOINT"}, {FI_MR_HMEM, "HMEM"},
+             {FI_MR_COLLECTIVE, "COLLECTIVE"}};
+  // The pre-1.5 enum values (FI_MR_BASIC = 1, FI_MR_SCALABLE = 2) still
+  // appear in old providers' answers; name them rather than drop them.
+  if (mr & 1) e.mr_mode.emplace_back("BASIC");
+  if (mr & 2) e.mr_mode.emplace_back("SCALABLE");
+  for (const auto& m : kMr) {
+    if (mr & m.bit) e.mr_mode.emplace_back(m.name);
+  }
+  switch (fi->domain_attr ? fi->domain_attr->data_progress : FI_PROGRESS_UNSPEC) {
+    case FI_PROGRESS_AUTO: e.progress = "auto"; break;
+    case FI_PROGRESS_MANUAL: e.progress = "manual"; break;
+    default: e.progress = "unspec"; break;
+  }
+  switch (fi->domain_attr ? fi->domain_attr->threading : FI_THREAD_UNSPEC) {
+    case FI_THREAD_SAFE: e.threading = "safe"; break;
+    case FI_THREAD_DOMAIN: e.threading = "domain"; break;
+    case FI_THREAD_COMPLETION: e.threading = "completion"; break;
+    case FI_THREAD_ENDPOINT: e.threading = "endpoint"; break;
+    default: e.threading = "other"; break;
+  }
+  return e;
+}
+
+std::vector<FabricEntry> getinfo(fi_info* hints, std::string& error) {
+  std::vector<FabricEntry> out;
+  fi_info* list = nullptr;
+  const int rc = fi_getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, hints, &list);
+  if (rc == -FI_ENODATA) return out;  // nothing matches: an empty list, not an error
+  if (rc != 0) {
+    error = std::string("fi_getinfo: ") + fi_strerror(-rc);
+    return out;
+  }
+  for (const fi_info* fi = list; fi; fi = fi->next) out.push_back(describe(fi));
+  fi_freeinfo(list);
+  return out;
+}
+#endif
+
+FabricReport fabric_report() {
+  FabricReport r;
+#if REGPOOL_HAVE_FABRIC
+  r.built = true;
+  const std::uint32_t v = fi_version();
+  r.version = std::to_string(FI_MAJOR(v)) + "." + std::to_string(FI_MINOR(v));
+  r.all = getinfo(nullptr, r.error_all);
+  // The hints FabricDomain opens with: an RDM endpoint with MSG and RMA,
+  // realistic mode bits (FI_CONTEXT|FI_CONTEXT2, FACTS.md: mode ~0 changes
+  // rxm's answer) and the mr_mode bits regpool honours.
+  if (fi_info* hints = fi_allocinfo()) {
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = FI_MSG | FI_RMA;
+    hints->mode = FI_CONTEXT | FI_CONTEXT2;
+    hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+    r.rdm = getinfo(hints, r.error_rdm);
+    // Asking for FI_MSG|FI_RMA narrows the returned caps to those, hiding
+    // FI_ATOMIC; ask again with it and mark the providers that answer.
+    hints->caps |= FI_ATOMIC;
+    std::string ignored;
+    std::vector<std::string> atomic_providers;
+    for (const auto& e : getinfo(hints, ignored)) atomic_providers.push_back(e.provider);
+    for (auto& e : r.rdm) {
+      if (std::find(atomic_providers.begin(), atomic_providers.end(), e.provider) != atomic_providers.end()) {
+        e.caps.insert(e.caps.begin() + 2, "ATOMIC");
+      }
+    }
+    fi_freeinfo(hints);
+  } else {
+    r.error_rdm = "fi_allocinfo failed";
+  }
+#endif
+  return r;
+}
+
+// -------------------------------------------------------------------- verbs
+
+struct GidEntry {
+  int index = 0;
+  std::string gid, type;
+};
+struct PortEntry {
+  int port = 0;
+  std::string state, link_layer;
+  int active_mtu = 0;
+  std::vector<GidEntry> gids;
+};
+struct VerbsDevice {
+  std::string name, node_guid;
+  std::uint64_t max_mr_size = 0;
+  int max_mr = 0, max_mw = 0;
+  bool mw_type1 = false, mw_type2a = false, mw_type2b = false;
+  std::string error;
+  std::vector<PortEntry> ports;
+};
+struct VerbsReport {
+  bool built = false;
+  std::string error;
+  std::vector<VerbsDevice> devices;
+};
+
+#if defined(REGPOOL_TOOLS_HAVE_IBVERBS) && REGPOOL_TOOLS_HAVE_IBVERBS
+std::string gid_text(const ibv_gid& g) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (!::inet_ntop(AF_INET6, g.raw, buf, sizeof buf)) return "?";
+  return buf;
+}
+
+VerbsDevice describe(ibv_device* dev) {
+  VerbsDevice d;
+  d.name = ibv_get_device_name(dev);
+  char guid[32];
+  std::snprintf(guid, sizeof guid, "%016llx",
+                static_cast<unsigned long long>(be64toh(ibv_get_device_guid(dev))));
+  d.node_guid = guid;
+  ibv_context* ctx = ibv_open_device(dev);
+  if (!ctx) {
+    d.error = std::string("ibv_open_device: ") + std::strerror(errno);
+    return d;
+  }
+  ibv_device_attr attr{};
+  if (int rc = ibv_query_device(ctx, &attr); rc != 0) {
+    d.error = std::string("ibv_query_device: ") + std::strerror(rc);
+    ibv_close_device(ctx);
+    return d;
+  }
+  d.max_mr_size = attr.max_mr_size;
+  d.max_mr = attr.max_mr;
+  d.max_mw = attr.max_mw;
+  d.mw_type1 = (attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW) != 0 || attr.max_mw > 0;
+  d.mw_type2a = (attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2A) != 0;
+  d.mw_type2b = (attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0;
+  for (int p = 1; p <= attr.phys_port_cnt; ++p) {
+    PortEntry pe;
+    pe.port = p;
+    ibv_port_attr pa{};
+    if (ibv_query_port(ctx, static_cast<std::uint8_t>(p), &pa) != 0) {
+      pe.state = "query failed";
+      d.ports.push_back(pe);
+      continue;
+    }
+    pe.state = ibv_port_state_str(pa.state);
+    pe.link_layer = pa.link_layer == IBV_LINK_LAYER_ETHERNET     ? "Ethernet"
+                    : pa.link_layer == IBV_LINK_LAYER_INFINIBAND ? "InfiniBand"
+                                                                 : "unspecified";
+    pe.active_mtu = pa.active_mtu == IBV_MTU_256    ? 256
+                    : pa.active_mtu == IBV_MTU_512  ? 512
+                    : pa.active_mtu == IBV_MTU_1024 ? 1024
+                    : pa.active_mtu == IBV_MTU_2048 ? 2048
+                    : pa.active_mtu == IBV_MTU_4096 ? 4096
+                                                    : 0;
+    for (int gi = 0; gi < pa.gid_tbl_len; ++gi) {
+      ibv_gid gid{};
+      if (ibv_query_gid(ctx, static_cast<std::uint8_t>(p), gi, &gid) != 0) continue;
+      bool zero = true;
+      for (auto b : gid.raw) zero = zero && b == 0;
+      if (zero) continue;  // unused table slot
+      GidEntry ge;
+      ge.index = gi;
+      ge.gid = gid_text(gid);
+      // RoCE v1 vs v2 decides which GID index a peer must use (FACTS.md:
+      // index 1 is RoCEv2 on rxe).
+      ibv_gid_entry ent{};
+      if (ibv_query_gid_ex(ctx, static_cast<std::uint32_t>(p), static_cast<std::uint32_t>(gi), &ent, 0) == 0) {
+        ge.type = ent.gid_type == IBV_GID_TYPE_IB         ? "IB"
+                  : ent.gid_type == IBV_GID_TYPE_ROCE_V1 ? "RoCEv1"
+                  : ent.gid_type == IBV_GID_TYPE_ROCE_V2 ? "RoCEv2"
+                                                          : "?";
+      }
+      pe.gids.push_back(ge);
+    }
+    d.ports.push_back(pe);
+  }
+  ibv_close_device(ctx);
+  return d;
+}
+#endif
+
+VerbsReport verbs_report() {
+  VerbsReport r;
+#if defined(REGPOOL_TOOLS_HAVE_IBVERBS) && REGPOOL_TOOLS_HAVE_IBVERBS
+  r.built = true;
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (!list) {
+    // ENOSYS: no kernel support (no ib_uverbs); other errors are reported.
+    if (errno != ENOSYS && errno != 0) r.error = std::string("ibv_get_device_list: ") + std::strerror(errno);
+    return r;
+  }
+  for (int i = 0; i < n; ++i) r.devices.push_back(describe(list[i]));
+  ibv_free_device_list(list);
+#endif
+  return r;
+}
+
+// ------------------------------------------------------------------- memory
+
+struct MemoryReport {
+  std::uint64_t soft = 0, hard = 0;  // UINT64_MAX = unlimited
+  bool can_exceed = false;
+  std::string locked_now;  // VmLck of this process
+  std::string thp_enabled, thp_defrag;
+  struct HugePool {
+    std::uint64_t page_kib = 0, total = 0, free = 0;
+  };
+  std::vector<HugePool> huge;
+  std::vector<std::string> hugetlbfs_mounts;
+  struct Node {
+    int id = 0;
+    std::string cpus;
+    std::uint64_t mem_total_kib = 0;
+  };
+  std::string numa_online;
+  std::vector<Node> nodes;
+};
+
+MemoryReport memory_report() {
+  MemoryReport m;
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
+    m.soft = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : rl.rlim_cur;
+    m.hard = rl.rlim_max == RLIM_INFINITY ? UINT64_MAX : rl.rlim_max;
+  }
+  m.can_exceed = regpool::platform::can_exceed_memlock();
+  {
+    std::ifstream in("/proc/self/status");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("VmLck:", 0) == 0) {
+        std::istringstream ss(line.substr(6));
+        std::string v, unit;
+        ss >> v >> unit;
+        m.locked_now = v + " " + unit;
+      }
+    }
+  }
+  m.thp_enabled = bracketed(read_first_line("/sys/kernel/mm/transparent_hugepage/enabled"));
+  m.thp_defrag = bracketed(read_first_line("/sys/kernel/mm/transparent_hugepage/defrag"));
+  for (const auto& dir : list_dir("/sys/kernel/mm/hugepages")) {
+    // "hugepages-2048kB"
+    MemoryReport::HugePool hp;
+    hp.page_kib = std::strtoull(dir.c_str() + std::strlen("hugepages-"), nullptr, 10);
+    const std::string base = "/sys/kernel/mm/hugepages/" + dir + "/";
+    hp.total = std::strtoull(read_first_line(base + "nr_hugepages").c_str(), nullptr, 10);
+    hp.free = std::strtoull(read_first_line(base + "free_hugepages").c_str(), nullptr, 10);
+    m.huge.push_back(hp);
+  }
+  std::sort(m.huge.begin(), m.huge.end(), [](const auto& a, const auto& b) { return a.page_kib < b.page_kib; });
+  {
+    std::ifstream in("/proc/mounts");
+    std::string dev, mnt, type, rest;
+    while (in >> dev >> mnt >> type && std::getline(in, rest)) {
+      if (type == "hugetlbfs") m.hugetlbfs_mounts.push_back(mnt);
+    }
+  }
+  m.numa_online = read_first_line("/sys/devices/system/node/online");
+  for (const auto& dir : list_dir("/sys/devices/system/node")) {
+    if (dir.rfind("node", 0) != 0 || dir.size() < 5 || !std::isdigit(static_cast<unsigned char>(dir[4]))) continue;
+    MemoryReport::Node n;
+    n.id = std::atoi(dir.c_str() + 4);
+    const std::string base = "/sys/devices/system/node/" + dir + "/";
+    n.cpus = read_first_line(base + "cpulist");
+    std::ifstream in(base + "meminfo");
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto pos = line.find("MemTotal:");
+      if (pos != std::string::npos) n.mem_total_kib = std::strtoull(line.c_str() + pos + 9, nullptr, 10);
+    }
+    m.nodes.push_back(n);
+  }
+  std::sort(m.nodes.begin(), m.nodes.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+  return m;
+}
+
+std::string limit_text(std::uint64_t v) {
+  return v == UINT64_MAX ? std::string("unlimited") : regpool_tools::format_size(v);
+}
+std::string limit_json(std::uint64_t v) { return v == UINT64_MAX ? std::string("null") : std::to_string(v); }
+
+// ------------------------------------------------------------------- output
+
+// Text output folds entries that differ only in address (fi_getinfo
+// returns one per interface address family and subnet), listing their
+// domains, so the table shows providers rather than addresses.
+void print_fabric_text(const std::vector<FabricEntry>& v) {
+  if (v.empty()) {
+    std::printf("    none\n");
+    return;
+  }
+  struct Row {
+    std::string key;
+    const FabricEntry* e;
+    std::vector<std::string> domains;
+    int count;
+  };
+  std::vector<Row> rows;
+  for (const auto& e : v) {
+    const std::string key = e.provider + "|" + e.ep_type + "|" + join(e.caps, ",") + "|" + join(e.mr_mode, ",") +
+                            "|" + e.progress;
+    auto it = std::find_if(rows.begin(), rows.end(), [&](const Row& r) { return r.key == key; });
+    if (it == rows.end()) {
+      rows.push_back(Row{key, &e, {}, 0});
+      it = rows.end() - 1;
+    }
+    ++it->count;
+    if (std::find(it->domains.begin(), it->domains.end(), e.domain) == it->domains.end()) {
+      it->domains.push_back(e.domain);
+    }
+  }
+  std::printf("    %-13s %-5s %-44s %-16s %-8s %s\n", "provider", "ep", "caps", "mr_mode", "progress", "domains");
+  for (const auto& r : rows) {
+    const FabricEntry& e = *r.e;
+    std::printf("    %-13s %-5s %-44s %-16s %-8s %s\n", e.provider.c_str(), e.ep_type.c_str(),
+                join(e.caps, ",").c_str(),
+                e.mr_mode.empty() ? "0" : join(e.mr_mode, ",").c_str(), e.progress.c_str(),
+                join(r.domains, ",").c_str());
+  }
+}
+
+void print_text(const FabricReport& f, const VerbsReport& vr, const MemoryReport& m) {
+  std::printf("regpool %s\n\n", REGPOOL_VERSION);
+  std::printf("libfabric:\n");
+  if (!f.built) {
+    std::printf("  unavailable (regpool built without libfabric)\n");
+  } else {
+    std::printf("  library API %s\n", f.version.c_str());
+    std::printf("  all providers (fi_getinfo, no hints):\n");
+    if (!f.error_all.empty()) std::printf("    error: %s\n", f.error_all.c_str());
+    print_fabric_text(f.all);
+    std::printf("  RDM with MSG+RMA (the hints regpool's FabricDomain uses):\n");
+    if (!f.error_rdm.empty()) std::printf("    error: %s\n", f.error_rdm.c_str());
+    print_fabric_text(f.rdm);
+  }
+  std::printf("\nverbs devices:\n");
+  if (!vr.built) {
+    std::printf("  unavailable (built without libibverbs)\n");
+  } else if (!vr.error.empty()) {
+    std::printf("  none (%s)\n", vr.error.c_str());
+  } else if (vr.devices.empty()) {
+    std::printf("  none\n");
+  }
+  for (const auto& d : vr.devices) {
+    std::printf("  %s  node GUID %s\n", d.name.c_str(), d.node_guid.c_str());
+    if (!d.error.empty()) {
+      std::printf("    error: %s\n", d.error.c_str());
+      continue;
+    }
+    std::printf("    max MR size %s, max MRs %d, max MWs %d, memory windows: type 1 %s, type 2A %s, type 2B %s\n",
+                limit_text(d.max_mr_size).c_str(), d.max_mr, d.max_mw, d.mw_type1 ? "yes" : "no",
+                d.mw_type2a ? "yes" : "no", d.mw_type2b ? "yes" : "no");
+    for (const auto& p : d.ports) {
+      std::printf("    port %d: %s, %s, active MTU %d\n", p.port, p.state.c_str(), p.link_layer.c_str(), p.active_mtu);
+      for (const auto& g : p.gids) {
+        std::printf("      GID[%d] %s %s\n", g.index, g.gid.c_str(), g.type.c_str());
+      }
+    }
+  }
+  std::printf("\nmemory:\n");
+  std::printf("  memlock limit: soft %s, hard %s; may exceed it (CAP_IPC_LOCK): %s; locked now: %s\n",
+              limit_text(m.soft).c_str(), limit_text(m.hard).c_str(), m.can_exceed ? "yes" : "no",
+              m.locked_now.empty() ? "?" : m.locked_now.c_str());
+  std::printf("  transparent huge pages: enabled [%s], defrag [%s]\n",
+              m.thp_enabled.empty() ? "unavailable" : m.thp_enabled.c_str(),
+              m.thp_defrag.empty() ? "unavailable" : m.thp_defrag.c_str());
+  std::printf("  hugetlbfs pages:");
+  if (m.huge.empty()) std::printf(" none");
+  for (const auto& h : m.huge) {
+    std::printf(" %s: %llu total, %llu free;", regpool_tools::format_size(h.page_kib * 1024).c_str(),
+                static_cast<unsigned long long>(h.total), static_cast<unsigned long long>(h.free));
+  }
+  std::printf("\n  hugetlbfs mounts: %s\n",
+              m.hugetlbfs_mounts.empty() ? "none" : join(m.hugetlbfs_mounts, ", ").c_str());
+  std::printf("  NUMA nodes online: %s\n", m.numa_online.empty() ? "unknown" : m.numa_online.c_str());
+  for (const auto& n : m.nodes) {
+    std::printf("    node %d: cpus %s, memory %s\n", n.id, n.cpus.c_str(),
+                regpool_tools::format_size(n.mem_total_kib * 1024).c_str());
+  }
+}
+
+std::string fabric_json(const std::vector<FabricEntry>& v) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const auto& e = v[i];
+    if (i) out += ",";
+    out += "{\"provider\":" + json_escape(e.provider) + ",\"fabric\":" + json_escape(e.fabric) +
+           ",\"domain\":" + json_escape(e.domain) + ",\"ep_type\":" + json_escape(e.ep_type) +
+           ",\"caps\":" + json_strings(e.caps) + ",\"mr_mode\":" + json_strings(e.mr_mode) +
+           ",\"progress\":" + json_escape(e.progress) + ",\"threading\":" + json_escape(e.threading) + "}";
+  }
+  return out + "]";
+}
+
+void print_json(const FabricReport& f, const VerbsReport& vr, const MemoryReport& m) {
+  std::string o = "{";
+  o += "\"regpool_version\":" + json_escape(REGPOOL_VERSION);
+  o += ",\"libfabric\":{\"available\":" + std::string(f.built ? "true" : "false");
+  o += ",\"api_version\":" + json_escape(f.version);
+  o += ",\"error\":" + (f.error_all.empty() ? std::string("null") : json_escape(f.error_all));
+  o += ",\"providers\":" + fabric_json(f.all);
+  o += ",\"rdm_error\":" + (f.error_rdm.empty() ? std::string("null") : json_escape(f.error_rdm));
+  o += ",\"rdm_providers\":" + fabric_json(f.rdm) + "}";
+  o += ",\"verbs\":{\"available\":" + std::string(vr.built ? "true" : "false");
+  o += ",\"error\":" + (vr.error.empty() ? std::string("null") : json_escape(vr.error));
+  o += ",\"devices\":[";
+  for (std::size_t i = 0; i < vr.devices.size(); ++i) {
+    const auto& d = vr.devices[i];
+    if (i) o += ",";
+    o += "{\"name\":" + json_escape(d.name) + ",\"node_guid\":" + json_escape(d.node_guid);
+    o += ",\"error\":" + (d.error.empty() ? std::string("null") : json_escape(d.error));
+    o += ",\"max_mr_size\":" + std::to_string(d.max_mr_size) + ",\"max_mr\":" + std::to_string(d.max_mr) +
+         ",\"max_mw\":" + std::to_string(d.max_mw);
+    o += ",\"memory_windows\":{\"type1\":" + std::string(d.mw_type1 ? "true" : "false") +
+         ",\"type2a\":" + (d.mw_type2a ? "true" : "false") + ",\"type2b\":" + (d.mw_type2b ? "true" : "false") + "}";
+    o += ",\"ports\":[";
+    for (std::size_t j = 0; j < d.ports.size(); ++j) {
+      const auto& p = d.ports[j];
+      if (j) o += ",";
+      o += "{\"port\":" + std::to_string(p.port) + ",\"state\":" + json_escape(p.state) +
+           ",\"link_layer\":" + json_escape(p.link_layer) + ",\"active_mtu\":" + std::to_string(p.active_mtu) +
+           ",\"gids\":[";
+      for (std::size_t k = 0; k < p.gids.size(); ++k) {
+        if (k) o += ",";
+        o += "{\"index\":" + std::to_string(p.gids[k].index) + ",\"gid\":" + json_escape(p.gids[k].gid) +
+             ",\"type\":" + json_escape(p.gids[k].type) + "}";
+      }
+      o += "]}";
+    }
+    o += "]}";
+  }
+  o += "]}";
+  o += ",\"memlock\":{\"soft_limit_bytes\":" + limit_json(m.soft) + ",\"hard_limit_bytes\":" + limit_json(m.hard) +
+       ",\"can_exceed\":" + (m.can_exceed ? "true" : "false") + ",\"locked_now\":" + json_escape(m.locked_now) + "}";
+  o += ",\"transparent_hugepages\":{\"enabled\":" + json_escape(m.thp_enabled) +
+       ",\"defrag\":" + json_escape(m.thp_defrag) + "}";
+  o += ",\"hugetlbfs\":{\"pools\":[";
+  for (std::size_t i = 0; i < m.huge.size(); ++i) {
+    if (i) o += ",";
+    o += "{\"page_size_bytes\":" + std::to_string(m.huge[i].page_kib * 1024) +
+         ",\"total\":" + std::to_string(m.huge[i].total) + ",\"free\":" + std::to_string(m.huge[i].free) + "}";
+  }
+  o += "],\"mounts\":" + json_strings(m.hugetlbfs_mounts) + "}";
+  o += ",\"numa\":{\"online\":" + json_escape(m.numa_online) + ",\"nodes\":[";
+  for (std::size_t i = 0; i < m.nodes.size(); ++i) {
+    if (i) o += ",";
+    o += "{\"node\":" + std::to_string(m.nodes[i].id) + ",\"cpus\":" + json_escape(m.nodes[i].cpus) +
+         ",\"mem_total_bytes\":" + std::to_string(m.nodes[i].mem_total_kib * 1024) + "}";
+  }
+  o += "]}}";
+  std::printf("%s\n", o.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool json = false;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--help" || a == "-h") {
+        usage(stdout);
+        return 0;
+      }
+      if (a == "--json") {
+        json = true;
+      } else {
+        throw UsageError("unknown argument '" + a + "'");
+      }
+    }
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "regpool-info: %s\n", e.what());
+    usage(stderr);
+    return regpool_tools::kExitUsage;
+  }
+  const FabricReport f = fabric_report();
+  const VerbsReport v = verbs_report();
+  const MemoryReport m = memory_report();
+  if (json) {
+    print_json(f, v, m);
+  } else {
+    print_text(f, v, m);
+  }
+  return 0;
+}

@@ -1,0 +1,851 @@
+// regpool-perf: two-process latency and bandwidth for put, get, send and
+// atomics between LDOs, in the manner of ib_write_bw / fi_rma_bw.
+//
+//   regpool-perf --server [--port P] [--bind ADDR]      (target, rank 0)
+//   regpool-perf --client HOST[:PORT] [options]         (initiator, rank 1)
+//   regpool-perf --loopback [options]                   (forks both)
+//
+// The client decides what runs (provider, sizes, iterations, ops, window)
+// and sends its configuration to the server through the TCP bootstrap, so
+// the server needs no options beyond where to listen. The server allocates a
+// target LDO from its pool, exposes it read-write, and serves every phase by
+// calling Endpoint::progress() in a loop until the client's end-of-phase
+// message arrives: manual-progress providers (tcp;ofi_rxm, shm) complete
+// operations aimed at a process only while it progresses, and emulated
+// atomics are applied by the target's progress().
+//
+// What is measured (initiator side, clock: steady_clock):
+//   latency   one operation in flight; median/min/max/p99 over --iters ops;
+//             send: half the round trip of a ping-pong of that size;
+//             atomics: fetch_add and compare_swap on one 8-byte word.
+//   bandwidth --window operations in flight; bytes moved / elapsed time;
+//             send: a stream of messages closed by an ack from the server,
+//             so every byte has arrived; atomics: fetch_add rate.
+// Payload bytes are not verified (regpool-demo and the transport tests do
+// that); a failed completion status is reported per op and size.
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "platform/mapping.hpp"
+#include "regpool/bootstrap.hpp"
+#include "regpool/endpoint.hpp"
+#include "regpool/pool.hpp"
+#include "regpool/slice.hpp"
+#include "regpool_config.h"
+#include "tool_common.hpp"
+
+#if REGPOOL_HAVE_FABRIC
+#include "regpool/fabric_domain.hpp"
+#include "regpool/fabric_endpoint.hpp"
+#endif
+// regpool's verbs transport (RC queue pairs), when this build has it.
+#if REGPOOL_HAVE_VERBS && __has_include("regpool/verbs_endpoint.hpp")
+#include "regpool/verbs_domain.hpp"
+#include "regpool/verbs_endpoint.hpp"
+#define PERF_HAVE_VERBS 1
+#else
+#define PERF_HAVE_VERBS 0
+#endif
+
+namespace {
+
+using namespace std::chrono_literals;
+using regpool::Slice;
+using regpool::Status;
+using regpool_tools::format_size;
+using regpool_tools::json_escape;
+using regpool_tools::json_number;
+using regpool_tools::UsageError;
+using Clock = std::chrono::steady_clock;
+
+constexpr std::uint16_t kDefaultPort = 18515;  // ib_write_bw's, for familiarity
+constexpr std::uint64_t kMaxWindow = 512;
+// Bandwidth runs move at most this many bytes per op and size, so a 1 GiB
+// size does not run --iters (1000) times.
+constexpr std::uint64_t kMaxBandwidthBytes = std::uint64_t{1} << 30;
+constexpr std::uint64_t kControlBytes = 8;
+constexpr int kWarmupOps = 8;
+constexpr auto kPhaseTimeout = 600s;  // bound on any one wait for the peer
+
+void usage(std::FILE* to) {
+  std::fprintf(
+      to,
+      "usage: regpool-perf --server [--port P] [--bind ADDR] [--json] [--[no-]progress]\n"
+      "       regpool-perf --client HOST[:PORT] [options]\n"
+      "       regpool-perf --loopback [options]\n"
+      "Two-process latency and bandwidth of put, get, send and atomics between LDOs.\n"
+      "  --server         run the target side; it takes its configuration from the client\n"
+      "  --port P         server: TCP port for the bootstrap (default 18515)\n"
+      "  --bind ADDR      server: address to listen on (default 0.0.0.0)\n"
+      "  --client HOST[:PORT]  run the initiator against a server (default port 18515)\n"
+      "  --loopback       fork a server and a client on 127.0.0.1\n"
+      "Client and loopback options:\n"
+      "  --provider NAME  libfabric provider: shm, tcp (runs tcp;ofi_rxm), or any other\n"
+      "                   name fi_getinfo knows (default shm with --loopback, else tcp);\n"
+      "                   verbs[:DEV] uses regpool's own verbs transport (RC queue\n"
+      "                   pairs) on device DEV (default: first with an active port)\n"
+      "  --sizes LIST     message sizes, comma-separated, suffixes K/M/G\n"
+      "                   (default 8,4K,64K,1M)\n"
+      "  --iters N        operations per latency test and per bandwidth test (default\n"
+      "                   1000; bandwidth tests move at most 1 GiB per size)\n"
+      "  --window W       operations in flight in bandwidth tests (default 16, max 512)\n"
+      "  --ops LIST       put,get,send,atomic or a subset (default all)\n"
+      "Output:\n"
+      "  --json           one JSON object on stdout instead of the table\n"
+      "  --progress       progress line on stderr even when it is not a terminal\n"
+      "                   (it is shown by default when stderr is a terminal)\n"
+      "  --no-progress    no progress line, even on a terminal\n"
+      "  -h, --help       this text\n"
+      "tcp on loopback: FI_TCP_IFACE defaults to lo in --loopback mode; across hosts\n"
+      "set FI_TCP_IFACE to the interface to use.\n"
+      "Exit codes: 0 ok, 1 failure (setup error, peer lost, operation failed), 2 bad\n"
+      "arguments.\n");
+}
+
+enum class Mode { none, server, client, loopback };
+
+struct Config {
+  std::string provider;
+  std::vector<std::uint64_t> sizes{8, 4096, 65536, std::uint64_t{1} << 20};
+  std::uint64_t iters = 1000;
+  std::uint64_t window = 16;
+  bool put = true, get = true, send = true, atomic = true;
+
+  // Serialised for the server: "key=value\n" lines.
+  std::string encode() const {
+    std::ostringstream o;
+    o << "provider=" << provider << "\niters=" << iters << "\nwindow=" << window << "\nops=" << (put ? "put," : "")
+      << (get ? "get," : "") << (send ? "send," : "") << (atomic ? "atomic," : "") << "\nsizes=";
+    for (std::size_t i = 0; i < sizes.size(); ++i) o << (i ? "," : "") << sizes[i];
+    o << "\n";
+    return o.str();
+  }
+  static Config decode(const std::string& text) {
+    Config c;
+    std::istringstream in(text);
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto eq = line.find('=');
+      if (eq == std::string::npos) continue;
+      const std::string k = line.substr(0, eq), v = line.substr(eq + 1);
+      if (k == "provider") c.provider = v;
+      if (k == "iters") c.iters = std::strtoull(v.c_str(), nullptr, 10);
+      if (k == "window") c.window = std::strtoull(v.c_str(), nullptr, 10);
+      if (k == "ops") {
+        c.put = v.find("put") != std::string::npos;
+        c.get = v.find("get") != std::string::npos;
+        c.send = v.find("send") != std::string::npos;
+        c.atomic = v.find("atomic") != std::string::npos;
+      }
+      if (k == "sizes") {
+        c.sizes.clear();
+        for (const auto& s : regpool_tools::split(v, ',')) c.sizes.push_back(std::strtoull(s.c_str(), nullptr, 10));
+      }
+    }
+    if (c.provider.empty() || c.iters == 0 || c.window == 0 || c.window > kMaxWindow || c.sizes.empty()) {
+      throw regpool::Error(Status::malformed, 0, "bad configuration from the client");
+    }
+    return c;
+  }
+  std::uint64_t max_size() const { return sizes.empty() ? 8 : std::max<std::uint64_t>(sizes.back(), 8); }
+  // Operations in a bandwidth test of `size` bytes (both sides compute it).
+  std::uint64_t bw_ops(std::uint64_t size) const {
+    const std::uint64_t cap = std::max<std::uint64_t>(kMaxBandwidthBytes / std::max<std::uint64_t>(size, 1), window);
+    return std::max<std::uint64_t>(std::min(iters, cap), 1);
+  }
+};
+
+struct Options {
+  Mode mode = Mode::none;
+  std::string host = "127.0.0.1";
+  std::string bind = "0.0.0.0";
+  std::uint16_t port = kDefaultPort;
+  bool json = false;
+  bool progress = false;
+  bool no_progress = false;
+  bool provider_given = false;
+  Config config;
+};
+
+Options parse_args(int argc, char** argv, bool& help) {
+  Options o;
+  bool client_only_option = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    using regpool_tools::is_option;
+    using regpool_tools::option_value;
+    auto set_mode = [&](Mode m) {
+      if (o.mode != Mode::none) throw UsageError("give exactly one of --server, --client, --loopback");
+      o.mode = m;
+    };
+    if (a == "--help" || a == "-h") {
+      help = true;
+      return o;
+    } else if (a == "--server") {
+      set_mode(Mode::server);
+    } else if (a == "--loopback") {
+      set_mode(Mode::loopback);
+    } else if (is_option(a, "--client")) {
+      set_mode(Mode::client);
+      std::string v = option_value(argc, argv, i, "--client");
+      const auto colon = v.rfind(':');
+      if (colon != std::string::npos) {
+        o.port = static_cast<std::uint16_t>(regpool_tools::parse_uint(v.substr(colon + 1), "--client port", 1, 65535));
+        v = v.substr(0, colon);
+      }
+      if (v.empty()) throw UsageError("--client needs a host name or address");
+      o.host = v;
+    } else if (is_option(a, "--port")) {
+      o.port = static_cast<std::uint16_t>(
+          regpool_tools::parse_uint(option_value(argc, argv, i, "--port"), "--port", 1, 65535));
+    } else if (is_option(a, "--bind")) {
+      o.bind = option_value(argc, argv, i, "--bind");
+    } else if (is_option(a, "--provider")) {
+      o.config.provider = option_value(argc, argv, i, "--provider");
+      if (o.config.provider.empty()) throw UsageError("--provider needs a name");
+      o.provider_given = true;
+      client_only_option = true;
+    } else if (is_option(a, "--sizes")) {
+      o.config.sizes = regpool_tools::parse_size_list(option_value(argc, argv, i, "--sizes"), "--sizes");
+      if (o.config.sizes.front() == 0) throw UsageError("--sizes: sizes must be at least 1 byte");
+      if (o.config.sizes.back() > (std::uint64_t{1} << 32)) throw UsageError("--sizes: at most 4 GiB");
+      client_only_option = true;
+    } else if (is_option(a, "--iters")) {
+      o.config.iters = regpool_tools::parse_uint(option_value(argc, argv, i, "--iters"), "--iters", 1, 100000000);
+      client_only_option = true;
+    } else if (is_option(a, "--window")) {
+      o.config.window = regpool_tools::parse_uint(option_value(argc, argv, i, "--window"), "--window", 1, kMaxWindow);
+      client_only_option = true;
+    } else if (is_option(a, "--ops")) {
+      o.config.put = o.config.get = o.config.send = o.config.atomic = false;
+      for (const auto& op : regpool_tools::split(option_value(argc, argv, i, "--ops"), ',')) {
+        if (op == "put") {
+          o.config.put = true;
+        } else if (op == "get") {
+          o.config.get = true;
+        } else if (op == "send") {
+          o.config.send = true;
+        } else if (op == "atomic" || op == "atomics") {
+          o.config.atomic = true;
+        } else {
+          throw UsageError("--ops: unknown operation '" + op + "' (put, get, send, atomic)");
+        }
+      }
+      client_only_option = true;
+    } else if (a == "--json") {
+      o.json = true;
+    } else if (a == "--progress") {
+      o.progress = true;
+    } else if (a == "--no-progress") {
+      o.no_progress = true;
+    } else {
+      throw UsageError("unknown argument '" + a + "'");
+    }
+  }
+  if (o.mode == Mode::none) throw UsageError("give one of --server, --client HOST[:PORT], --loopback");
+  if (o.mode == Mode::server && client_only_option) {
+    throw UsageError("the server takes provider, sizes, iterations, window and ops from the client; give them there");
+  }
+  if (o.config.provider.empty()) o.config.provider = o.mode == Mode::loopback ? "shm" : "tcp";
+  return o;
+}
+
+// ------------------------------------------------------------- the sides
+
+// One process's resources: domain, pool, endpoint.
+// "verbs" or "verbs:DEV" selects regpool's verbs transport; anything else
+// is a libfabric provider name.
+bool is_verbs(const std::string& provider) { return provider == "verbs" || provider.rfind("verbs:", 0) == 0; }
+
+struct Side {
+  std::shared_ptr<regpool::Domain> domain;
+  std::unique_ptr<regpool::Pool> pool;
+  std::unique_ptr<regpool::Endpoint> ep;
+  std::string provider;           // as the backend names itself
+  bool emulated_atomics = false;
+
+  Side(const Config& c, bool loopback, const char* name) {
+    regpool::EndpointConfig ec;
+    ec.max_in_flight = 2 * kMaxWindow + 16;
+    ec.op_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(kPhaseTimeout);
+    if (is_verbs(c.provider)) {
+#if PERF_HAVE_VERBS
+      regpool::VerbsConfig vc;
+      if (c.provider.size() > 6) vc.device = c.provider.substr(6);
+      auto vd = regpool::VerbsDomain::open(vc);
+      provider = vd->name();
+      domain = vd;
+      make_pool(c, name);
+      ep = regpool::VerbsEndpoint::open(vd, ec);
+      return;
+#else
+      throw regpool::Error(Status::unsupported, 0, "this regpool is built without the verbs transport");
+#endif
+    }
+#if REGPOOL_HAVE_FABRIC
+    regpool::FabricConfig fc;
+    fc.provider = c.provider;
+    if (c.provider == "tcp" && loopback) fc.node = "127.0.0.1";
+    auto fd = regpool::FabricDomain::open(fc);
+    provider = fd->provider_name();
+    domain = fd;
+    make_pool(c, name);
+    auto fep = regpool::FabricEndpoint::open(fd, ec);
+    emulated_atomics = fep->emulates_atomics();
+    ep = std::move(fep);
+#else
+    (void)loopback;
+    throw regpool::Error(Status::unsupported, 0, "this regpool is built without libfabric");
+#endif
+  }
+  void make_pool(const Config& c, const char* name) {
+    regpool::PoolConfig pc;
+    pc.name = name;
+    // Room for the largest object (or a window of receive slots) in one
+    // arena, so nothing registers during the measurement.
+    pc.arena_size =
+        regpool::platform::round_up(c.max_size() + (std::uint64_t{4} << 20), regpool::platform::kHugePageSize);
+    pc.prefault = true;
+    pool = std::make_unique<regpool::Pool>(std::vector<std::shared_ptr<regpool::Domain>>{domain}, pc);
+  }
+  ~Side() {
+    ep.reset();
+    pool.reset();
+  }
+  regpool::Ldo alloc(std::uint64_t n) {
+    auto r = pool->allocate(n);
+    if (!r) throw regpool::Error(r.status(), 0, std::string("pool allocate: ") + regpool::to_string(r.status()));
+    return std::move(*r);
+  }
+};
+
+Slice must(regpool::Result<Slice> r, const char* what) {
+  if (!r) throw regpool::Error(r.status(), 0, std::string(what) + ": " + regpool::to_string(r.status()));
+  return std::move(*r);
+}
+
+std::vector<std::byte> to_bytes(const std::string& s) {
+  std::vector<std::byte> v(s.size());
+  std::memcpy(v.data(), s.data(), s.size());
+  return v;
+}
+std::string to_string(const std::vector<std::byte>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size());
+}
+
+// Posts a receive whose callback raises a flag: the server's phase loops
+// call progress() until it is up, so the target keeps progressing.
+struct Flag {
+  std::atomic<bool> up{false};
+  Status status = Status::ok;
+};
+
+regpool::Token post_flagged_recv(Side& s, const Slice& slice, Flag& flag) {
+  auto t = s.ep->post_recv(slice, [&flag](const regpool::Completion& c) {
+    flag.status = c.status;
+    flag.up.store(true, std::memory_order_release);
+  });
+  if (!t) throw regpool::Error(t.status(), 0, std::string("post_recv: ") + regpool::to_string(t.status()));
+  return *t;
+}
+
+// Loopback: the forked client, watched while the server progresses so a
+// client that died does not leave the server waiting for kPhaseTimeout.
+pid_t g_child = -1;
+int g_child_status = 0;
+bool g_child_reaped = false;
+
+void check_child(const char* what) {
+  if (g_child <= 0 || g_child_reaped) return;
+  if (::waitpid(g_child, &g_child_status, WNOHANG) == g_child) {
+    g_child_reaped = true;
+    throw regpool::Error(Status::peer_unreachable, 0, std::string(what) + ": the client process exited");
+  }
+}
+
+void progress_until(Side& s, Flag& flag, const char* what) {
+  const auto deadline = Clock::now() + kPhaseTimeout;
+  auto next_check = Clock::now() + 100ms;
+  while (!flag.up.load(std::memory_order_acquire)) {
+    s.ep->progress();
+    const auto now = Clock::now();
+    if (now > next_check) {
+      check_child(what);
+      next_check = now + 100ms;
+    }
+    if (now > deadline) throw regpool::Error(Status::timeout, 0, std::string(what) + ": peer silent");
+  }
+  if (flag.status != Status::ok) {
+    throw regpool::Error(flag.status, 0, std::string(what) + ": " + regpool::to_string(flag.status));
+  }
+}
+
+regpool::Completion wait_ok(Side& s, regpool::Result<regpool::Token> t, const char* what) {
+  if (!t) throw regpool::Error(t.status(), 0, std::string(what) + ": " + regpool::to_string(t.status()));
+  auto c = s.ep->wait(*t, std::chrono::duration_cast<std::chrono::milliseconds>(kPhaseTimeout));
+  if (c.status != Status::ok) {
+    throw regpool::Error(c.status, 0, std::string(what) + ": " + regpool::to_string(c.status));
+  }
+  return c;
+}
+
+constexpr auto kBootTimeout = std::chrono::duration_cast<std::chrono::milliseconds>(kPhaseTimeout);
+
+// Serves one client run, then returns.
+int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
+  // Step 1: the client's configuration. A standalone server waits up to an
+  // hour for its client to show up (like ib_write_bw, it is started first).
+  auto cfg_blobs = boot.allgather({}, loopback ? kBootTimeout : std::chrono::milliseconds(3600 * 1000));
+  const Config c = Config::decode(to_string(cfg_blobs[1]));
+  Side s(c, loopback, "perf-server");
+  auto target = s.alloc(c.max_size());
+  auto exposure = s.ep->expose(must(Slice::data(target), "target slice"), regpool::RemoteAccess::read_write);
+  if (!exposure) throw regpool::Error(exposure.status(), 0, "expose");
+  const std::uint64_t window = c.window;
+  auto rx = s.alloc(c.max_size());
+  auto ctrl = s.alloc(kControlBytes);
+  const Slice ctrl_slice = must(Slice::data(ctrl), "control slice");
+  const Slice rx_all = must(Slice::data(rx), "receive slice");
+
+  // Step 2: names and the reference.
+  auto ref = exposure->encode();
+  std::vector<std::byte> blob(ref.begin(), ref.end());
+  const auto name = s.ep->name();
+  blob.insert(blob.end(), name.begin(), name.end());
+  auto names = boot.allgather(blob, kBootTimeout);
+  const auto peer = s.ep->insert_peer(names[1]);
+  if (!json) std::fprintf(stderr, "regpool-perf server: provider %s, serving a client\n", s.provider.c_str());
+
+  // One-sided phases: progress until the client's end-of-phase message.
+  auto serve_one_sided = [&]() {
+    Flag done;
+    post_flagged_recv(s, ctrl_slice, done);
+    boot.barrier(kBootTimeout);
+    progress_until(s, done, "one-sided phase");
+    boot.barrier(kBootTimeout);
+  };
+  if (c.put) serve_one_sided();
+  if (c.get) serve_one_sided();
+  if (c.atomic) serve_one_sided();
+  if (c.send) {
+    for (const auto size : c.sizes) {
+      const Slice in = must(rx_all.select(0, size), "receive slice");
+      const Slice out = must(rx_all.select(0, size), "reply slice");
+      // Latency: ping-pong, warm-up included.
+      boot.barrier(kBootTimeout);
+      for (std::uint64_t i = 0; i < c.iters + kWarmupOps; ++i) {
+        Flag got;
+        post_flagged_recv(s, in, got);
+        progress_until(s, got, "send latency");
+        (void)wait_ok(s, s.ep->send(peer, out), "send reply");
+      }
+      // Bandwidth: keep `window` receives posted (into the same bytes: the
+      // payload is not checked), then acknowledge the whole stream.
+      boot.barrier(kBootTimeout);
+      const std::uint64_t n = c.bw_ops(size);
+      std::vector<Flag> flags(window);
+      std::uint64_t posted = 0, received = 0;
+      for (; posted < std::min(n, window); ++posted) post_flagged_recv(s, in, flags[posted % window]);
+      const auto deadline = Clock::now() + kPhaseTimeout;
+      while (received < n) {
+        s.ep->progress();
+        Flag& f = flags[received % window];
+        if (f.up.load(std::memory_order_acquire)) {
+          if (f.status != Status::ok) throw regpool::Error(f.status, 0, "send stream receive");
+          f.up.store(false, std::memory_order_relaxed);
+          ++received;
+          if (posted < n) {
+            post_flagged_recv(s, in, flags[posted % window]);
+            ++posted;
+          }
+        } else if (Clock::now() > deadline) {
+          throw regpool::Error(Status::timeout, 0, "send stream: peer silent");
+        } else if ((posted & 0xff) == 0) {
+          check_child("send stream");
+        }
+      }
+      (void)wait_ok(s, s.ep->send(peer, ctrl_slice), "send ack");
+    }
+  }
+  boot.barrier(kBootTimeout);
+  return 0;
+}
+
+// ------------------------------------------------------------- initiator
+
+struct Row {
+  std::string op;
+  std::uint64_t size = 0;
+  bool has_latency = false, has_bandwidth = false;
+  regpool_tools::Summary lat;
+  double p99 = 0;
+  std::uint64_t lat_iters = 0;
+  double mbps = 0;    // 10^6 bytes per second
+  double mops = 0;    // million operations per second
+  std::uint64_t bw_ops = 0;
+  std::string error;
+};
+
+class ProgressLine {
+ public:
+  explicit ProgressLine(bool on) : on_(on) {}
+  void show(const std::string& op, std::uint64_t size, const char* what, std::uint64_t done, std::uint64_t total) {
+    if (!on_) return;
+    const auto now = Clock::now();
+    if (done != 0 && done != total && now - last_ < 100ms) return;
+    last_ = now;
+    std::fprintf(stderr, "\r\033[Kregpool-perf: %s %s %s %llu/%llu", op.c_str(), format_size(size).c_str(), what,
+                 static_cast<unsigned long long>(done), static_cast<unsigned long long>(total));
+    std::fflush(stderr);
+  }
+  void done() {
+    if (on_) std::fprintf(stderr, "\r\033[K");
+  }
+
+ private:
+  bool on_;
+  Clock::time_point last_{};
+};
+
+double us_since(Clock::time_point t0) { return std::chrono::duration<double, std::micro>(Clock::now() - t0).count(); }
+
+void set_latency(Row& r, std::vector<double> samples) {
+  std::sort(samples.begin(), samples.end());
+  r.has_latency = true;
+  r.lat_iters = samples.size();
+  r.p99 = regpool_tools::quantile_sorted(samples, 0.99);
+  r.lat = regpool_tools::summarize(std::move(samples));
+}
+
+// Runs `post` with `window` ops in flight, `n` ops in all; returns seconds.
+template <class Post>
+double windowed(Side& s, std::uint64_t n, std::uint64_t window, Post post, ProgressLine& pl, const std::string& op,
+                std::uint64_t size) {
+  std::vector<regpool::Token> ring(window);
+  const auto t0 = Clock::now();
+  std::uint64_t posted = 0, done = 0;
+  for (; posted < std::min(n, window); ++posted) ring[posted % window] = post();
+  while (done < n) {
+    auto c = s.ep->wait(ring[done % window], std::chrono::duration_cast<std::chrono::milliseconds>(kPhaseTimeout));
+    if (c.status != Status::ok) throw regpool::Error(c.status, 0, op + " bandwidth: " + regpool::to_string(c.status));
+    ++done;
+    if (posted < n) {
+      ring[posted % window] = post();
+      ++posted;
+    }
+    pl.show(op, size, "bw", done, n);
+  }
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Unwraps a posted token or throws (so `windowed` stores only good ones).
+regpool::Token token_or_throw(regpool::Result<regpool::Token> t, const std::string& what) {
+  if (!t) throw regpool::Error(t.status(), 0, what + ": " + regpool::to_string(t.status()));
+  return *t;
+}
+
+std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool loopback, ProgressLine& pl,
+                            std::string& provider_out, bool& emulated_atomics) {
+  (void)boot.allgather(to_bytes(c.encode()), kBootTimeout);
+  Side s(c, loopback, "perf-client");
+  provider_out = s.provider;
+  emulated_atomics = s.emulated_atomics;
+  auto names = boot.allgather(s.ep->name(), kBootTimeout);
+  const auto& blob = names[0];
+  if (blob.size() <= regpool::RemoteRef::kEncodedSize) {
+    throw regpool::Error(Status::malformed, 0, "server blob too short");
+  }
+  auto ref = regpool::RemoteRef::decode({blob.data(), regpool::RemoteRef::kEncodedSize});
+  if (!ref) throw regpool::Error(ref.status(), 0, std::string("server reference: ") + regpool::to_string(ref.status()));
+  const auto peer = s.ep->insert_peer({blob.data() + regpool::RemoteRef::kEncodedSize,
+                                       blob.size() - regpool::RemoteRef::kEncodedSize});
+  auto buf = s.alloc(c.max_size());
+  const Slice all = must(Slice::data(buf), "local slice");
+  auto ctrl = s.alloc(kControlBytes);
+  const Slice ctrl_slice = must(Slice::data(ctrl), "control slice");
+  std::vector<Row> rows;
+
+  // Runs one one-sided op over every size; a failure ends the op's sizes
+  // (the endpoint may be unusable after it) but still closes the phase.
+  auto one_sided = [&](const std::string& op, bool is_put) {
+    boot.barrier(kBootTimeout);
+    for (const auto size : c.sizes) {
+      Row r;
+      r.op = op;
+      r.size = size;
+      try {
+        const Slice local = must(all.select(0, size), "local slice");
+        auto post = [&]() {
+          return token_or_throw(is_put ? s.ep->put(local, peer, *ref, 0) : s.ep->get(peer, *ref, 0, local), op);
+        };
+        for (int w = 0; w < kWarmupOps; ++w) (void)wait_ok(s, post(), op.c_str());
+        std::vector<double> lat;
+        lat.reserve(c.iters);
+        for (std::uint64_t i = 0; i < c.iters; ++i) {
+          const auto t0 = Clock::now();
+          (void)wait_ok(s, post(), op.c_str());
+          lat.push_back(us_since(t0));
+          pl.show(op, size, "lat", i + 1, c.iters);
+        }
+        set_latency(r, std::move(lat));
+        const std::uint64_t n = c.bw_ops(size);
+        const double secs = windowed(s, n, c.window, post, pl, op, size);
+        r.has_bandwidth = true;
+        r.bw_ops = n;
+        r.mbps = static_cast<double>(n * size) / secs / 1e6;
+        r.mops = static_cast<double>(n) / secs / 1e6;
+      } catch (const std::exception& e) {
+        r.error = e.what();
+      }
+      const bool failed = !r.error.empty();
+      rows.push_back(std::move(r));
+      if (failed) break;
+    }
+    (void)wait_ok(s, s.ep->send(peer, ctrl_slice), "end of phase");
+    boot.barrier(kBootTimeout);
+  };
+  if (c.put) one_sided("put", true);
+  if (c.get) one_sided("get", false);
+  if (c.atomic) {
+    boot.barrier(kBootTimeout);
+    // Atomics work on one aligned 8-byte word (offset 0 of the exposed
+    // data section, which the LDO layout keeps 8-byte aligned).
+    auto atomic_row = [&](const std::string& op, auto post, bool bandwidth) {
+      Row r;
+      r.op = op;
+      r.size = 8;
+      try {
+        for (int w = 0; w < kWarmupOps; ++w) (void)wait_ok(s, post(), op.c_str());
+        std::vector<double> lat;
+        for (std::uint64_t i = 0; i < c.iters; ++i) {
+          const auto t0 = Clock::now();
+          (void)wait_ok(s, post(), op.c_str());
+          lat.push_back(us_since(t0));
+          pl.show(op, 8, "lat", i + 1, c.iters);
+        }
+        set_latency(r, std::move(lat));
+        if (bandwidth) {
+          const double secs = windowed(s, c.iters, c.window, [&]() { return token_or_throw(post(), op); }, pl, op, 8);
+          r.has_bandwidth = true;
+          r.bw_ops = c.iters;
+          r.mbps = static_cast<double>(c.iters * 8) / secs / 1e6;
+          r.mops = static_cast<double>(c.iters) / secs / 1e6;
+        }
+      } catch (const std::exception& e) {
+        r.error = e.what();
+      }
+      rows.push_back(std::move(r));
+    };
+    atomic_row("fetch_add", [&]() { return s.ep->fetch_add(peer, *ref, 0, 1); }, true);
+    std::uint64_t expected = 0;
+    atomic_row("compare_swap", [&]() { return s.ep->compare_swap(peer, *ref, 0, expected, expected); }, false);
+    (void)wait_ok(s, s.ep->send(peer, ctrl_slice), "end of phase");
+    boot.barrier(kBootTimeout);
+  }
+  if (c.send) {
+    for (const auto size : c.sizes) {
+      Row r;
+      r.op = "send";
+      r.size = size;
+      const Slice out = must(all.select(0, size), "send slice");
+      // Latency: ping-pong; the receive for the pong is posted before the
+      // ping so it is never unexpected.
+      boot.barrier(kBootTimeout);
+      std::vector<double> lat;
+      for (std::uint64_t i = 0; i < c.iters + kWarmupOps; ++i) {
+        auto rt = token_or_throw(s.ep->post_recv(out), "post_recv");
+        const auto t0 = Clock::now();
+        (void)wait_ok(s, s.ep->send(peer, out), "send");
+        auto back = s.ep->wait(rt, std::chrono::duration_cast<std::chrono::milliseconds>(kPhaseTimeout));
+        if (back.status != Status::ok) {
+          throw regpool::Error(back.status, 0, std::string("send pong: ") + regpool::to_string(back.status));
+        }
+        if (i >= static_cast<std::uint64_t>(kWarmupOps)) lat.push_back(us_since(t0) / 2);
+        pl.show("send", size, "lat", i + 1, c.iters + kWarmupOps);
+      }
+      set_latency(r, std::move(lat));
+      // Bandwidth: a stream closed by the server's ack.
+      boot.barrier(kBootTimeout);
+      const std::uint64_t n = c.bw_ops(size);
+      auto ack = token_or_throw(s.ep->post_recv(ctrl_slice), "post_recv ack");
+      const auto t0 = Clock::now();
+      (void)windowed(s, n, c.window, [&]() { return token_or_throw(s.ep->send(peer, out), "send"); }, pl, "send", size);
+      auto a = s.ep->wait(ack, std::chrono::duration_cast<std::chrono::milliseconds>(kPhaseTimeout));
+      if (a.status != Status::ok) throw regpool::Error(a.status, 0, "send ack");
+      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+      r.has_bandwidth = true;
+      r.bw_ops = n;
+      r.mbps = static_cast<double>(n * size) / secs / 1e6;
+      r.mops = static_cast<double>(n) / secs / 1e6;
+      rows.push_back(std::move(r));
+    }
+  }
+  boot.barrier(kBootTimeout);
+  return rows;
+}
+
+void print_rows(const Options& o, const std::string& provider, bool emulated_atomics, const std::vector<Row>& rows) {
+  const Config& c = o.config;
+  if (o.json) {
+    std::string s = "{\"tool\":\"regpool-perf\",\"version\":" + json_escape(REGPOOL_VERSION);
+    s += ",\"provider\":" + json_escape(provider);
+    s += ",\"mode\":" + json_escape(o.mode == Mode::loopback ? "loopback" : "client");
+    s += ",\"iters\":" + std::to_string(c.iters) + ",\"window\":" + std::to_string(c.window);
+    s += ",\"emulated_atomics\":" + std::string(emulated_atomics ? "true" : "false");
+    s += ",\"units\":{\"latency\":\"microseconds\",\"bandwidth\":\"MB/s (10^6 bytes per second)\",\"rate\":\"Mops/s\"}";
+    s += ",\"results\":[";
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      if (i) s += ",";
+      s += "{\"op\":" + json_escape(r.op) + ",\"size\":" + std::to_string(r.size);
+      if (r.has_latency) {
+        s += ",\"latency_us\":{\"median\":" + json_number(r.lat.median) + ",\"min\":" + json_number(r.lat.min) +
+             ",\"max\":" + json_number(r.lat.max) + ",\"p99\":" + json_number(r.p99) +
+             ",\"iters\":" + std::to_string(r.lat_iters) + "}";
+      } else {
+        s += ",\"latency_us\":null";
+      }
+      if (r.has_bandwidth) {
+        s += ",\"bandwidth_MBps\":" + json_number(r.mbps) + ",\"rate_Mops\":" + json_number(r.mops) +
+             ",\"bandwidth_ops\":" + std::to_string(r.bw_ops);
+      } else {
+        s += ",\"bandwidth_MBps\":null,\"rate_Mops\":null";
+      }
+      s += ",\"error\":" + (r.error.empty() ? std::string("null") : json_escape(r.error)) + "}";
+    }
+    s += "]}\n";
+    std::fputs(s.c_str(), stdout);
+    return;
+  }
+  std::printf("regpool-perf: provider %s, %s, %llu iterations, window %llu%s\n", provider.c_str(),
+              o.mode == Mode::loopback ? "two processes on this host (loopback)" : ("server " + o.host).c_str(),
+              static_cast<unsigned long long>(c.iters), static_cast<unsigned long long>(c.window),
+              emulated_atomics ? ", atomics emulated by the target's progress()" : "");
+  std::printf("%-13s %10s %12s %12s %12s %12s %14s %12s\n", "op", "size", "lat med us", "lat min us", "lat p99 us",
+              "lat max us", "bw MB/s", "rate Mops/s");
+  for (const Row& r : rows) {
+    std::printf("%-13s %10s", r.op.c_str(), format_size(r.size).c_str());
+    if (r.has_latency) {
+      std::printf(" %12.3f %12.3f %12.3f %12.3f", r.lat.median, r.lat.min, r.p99, r.lat.max);
+    } else {
+      std::printf(" %12s %12s %12s %12s", "-", "-", "-", "-");
+    }
+    if (r.has_bandwidth) {
+      std::printf(" %14.1f %12.4f", r.mbps, r.mops);
+    } else {
+      std::printf(" %14s %12s", "-", "-");
+    }
+    if (!r.error.empty()) std::printf("  error: %s", r.error.c_str());
+    std::printf("\n");
+  }
+}
+
+bool any_error(const std::vector<Row>& rows) {
+  return std::any_of(rows.begin(), rows.end(), [](const Row& r) { return !r.error.empty(); });
+}
+
+int client_main(const Options& o, std::uint16_t port, const std::string& host) {
+  regpool::TcpBootstrapConfig bc;
+  bc.rank = 1;
+  bc.size = 2;
+  bc.host = host;
+  bc.port = port;
+  regpool::TcpBootstrap boot(bc);
+  ProgressLine pl(!o.no_progress && (o.progress || ::isatty(2)));
+  std::string provider;
+  bool emulated = false;
+  auto rows = run_client(boot, o.config, o.mode == Mode::loopback, pl, provider, emulated);
+  pl.done();
+  print_rows(o, provider, emulated, rows);
+  std::fflush(stdout);
+  return any_error(rows) ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  try {
+    bool help = false;
+    o = parse_args(argc, argv, help);
+    if (help) {
+      usage(stdout);
+      return 0;
+    }
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "regpool-perf: %s\n", e.what());
+    std::fprintf(stderr, "Try 'regpool-perf --help'.\n");
+    return regpool_tools::kExitUsage;
+  }
+  try {
+    if (o.mode == Mode::client) {
+      if (o.host == "127.0.0.1" || o.host == "localhost") ::setenv("FI_TCP_IFACE", "lo", 0);
+      return client_main(o, o.port, o.host);
+    }
+    regpool::TcpBootstrapConfig bc;
+    bc.rank = 0;
+    bc.size = 2;
+    bc.host = o.mode == Mode::loopback ? "127.0.0.1" : o.bind;
+    // Loopback: any free port (the child learns it through fork), so two
+    // runs at once do not collide.
+    bc.port = o.mode == Mode::loopback ? 0 : o.port;
+    bc.connect_timeout = o.mode == Mode::loopback ? 30000ms : std::chrono::milliseconds(3600 * 1000);
+    if (o.mode == Mode::loopback) ::setenv("FI_TCP_IFACE", "lo", 0);
+    regpool::TcpBootstrap boot(bc);
+    if (o.mode == Mode::server) {
+      if (!o.json) std::fprintf(stderr, "regpool-perf server: listening on %s:%u\n", o.bind.c_str(), boot.port());
+      return run_server(boot, false, o.json);
+    }
+    // Loopback: neither process touches libfabric before the fork.
+    const std::uint16_t port = boot.port();
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      std::perror("fork");
+      return 1;
+    }
+    if (pid == 0) {
+      ::alarm(3600);
+      int rc = 1;
+      try {
+        rc = client_main(o, port, "127.0.0.1");
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "regpool-perf client: %s\n", e.what());
+      }
+      std::fflush(nullptr);
+      ::_exit(rc);
+    }
+    g_child = pid;
+    int rc = 1;
+    try {
+      rc = run_server(boot, true, true);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "regpool-perf server: %s\n", e.what());
+      ::kill(pid, SIGKILL);
+    }
+    int st = g_child_status;
+    if (!g_child_reaped) ::waitpid(pid, &st, 0);
+    const bool child_ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    return rc == 0 && child_ok ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "regpool-perf: %s\n", e.what());
+    return 1;
+  }
+}
