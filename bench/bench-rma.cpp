@@ -1,0 +1,551 @@
+// bench-rma: latency and bandwidth of put, get and send through regpool's
+// FabricEndpoint, each beside the same operation written directly against
+// libfabric (own fabric, domain, endpoint, CQ and fi_mr_reg'd buffers), in
+// the same binary and run, alternating the two every repetition.
+//
+//   bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke]
+//
+// Forks its own target side. The target polls both stacks from one thread
+// (manual progress: shm and tcp;ofi_rxm need the target to progress), echoes
+// ping messages for send latency and swallows bulk messages.
+//
+// Metrics: latency_us = one put/get completing at the initiator with one op
+// in flight (send: half a ping-pong round trip); bandwidth_gbps = gigabits
+// per second with a window of operations in flight (send: the window is
+// closed by a ping-pong so every byte has arrived). Medians over --reps.
+// Writes use FI_DELIVERY_COMPLETE in both stacks when the regpool endpoint
+// does (tcp;ofi_rxm by default), so the two do the same work.
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "regpool/bootstrap.hpp"
+#include "regpool/fabric_domain.hpp"
+#include "regpool/fabric_endpoint.hpp"
+#include "regpool/pool.hpp"
+#include "regpool/slice.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using regpool::Slice;
+using regpool::Status;
+
+constexpr std::uint64_t kMaxSize = 16u << 20;
+constexpr std::size_t kRecvSlots = 4;  // per stack on the target, each kMaxSize
+constexpr std::uint64_t kDirectKey = 0xD1EC7;
+constexpr std::byte kPing{'P'}, kBulk{'B'}, kEnd{'E'};
+
+[[noreturn]] void die(const std::string& what, long rc = 0) {
+  std::fprintf(stderr, "bench-rma: %s (%ld: %s)\n", what.c_str(), rc, rc ? fi_strerror(static_cast<int>(-rc)) : "");
+  std::exit(1);
+}
+
+struct Options {
+  std::string provider = "shm";
+  bool json = false;
+  int reps = 5;
+  bool smoke = false;
+};
+
+// --------------------------------------------------------------- direct
+
+// The same operations written straight against libfabric.
+struct Direct {
+  fi_info* info = nullptr;
+  fid_fabric* fabric = nullptr;
+  fid_domain* domain = nullptr;
+  fid_av* av = nullptr;
+  fid_cq* cq = nullptr;
+  fid_ep* ep = nullptr;
+  fid_mr* mr = nullptr;
+  std::byte* buf = nullptr;
+  std::size_t len = 0;
+  void* desc = nullptr;
+  bool virt = false;
+  bool dc = false;
+  fi_addr_t peer = FI_ADDR_UNSPEC;
+  fi_context2 ctx[64]{};
+
+  Direct(const fi_info* tmpl, std::size_t bytes, bool delivery_complete) : len(bytes), dc(delivery_complete) {
+    info = fi_dupinfo(tmpl);
+    long rc = fi_fabric(info->fabric_attr, &fabric, nullptr);
+    if (rc) die("fi_fabric", rc);
+    rc = fi_domain(fabric, info, &domain, nullptr);
+    if (rc) die("fi_domain", rc);
+    fi_av_attr aa{};
+    aa.type = FI_AV_TABLE;
+    rc = fi_av_open(domain, &aa, &av, nullptr);
+    if (rc) die("fi_av_open", rc);
+    fi_cq_attr ca{};
+    ca.format = FI_CQ_FORMAT_DATA;
+    ca.size = 256;
+    rc = fi_cq_open(domain, &ca, &cq, nullptr);
+    if (rc) die("fi_cq_open", rc);
+    rc = fi_endpoint(domain, info, &ep, nullptr);
+    if (rc) die("fi_endpoint", rc);
+    if ((rc = fi_ep_bind(ep, &av->fid, 0)) || (rc = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV)) ||
+        (rc = fi_enable(ep))) {
+      die("fi_ep_bind/enable", rc);
+    }
+    // Same kind of memory as a regpool arena (2 MiB aligned, THP advised), so
+    // the comparison measures the transport, not the page size.
+    len = (len + (2u << 20) - 1) & ~std::size_t{(2u << 20) - 1};
+    buf = static_cast<std::byte*>(std::aligned_alloc(2u << 20, len));
+    (void)::madvise(buf, len, MADV_HUGEPAGE);
+    std::memset(buf, 0, len);
+    rc = fi_mr_reg(domain, buf, len, FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE, 0,
+                   kDirectKey, 0, &mr, nullptr);
+    if (rc) die("fi_mr_reg", rc);
+    desc = fi_mr_desc(mr);
+    virt = (info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
+  }
+  ~Direct() {
+    fi_close(&ep->fid);
+    fi_close(&mr->fid);
+    fi_close(&cq->fid);
+    fi_close(&av->fid);
+    fi_close(&domain->fid);
+    fi_close(&fabric->fid);
+    fi_freeinfo(info);
+    std::free(buf);
+  }
+  std::vector<std::byte> name() const {
+    std::size_t n = 256;
+    std::vector<std::byte> v(n);
+    if (fi_getname(&ep->fid, v.data(), &n)) die("fi_getname");
+    v.resize(n);
+    return v;
+  }
+  void insert(const std::vector<std::byte>& name) {
+    if (fi_av_insert(av, name.data(), 1, &peer, 0, nullptr) != 1) die("fi_av_insert");
+  }
+  std::uint64_t remote_base() const { return virt ? reinterpret_cast<std::uintptr_t>(buf) : 0; }
+  // Reap one completion; returns its context.
+  void* reap() {
+    fi_cq_data_entry e{};
+    for (;;) {
+      const ssize_t n = fi_cq_read(cq, &e, 1);
+      if (n == 1) return e.op_context;
+      if (n == -FI_EAVAIL) {
+        fi_cq_err_entry err{};
+        fi_cq_readerr(cq, &err, 0);
+        die("direct completion error", -static_cast<long>(err.err));
+      }
+      if (n != -FI_EAGAIN) die("fi_cq_read", n);
+    }
+  }
+  // Post with the retry-after-progress every manual-progress provider needs.
+  template <class F>
+  void post(F&& f) {
+    for (;;) {
+      const ssize_t rc = f();
+      if (rc == 0) return;
+      if (rc != -FI_EAGAIN) die("direct post", rc);
+      fi_cq_data_entry e{};
+      (void)fi_cq_read(cq, &e, 0);
+    }
+  }
+  void write(std::size_t n, std::uint64_t raddr, std::uint64_t key, void* c) {
+    if (!dc) {
+      post([&] { return fi_write(ep, buf, n, desc, peer, raddr, key, c); });
+      return;
+    }
+    iovec iov{buf, n};
+    fi_rma_iov rma{raddr, n, key};
+    fi_msg_rma m{};
+    m.msg_iov = &iov;
+    m.desc = &desc;
+    m.iov_count = 1;
+    m.addr = peer;
+    m.rma_iov = &rma;
+    m.rma_iov_count = 1;
+    m.context = c;
+    post([&] { return fi_writemsg(ep, &m, FI_COMPLETION | FI_DELIVERY_COMPLETE); });
+  }
+};
+
+// --------------------------------------------------------------- regpool
+
+struct Stack {
+  std::shared_ptr<regpool::FabricDomain> domain;
+  std::unique_ptr<regpool::Pool> pool;
+  std::unique_ptr<regpool::FabricEndpoint> ep;
+  explicit Stack(const std::string& provider) {
+    regpool::FabricConfig fc;
+    fc.provider = provider;
+    if (provider == "tcp") fc.node = "127.0.0.1";
+    domain = regpool::FabricDomain::open(fc);
+    regpool::PoolConfig pc;
+    pc.arena_size = 32u << 20;
+    pool = std::make_unique<regpool::Pool>(std::vector<std::shared_ptr<regpool::Domain>>{domain}, pc);
+    ep = regpool::FabricEndpoint::open(domain);
+  }
+  ~Stack() {
+    ep.reset();
+    pool.reset();
+  }
+  regpool::Ldo alloc(std::uint64_t n) {
+    auto r = pool->allocate(n);
+    if (!r) die("allocate");
+    return std::move(*r);
+  }
+};
+
+Slice must(regpool::Result<Slice> r) {
+  if (!r) die("slice");
+  return std::move(*r);
+}
+
+// Blobs: (u32 length, bytes)*.
+std::vector<std::byte> pack(const std::vector<std::vector<std::byte>>& parts) {
+  std::vector<std::byte> out;
+  for (const auto& p : parts) {
+    const auto n = static_cast<std::uint32_t>(p.size());
+    const auto* l = reinterpret_cast<const std::byte*>(&n);
+    out.insert(out.end(), l, l + 4);
+    out.insert(out.end(), p.begin(), p.end());
+  }
+  return out;
+}
+std::vector<std::vector<std::byte>> unpack(const std::vector<std::byte>& in) {
+  std::vector<std::vector<std::byte>> parts;
+  std::size_t pos = 0;
+  while (pos + 4 <= in.size()) {
+    std::uint32_t n = 0;
+    std::memcpy(&n, in.data() + pos, 4);
+    pos += 4;
+    parts.emplace_back(in.begin() + static_cast<std::ptrdiff_t>(pos), in.begin() + static_cast<std::ptrdiff_t>(pos + n));
+    pos += n;
+  }
+  return parts;
+}
+template <class T>
+std::vector<std::byte> pod(const T& v) {
+  const auto* p = reinterpret_cast<const std::byte*>(&v);
+  return {p, p + sizeof v};
+}
+template <class T>
+T unpod(const std::vector<std::byte>& b) {
+  T v{};
+  std::memcpy(&v, b.data(), std::min(sizeof v, b.size()));
+  return v;
+}
+
+// --------------------------------------------------------------- target
+
+int run_target(const Options& o, std::uint16_t port) {
+  regpool::TcpBootstrapConfig bc;
+  bc.rank = 1;
+  bc.size = 2;
+  bc.port = port;
+  regpool::TcpBootstrap boot(bc);
+  Stack s(o.provider);
+  Direct d(s.domain->info(), kMaxSize * (kRecvSlots + 1), s.ep->uses_delivery_complete());
+  auto target = s.alloc(kMaxSize);
+  auto exposure = s.ep->expose(must(Slice::data(target)), regpool::RemoteAccess::read_write);
+  if (!exposure) die("expose");
+  auto ref = exposure->encode();
+  auto all = boot.allgather(pack({s.ep->name(), {ref.begin(), ref.end()}, d.name(), pod(d.remote_base())}), 30s);
+  auto theirs = unpack(all[0]);
+  const auto peer = s.ep->insert_peer(theirs[0]);
+  d.insert(theirs[2]);
+
+  // regpool receives: echo pings, swallow bulk, stop at END.
+  bool rp_done = false, d_done = false;
+  std::vector<regpool::Ldo> inbox;
+  for (std::size_t k = 0; k < kRecvSlots; ++k) inbox.push_back(s.alloc(kMaxSize));
+  std::function<void(std::size_t)> post_rp = [&](std::size_t k) {
+    auto t = s.ep->post_recv(must(Slice::data(inbox[k])), [&, k](const regpool::Completion& c) {
+      if (c.status != Status::ok) die("target recv");
+      const std::byte tag = inbox[k].data()[0];
+      if (tag == kEnd) {
+        rp_done = true;
+        return;
+      }
+      if (tag == kPing) {
+        // Echo from the same buffer; re-post the receive once it has left.
+        auto e = s.ep->send(peer, must(Slice::data(inbox[k], 0, c.bytes)), [&, k](const regpool::Completion&) { post_rp(k); });
+        if (!e) die("target echo");
+        return;
+      }
+      post_rp(k);
+    });
+    if (!t) die("target post_recv");
+  };
+  for (std::size_t k = 0; k < kRecvSlots; ++k) post_rp(k);
+
+  // Direct receives: contexts 0..kRecvSlots-1 are receives, 32+k echoes.
+  auto post_d = [&](std::size_t k) {
+    d.post([&] { return fi_recv(d.ep, d.buf + (k + 1) * kMaxSize, kMaxSize, d.desc, FI_ADDR_UNSPEC, &d.ctx[k]); });
+  };
+  for (std::size_t k = 0; k < kRecvSlots; ++k) post_d(k);
+  while (!(rp_done && d_done)) {
+    s.ep->progress();
+    fi_cq_data_entry e{};
+    const ssize_t n = fi_cq_read(d.cq, &e, 1);
+    if (n == -FI_EAVAIL) {
+      fi_cq_err_entry err{};
+      fi_cq_readerr(d.cq, &err, 0);
+      die("target direct completion", -static_cast<long>(err.err));
+    }
+    if (n != 1) continue;
+    const auto idx = static_cast<std::size_t>(static_cast<fi_context2*>(e.op_context) - d.ctx);
+    if (idx >= 32) {
+      post_d(idx - 32);
+      continue;
+    }
+    std::byte* b = d.buf + (idx + 1) * kMaxSize;
+    if (b[0] == kEnd) {
+      d_done = true;
+    } else if (b[0] == kPing) {
+      d.post([&] { return fi_send(d.ep, b, e.len, d.desc, d.peer, &d.ctx[32 + idx]); });
+    } else {
+      post_d(idx);
+    }
+  }
+  boot.barrier(30s);
+  return 0;
+}
+
+// --------------------------------------------------------------- initiator
+
+struct Result {
+  const char* op;
+  std::uint64_t size;
+  bool latency;
+  std::vector<double> rp, direct;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
+  Stack s(o.provider);
+  Direct d(s.domain->info(), kMaxSize * 2, s.ep->uses_delivery_complete());
+  auto all = boot.allgather(pack({s.ep->name(), {}, d.name(), {}}), 30s);
+  auto theirs = unpack(all[1]);
+  const auto peer = s.ep->insert_peer(theirs[0]);
+  auto ref = regpool::RemoteRef::decode(theirs[1]);
+  if (!ref) die("decode");
+  d.insert(theirs[2]);
+  const std::uint64_t d_raddr = unpod<std::uint64_t>(theirs[3]);
+
+  auto src = s.alloc(kMaxSize);
+  auto echo = s.alloc(kMaxSize);
+  std::memset(src.data().data(), 0x11, kMaxSize);
+  std::memset(d.buf, 0x11, kMaxSize);
+
+  // regpool building blocks
+  auto rp_wait = [&](regpool::Result<regpool::Token> t) {
+    if (!t) die(std::string("regpool post: ") + regpool::to_string(t.status()));
+    auto c = s.ep->wait(*t, 30s);
+    if (c.status != Status::ok) die(std::string("regpool op: ") + regpool::to_string(c.status));
+  };
+  auto rp_op = [&](const char* op, const Slice& sl) -> regpool::Result<regpool::Token> {
+    if (op[0] == 'p') return s.ep->put(sl, peer, *ref, 0);
+    if (op[0] == 'g') return s.ep->get(peer, *ref, 0, sl);
+    return s.ep->send(peer, sl);
+  };
+  auto rp_ping = [&](std::uint64_t size) {
+    auto in = s.ep->post_recv(must(Slice::data(echo, 0, std::max<std::uint64_t>(size, 8))));
+    src.data()[0] = kPing;
+    rp_wait(s.ep->send(peer, must(Slice::data(src, 0, size))));
+    rp_wait(std::move(in));
+  };
+  // direct building blocks
+  auto d_op = [&](const char* op, std::uint64_t size, void* c) {
+    if (op[0] == 'p') {
+      d.write(size, d_raddr, kDirectKey, c);
+    } else if (op[0] == 'g') {
+      d.post([&] { return fi_read(d.ep, d.buf, size, d.desc, d.peer, d_raddr, kDirectKey, c); });
+    } else {
+      d.post([&] { return fi_send(d.ep, d.buf, size, d.desc, d.peer, c); });
+    }
+  };
+  auto d_ping = [&](std::uint64_t size) {
+    d.post([&] { return fi_recv(d.ep, d.buf + kMaxSize, std::max<std::uint64_t>(size, 8), d.desc, FI_ADDR_UNSPEC, &d.ctx[1]); });
+    d.buf[0] = kPing;
+    d.post([&] { return fi_send(d.ep, d.buf, size, d.desc, d.peer, &d.ctx[0]); });
+    (void)d.reap();
+    (void)d.reap();
+  };
+
+  const int lat_iters = o.smoke ? 20 : 1000;
+  const std::uint64_t bw_bytes = o.smoke ? (4u << 20) : (128u << 20);
+  std::vector<Result> results;
+  for (const char* op : {"put", "get", "send"}) {
+    for (std::uint64_t size : {8ull, 4096ull}) results.push_back({op, size, true, {}, {}});
+    for (std::uint64_t size : {65536ull, 1ull << 20, 16ull << 20}) results.push_back({op, size, false, {}, {}});
+  }
+  // Warm both stacks (connections, first-touch).
+  for (const char* op : {"put", "get"}) {
+    rp_wait(rp_op(op, must(Slice::data(src, 0, 8))));
+    d_op(op, 8, &d.ctx[0]);
+    (void)d.reap();
+  }
+  rp_ping(8);
+  d_ping(8);
+
+  for (int rep = 0; rep < o.reps; ++rep) {
+    for (Result& r : results) {
+      const bool send = r.op[0] == 's';
+      for (int impl = 0; impl < 2; ++impl) {
+        const bool rp = (impl + rep) % 2 == 0;  // alternate who goes first
+        double value = 0;
+        if (r.latency) {
+          const auto t0 = Clock::now();
+          for (int i = 0; i < lat_iters; ++i) {
+            if (send) {
+              rp ? rp_ping(r.size) : d_ping(r.size);
+            } else if (rp) {
+              rp_wait(rp_op(r.op, must(Slice::data(src, 0, r.size))));
+            } else {
+              d_op(r.op, r.size, &d.ctx[0]);
+              (void)d.reap();
+            }
+          }
+          const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / lat_iters;
+          value = send ? us / 2 : us;
+        } else {
+          const std::uint64_t n = std::max<std::uint64_t>(bw_bytes / r.size, 4);
+          const std::size_t window = std::min<std::uint64_t>(r.size >= (16u << 20) ? 2 : 16, n);
+          if (send) src.data()[0] = kBulk, d.buf[0] = kBulk;
+          const auto t0 = Clock::now();
+          if (rp) {
+            auto slice = must(Slice::data(src, 0, r.size));
+            std::vector<regpool::Token> ring(window);
+            for (std::uint64_t i = 0; i < n; ++i) {
+              auto& t = ring[i % window];
+              if (t && s.ep->wait(t, 30s).status != Status::ok) die("regpool bw op");
+              auto nt = rp_op(r.op, slice);
+              if (!nt) die("regpool bw post");
+              t = *nt;
+            }
+            for (auto& t : ring) {
+              if (t && s.ep->wait(t, 30s).status != Status::ok) die("regpool bw op");
+            }
+            if (send) rp_ping(8);
+          } else {
+            std::uint64_t posted = 0, done = 0;
+            while (done < n) {
+              while (posted < n && posted - done < window) d_op(r.op, r.size, &d.ctx[2 + posted % window]), ++posted;
+              (void)d.reap();
+              ++done;
+            }
+            if (send) d_ping(8);
+          }
+          const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+          value = static_cast<double>(n * r.size) * 8 / secs / 1e9;
+        }
+        (rp ? r.rp : r.direct).push_back(value);
+      }
+    }
+  }
+  // Tell both target stacks to stop.
+  src.data()[0] = kEnd;
+  rp_wait(s.ep->send(peer, must(Slice::data(src, 0, 8))));
+  d.buf[0] = kEnd;
+  d_op("send", 8, &d.ctx[0]);
+  (void)d.reap();
+  boot.barrier(30s);
+
+  if (o.json) {
+    std::printf("{\"provider\": \"%s\", \"results\": [", s.domain->provider_name().c_str());
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const Result& r = results[i];
+      std::printf("%s{\"op\": \"%s\", \"size\": %llu, \"metric\": \"%s\", \"regpool\": %.4f, \"direct\": %.4f}",
+                  i ? ", " : "", r.op, static_cast<unsigned long long>(r.size),
+                  r.latency ? "latency_us" : "bandwidth_gbps", median(r.rp), median(r.direct));
+    }
+    std::printf("]}\n");
+  } else {
+    std::printf("provider %s, %d repetitions (medians), delivery complete %s\n", s.domain->provider_name().c_str(),
+                o.reps, s.ep->uses_delivery_complete() ? "on" : "off");
+    std::printf("%-5s %10s %-15s %12s %12s %10s\n", "op", "size", "metric", "regpool", "direct", "ratio");
+    for (const Result& r : results) {
+      const double a = median(r.rp), b = median(r.direct);
+      std::printf("%-5s %10llu %-15s %12.3f %12.3f %10.3f\n", r.op, static_cast<unsigned long long>(r.size),
+                  r.latency ? "latency_us" : "bandwidth_gbps", a, b, b > 0 ? a / b : 0.0);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf("usage: bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke]\n");
+      return 0;
+    }
+    if (a == "--provider" && i + 1 < argc) {
+      o.provider = argv[++i];
+    } else if (a == "--json") {
+      o.json = true;
+    } else if (a == "--smoke") {
+      o.smoke = true;
+      o.reps = 1;
+    } else if (a == "--reps" && i + 1 < argc) {
+      o.reps = std::atoi(argv[++i]);
+      if (o.reps < 1) {
+        std::fprintf(stderr, "bench-rma: --reps needs a positive integer\n");
+        return 2;
+      }
+    } else {
+      std::fprintf(stderr, "bench-rma: unknown argument '%s'\n", a.c_str());
+      return 2;
+    }
+  }
+  ::setenv("FI_TCP_IFACE", "lo", 0);
+  try {
+    regpool::TcpBootstrapConfig bc;
+    bc.rank = 0;
+    bc.size = 2;
+    regpool::TcpBootstrap boot(bc);
+    const auto port = boot.port();
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::alarm(o.smoke ? 90 : 300);  // a hung initiator must not leave the target behind
+      int rc = 1;
+      try {
+        rc = run_target(o, port);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench-rma target: %s\n", e.what());
+      }
+      std::fflush(nullptr);
+      ::_exit(rc);
+    }
+    int rc = run_initiator(o, boot);
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    return rc == 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench-rma: %s\n", e.what());
+    return 1;
+  }
+}
