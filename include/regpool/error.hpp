@@ -65,6 +65,9 @@ class [[nodiscard]] Result {
   Result(Status status) noexcept : status_(status) {  // NOLINT: implicit by design
     if (status == Status::ok) std::abort();  // an ok Result must carry a value
   }
+  Result(Result&& o) noexcept requires std::is_trivially_copyable_v<T> = default;
+  Result& operator=(Result&& o) noexcept requires std::is_trivially_copyable_v<T> = default;
+  ~Result() requires std::is_trivially_destructible_v<T> = default;
   Result(Result&& o) noexcept(std::is_nothrow_move_constructible_v<T>) : status_(o.status_) {
     if (ok()) new (&storage_) T(std::move(*o.ptr()));
   }

@@ -101,7 +101,9 @@ class Ldo {
   Ldo(Ldo&& o) noexcept : cb_(o.cb_) { o.cb_ = nullptr; }
   Ldo& operator=(const Ldo& o) noexcept;
   Ldo& operator=(Ldo&& o) noexcept;
-  ~Ldo() { reset(); }
+  ~Ldo() {
+    if (cb_) reset();
+  }
 
   // Wrap application memory. Throws Error when the memory cannot hold the
   // header and sections or an eager registration fails (setup path).

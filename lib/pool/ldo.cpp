@@ -9,16 +9,21 @@
 namespace regpool {
 namespace detail {
 
+namespace {
+[[gnu::noinline, gnu::cold]] void destroy_user(UserBlock* ub) noexcept {
+  // Deregister before the cleanup: once the application gets its memory
+  // back it may free it, and a NIC must not hold a mapping to freed pages.
+  for (auto& r : ub->registrations) r.reset();
+  auto cleanup = std::move(ub->cleanup);
+  const auto memory = ub->memory;
+  delete ub;
+  if (cleanup) cleanup(memory);
+}
+}  // namespace
+
 void destroy(ControlBlock* cb) noexcept {
-  if (cb->kind == BlockKind::user) {
-    auto* ub = static_cast<UserBlock*>(cb);
-    // Deregister before the cleanup: once the application gets its memory
-    // back it may free it, and a NIC must not hold a mapping to freed pages.
-    for (auto& r : ub->registrations) r.reset();
-    auto cleanup = std::move(ub->cleanup);
-    const auto memory = ub->memory;
-    delete ub;
-    if (cleanup) cleanup(memory);
+  if (cb->kind == BlockKind::user) [[unlikely]] {
+    destroy_user(static_cast<UserBlock*>(cb));
     return;
   }
   PoolCore* pool = cb->arena->pool();

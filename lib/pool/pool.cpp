@@ -7,7 +7,7 @@
 namespace regpool {
 namespace detail {
 
-thread_local TlsFast tls_fast [[gnu::tls_model("initial-exec")]];
+constinit thread_local TlsFast tls_fast [[gnu::tls_model("initial-exec")]];
 
 namespace {
 

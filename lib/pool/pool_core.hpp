@@ -78,7 +78,7 @@ struct TlsFast {
   ThreadCache* last = nullptr;
   bool dead = false;  // set during thread exit, after the directory is gone
 };
-extern thread_local TlsFast tls_fast [[gnu::tls_model("initial-exec")]];
+extern constinit thread_local TlsFast tls_fast [[gnu::tls_model("initial-exec")]];
 
 class PoolCore {
  public:
