@@ -214,29 +214,6 @@ Slice must(regpool::Result<Slice> r) {
   return std::move(*r);
 }
 
-// Blobs: (u32 length, bytes)*.
-std::vector<std::byte> pack(const std::vector<std::vector<std::byte>>& parts) {
-  std::vector<std::byte> out;
-  for (const auto& p : parts) {
-    const auto n = static_cast<std::uint32_t>(p.size());
-    const auto* l = reinterpret_cast<const std::byte*>(&n);
-    out.insert(out.end(), l, l + 4);
-    out.insert(out.end(), p.begin(), p.end());
-  }
-  return out;
-}
-std::vector<std::vector<std::byte>> unpack(const std::vector<std::byte>& in) {
-  std::vector<std::vector<std::byte>> parts;
-  std::size_t pos = 0;
-  while (pos + 4 <= in.size()) {
-    std::uint32_t n = 0;
-    std::memcpy(&n, in.data() + pos, 4);
-    pos += 4;
-    parts.emplace_back(in.begin() + static_cast<std::ptrdiff_t>(pos), in.begin() + static_cast<std::ptrdiff_t>(pos + n));
-    pos += n;
-  }
-  return parts;
-}
 template <class T>
 std::vector<std::byte> pod(const T& v) {
   const auto* p = reinterpret_cast<const std::byte*>(&v);
@@ -263,8 +240,8 @@ int run_target(const Options& o, std::uint16_t port) {
   auto exposure = s.ep->expose(must(Slice::data(target)), regpool::RemoteAccess::read_write);
   if (!exposure) die("expose");
   auto ref = exposure->encode();
-  auto all = boot.allgather(pack({s.ep->name(), {ref.begin(), ref.end()}, d.name(), pod(d.remote_base())}), 30s);
-  auto theirs = unpack(all[0]);
+  auto all = boot.allgather(regpool::pack_blobs({s.ep->name(), {ref.begin(), ref.end()}, d.name(), pod(d.remote_base())}), 30s);
+  auto theirs = regpool::unpack_blobs(all[0]);
   const auto peer = s.ep->insert_peer(theirs[0]);
   d.insert(theirs[2]);
 
@@ -343,8 +320,8 @@ double median(std::vector<double> v) {
 int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
   Stack s(o.provider);
   Direct d(s.domain->info(), kMaxSize * 2, s.ep->uses_delivery_complete());
-  auto all = boot.allgather(pack({s.ep->name(), {}, d.name(), {}}), 30s);
-  auto theirs = unpack(all[1]);
+  auto all = boot.allgather(regpool::pack_blobs({s.ep->name(), {}, d.name(), {}}), 30s);
+  auto theirs = regpool::unpack_blobs(all[1]);
   const auto peer = s.ep->insert_peer(theirs[0]);
   auto ref = regpool::RemoteRef::decode(theirs[1]);
   if (!ref) die("decode");

@@ -40,6 +40,13 @@ class Bootstrap {
   void barrier(std::chrono::milliseconds timeout) { (void)allgather({}, timeout); }
 };
 
+// Several blobs in one allgather contribution (an endpoint name plus a few
+// encoded remote references, say): (u32 little-endian length, bytes)*.
+std::vector<std::byte> pack_blobs(const std::vector<std::vector<std::byte>>& parts);
+// The inverse. Throws Error(Status::malformed) on truncated input, since
+// the bytes came from another process.
+std::vector<std::vector<std::byte>> unpack_blobs(std::span<const std::byte> packed);
+
 struct TcpBootstrapConfig {
   int rank = 0;
   int size = 1;

@@ -292,4 +292,30 @@ std::unique_ptr<Bootstrap> mpi_bootstrap() {
 }
 #endif
 
+std::vector<std::byte> pack_blobs(const std::vector<std::vector<std::byte>>& parts) {
+  std::vector<std::byte> out;
+  for (const auto& p : parts) {
+    if (p.size() > UINT32_MAX) throw Error(Status::invalid_argument, 0, "pack_blobs: blob larger than 4 GiB");
+    const auto n = static_cast<std::uint32_t>(p.size());
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<std::byte>(n >> (8 * i)));
+    out.insert(out.end(), p.begin(), p.end());
+  }
+  return out;
+}
+
+std::vector<std::vector<std::byte>> unpack_blobs(std::span<const std::byte> in) {
+  std::vector<std::vector<std::byte>> parts;
+  std::size_t pos = 0;
+  while (pos < in.size()) {
+    if (in.size() - pos < 4) throw Error(Status::malformed, 0, "unpack_blobs: truncated length");
+    std::uint32_t n = 0;
+    for (int i = 0; i < 4; ++i) n |= std::uint32_t{std::to_integer<std::uint8_t>(in[pos + static_cast<std::size_t>(i)])} << (8 * i);
+    pos += 4;
+    if (in.size() - pos < n) throw Error(Status::malformed, 0, "unpack_blobs: truncated blob");
+    parts.emplace_back(in.begin() + static_cast<std::ptrdiff_t>(pos), in.begin() + static_cast<std::ptrdiff_t>(pos + n));
+    pos += n;
+  }
+  return parts;
+}
+
 }  // namespace regpool

@@ -103,3 +103,19 @@ TEST_CASE("mpi bootstrap is reported honestly", "[unit]") {
     SUCCEED("built with MPI; exercised under mpirun only");
   }
 }
+
+TEST_CASE("several blobs travel in one contribution", "[unit]") {
+  const std::vector<std::vector<std::byte>> parts = {
+      {std::byte{1}, std::byte{2}}, {}, std::vector<std::byte>(300, std::byte{7})};
+  const auto packed = regpool::pack_blobs(parts);
+  CHECK(packed.size() == 3 * 4 + 2 + 300);
+  CHECK(packed[0] == std::byte{2});  // little-endian length
+  CHECK(regpool::unpack_blobs(packed) == parts);
+  CHECK(regpool::unpack_blobs({}).empty());
+  // Bytes from another process may be cut short anywhere.
+  for (std::size_t cut = 1; cut < packed.size(); ++cut) {
+    if (cut == 6 || cut == 10) continue;  // blob boundaries: a valid shorter list
+    CHECK_THROWS_AS(regpool::unpack_blobs(std::span<const std::byte>(packed.data(), cut)), regpool::Error);
+  }
+  CHECK(regpool::unpack_blobs(std::span<const std::byte>(packed.data(), 10)).size() == 2);
+}

@@ -30,31 +30,6 @@ regpool::EndpointConfig target_config() {
   return c;
 }
 
-// Packs blobs as (u32 length, bytes)* so one bootstrap round can carry a
-// name and several references.
-std::vector<std::byte> pack(const std::vector<std::vector<std::byte>>& parts) {
-  std::vector<std::byte> out;
-  for (const auto& p : parts) {
-    const auto n = static_cast<std::uint32_t>(p.size());
-    const auto* l = reinterpret_cast<const std::byte*>(&n);
-    out.insert(out.end(), l, l + 4);
-    out.insert(out.end(), p.begin(), p.end());
-  }
-  return out;
-}
-std::vector<std::vector<std::byte>> unpack(const std::vector<std::byte>& in) {
-  std::vector<std::vector<std::byte>> parts;
-  std::size_t pos = 0;
-  while (pos + 4 <= in.size()) {
-    std::uint32_t n = 0;
-    std::memcpy(&n, in.data() + pos, 4);
-    pos += 4;
-    if (in.size() - pos < n) break;
-    parts.emplace_back(in.begin() + static_cast<std::ptrdiff_t>(pos), in.begin() + static_cast<std::ptrdiff_t>(pos + n));
-    pos += n;
-  }
-  return parts;
-}
 
 std::vector<std::byte> encoded(const Exposure& e) {
   auto a = e.encode();
@@ -95,7 +70,7 @@ TEST_CASE("put and get move exact bytes, 1 B to 64 MiB, at unaligned offsets", "
         auto b = rpt::child_bootstrap(port);
         rpt::Stack s(prov);
         auto all = b->allgather(s.ep->name(), 20s);
-        auto parts = unpack(all[0]);
+        auto parts = regpool::unpack_blobs(all[0]);
         const auto peer = s.ep->insert_peer(parts[0]);
         const RemoteRef ref = decode_or_die(parts[1]);
         auto src = s.alloc((64u << 20) + kSlack);
@@ -128,7 +103,7 @@ TEST_CASE("put and get move exact bytes, 1 B to 64 MiB, at unaligned offsets", "
   auto whole = rpt::slice_or_die(Slice::data(target));
   auto exposure = s.ep->expose(whole, RemoteAccess::read_write);
   REQUIRE(exposure.ok());
-  auto all = boot->allgather(pack({s.ep->name(), encoded(*exposure)}), 20s);
+  auto all = boot->allgather(regpool::pack_blobs({s.ep->name(), encoded(*exposure)}), 20s);
   for (std::uint64_t size : kSizes) {
     INFO("size " << size);
     auto m = rpt::from_bytes<Measure>(boot->allgather({}, 60s)[1]);
@@ -234,7 +209,7 @@ TEST_CASE("atomics under contention from two processes", "[fabric]") {
           auto b = rpt::child_bootstrap(port, rank, 3);
           rpt::Stack s(prov);
           auto all = b->allgather({}, 20s);
-          auto parts = unpack(all[0]);
+          auto parts = regpool::unpack_blobs(all[0]);
           const auto peer = s.ep->insert_peer(parts[0]);
           const RemoteRef ref = decode_or_die(parts[1]);
           b->barrier(20s);  // start together: real contention
@@ -271,7 +246,7 @@ TEST_CASE("atomics under contention from two processes", "[fabric]") {
   std::memset(obj.data().data(), 0x5a, 8);  // word 0: fixed sentinel
   auto exposure = s.ep->expose(rpt::slice_or_die(Slice::data(obj)), RemoteAccess::read_write);
   REQUIRE(exposure.ok());
-  (void)boot->allgather(pack({s.ep->name(), encoded(*exposure)}), 20s);
+  (void)boot->allgather(regpool::pack_blobs({s.ep->name(), encoded(*exposure)}), 20s);
   boot->barrier(20s);
   boot->barrier(60s);
   std::uint64_t counter = 0, sentinel = 0;

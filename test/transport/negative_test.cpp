@@ -26,29 +26,6 @@ regpool::EndpointConfig target_config() {
   return c;
 }
 
-std::vector<std::byte> pack(const std::vector<std::vector<std::byte>>& parts) {
-  std::vector<std::byte> out;
-  for (const auto& p : parts) {
-    const auto n = static_cast<std::uint32_t>(p.size());
-    const auto* l = reinterpret_cast<const std::byte*>(&n);
-    out.insert(out.end(), l, l + 4);
-    out.insert(out.end(), p.begin(), p.end());
-  }
-  return out;
-}
-std::vector<std::vector<std::byte>> unpack(const std::vector<std::byte>& in) {
-  std::vector<std::vector<std::byte>> parts;
-  std::size_t pos = 0;
-  while (pos + 4 <= in.size()) {
-    std::uint32_t n = 0;
-    std::memcpy(&n, in.data() + pos, 4);
-    pos += 4;
-    if (in.size() - pos < n) break;
-    parts.emplace_back(in.begin() + static_cast<std::ptrdiff_t>(pos), in.begin() + static_cast<std::ptrdiff_t>(pos + n));
-    pos += n;
-  }
-  return parts;
-}
 std::vector<std::byte> encoded(const regpool::Exposure& e) {
   auto a = e.encode();
   return {a.begin(), a.end()};
@@ -73,7 +50,7 @@ TEST_CASE("bounds and rights are enforced before the wire", "[fabric]") {
       [&]() -> int {
         auto b = rpt::child_bootstrap(port);
         rpt::Stack s(prov);
-        auto parts = unpack(b->allgather(s.ep->name(), 20s)[0]);
+        auto parts = regpool::unpack_blobs(b->allgather(s.ep->name(), 20s)[0]);
         const auto peer = s.ep->insert_peer(parts[0]);
         const RemoteRef rw = decode_or_die(parts[1]);
         const RemoteRef ro = decode_or_die(parts[2]);
@@ -163,7 +140,7 @@ TEST_CASE("bounds and rights are enforced before the wire", "[fabric]") {
   auto ro = s.ep->expose(rpt::slice_or_die(Slice::data(ro_obj)), RemoteAccess::read_only);
   REQUIRE(rw.ok());
   REQUIRE(ro.ok());
-  (void)boot->allgather(pack({s.ep->name(), encoded(*rw), encoded(*ro), rpt::pod_bytes(ro_hash)}), 20s);
+  (void)boot->allgather(regpool::pack_blobs({s.ep->name(), encoded(*rw), encoded(*ro), rpt::pod_bytes(ro_hash)}), 20s);
   auto written = rpt::from_bytes<std::uint64_t>(boot->allgather({}, 60s)[1]);
   CHECK(rpt::reap(kid, 30s) == 0);
   CHECK(rpt::hash(rw_obj.data()) == written);
@@ -191,7 +168,7 @@ TEST_CASE("an operation to a killed peer completes with an error in bounded time
         auto obj = s.alloc(1 << 20);
         auto e = s.ep->expose(rpt::slice_or_die(Slice::data(obj)), RemoteAccess::read_write);
         RPT_CHECK(e.ok());
-        (void)b->allgather(pack({s.ep->name(), encoded(*e)}), 20s);
+        (void)b->allgather(regpool::pack_blobs({s.ep->name(), encoded(*e)}), 20s);
         (void)b->allgather({}, 60s);  // killed while waiting here
         ::pause();
         return 0;
@@ -202,7 +179,7 @@ TEST_CASE("an operation to a killed peer completes with an error in bounded time
   ec.op_timeout = 3s;
   ec.post_timeout = 3s;
   rpt::Stack s(prov, ec);
-  auto parts = unpack(boot->allgather({}, 20s)[1]);
+  auto parts = regpool::unpack_blobs(boot->allgather({}, 20s)[1]);
   const auto peer = s.ep->insert_peer(parts[0]);
   const RemoteRef ref = decode_or_die(parts[1]);
   auto src = s.alloc(1 << 20);
@@ -241,7 +218,7 @@ TEST_CASE("dropping the LDO handle while its put is in flight is safe", "[fabric
       [&]() -> int {
         auto b = rpt::child_bootstrap(port);
         rpt::Stack s(prov);
-        auto parts = unpack(b->allgather(s.ep->name(), 20s)[0]);
+        auto parts = regpool::unpack_blobs(b->allgather(s.ep->name(), 20s)[0]);
         const auto peer = s.ep->insert_peer(parts[0]);
         const RemoteRef ref = decode_or_die(parts[1]);
         const auto live0 = s.pool->stats().live_objects;
@@ -275,7 +252,7 @@ TEST_CASE("dropping the LDO handle while its put is in flight is safe", "[fabric
   auto target = s.alloc(kSize);
   auto e = s.ep->expose(rpt::slice_or_die(Slice::data(target)), RemoteAccess::read_write);
   REQUIRE(e.ok());
-  (void)boot->allgather(pack({s.ep->name(), encoded(*e)}), 20s);
+  (void)boot->allgather(regpool::pack_blobs({s.ep->name(), encoded(*e)}), 20s);
   auto expect = rpt::from_bytes<std::uint64_t>(boot->allgather({}, 60s)[1]);
   CHECK(rpt::hash(target.data()) == expect);
   CHECK(rpt::reap(kid, 30s) == 0);
