@@ -127,6 +127,10 @@ void usage(std::FILE* to) {
       "  --plot FILE     log-log chart (cost against size, one line per method,\n"
       "                  one panel per domain) to FILE ending in .svg or .png; needs\n"
       "                  gnuplot; repeat for several files from one run\n"
+      "  --from-csv FILE measure nothing: read a run saved with --csv=FILE (e.g. one\n"
+      "                  made inside the Soft-RoCE guest, which has no gnuplot) and\n"
+      "                  print, convert or --plot it; sizes, reps and memory states\n"
+      "                  come from the file\n"
       "  --progress      progress line on stderr even when it is not a terminal\n"
       "  --no-progress   no progress line, even on a terminal (e.g. in the qemu guest,\n"
       "                  whose console merges stderr into the output)\n"
@@ -239,6 +243,9 @@ struct Options {
   std::vector<std::string> plot_files;
   bool progress = false;
   bool no_progress = false;
+  // Re-render a saved --csv run (e.g. one measured inside the qemu guest,
+  // which has no gnuplot) instead of measuring.
+  std::string from_csv;
 };
 
 // One cell: a summary over repetitions, or why there is none.
@@ -352,6 +359,8 @@ Options parse_args(int argc, char** argv, bool& help) {
       const std::string ext = dot == std::string::npos ? "" : f.substr(dot);
       if (ext != ".svg" && ext != ".png") throw UsageError("--plot: FILE must end in .svg or .png, got '" + f + "'");
       o.plot_files.push_back(f);
+    } else if (is_option(a, "--from-csv")) {
+      o.from_csv = option_value(argc, argv, i, "--from-csv");
     } else if (a == "--progress") {
       o.progress = true;
     } else if (a == "--no-progress") {
@@ -677,6 +686,102 @@ DomainResult measure_domain(const DomainSpec& spec, const Options& o, std::byte*
   return res;
 }
 
+// Reads what write_csv wrote. Throws std::runtime_error naming the line on
+// anything it does not understand: the file may come from another machine.
+std::vector<DomainResult> read_csv(const std::string& file, Options& o) {
+  std::ifstream in(file);
+  if (!in) throw std::runtime_error("cannot read " + file);
+  auto fields_of = [](const std::string& line) {
+    std::vector<std::string> f(1);
+    bool quoted = false;
+    for (std::size_t i = 0; i < line.size(); ++i) {
+      const char c = line[i];
+      if (quoted && c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        f.back() += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = !quoted;
+      } else if (c == ',' && !quoted) {
+        f.emplace_back();
+      } else {
+        f.back() += c;
+      }
+    }
+    return f;
+  };
+  std::vector<DomainResult> results;
+  std::vector<std::uint64_t> sizes;
+  std::vector<MemState> states;
+  std::string line;
+  std::size_t lineno = 0;
+  std::getline(in, line);
+  ++lineno;
+  if (line.rfind("domain,simulated,memory,size_bytes,method", 0) != 0)
+    throw std::runtime_error(file + ": not a regpool-regcost --csv file (header)");
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.empty()) continue;
+    const auto f = fields_of(line);
+    const std::string where = file + ":" + std::to_string(lineno);
+    if (f.size() != 13) throw std::runtime_error(where + ": expected 13 fields");
+    if (results.empty() || results.back().name != f[0]) {
+      DomainResult d;
+      d.name = d.spec = f[0];
+      d.kind = f[0].rfind("fabric:", 0) == 0 ? "fabric" : f[0].rfind("verbs:", 0) == 0 ? "verbs" : f[0];
+      d.simulated = f[1] == "1";
+      d.pins = !d.simulated;
+      d.opened = !f[2].empty();
+      d.error = d.opened ? "" : f[12];
+      d.note = d.simulated ? "registration is simulated (registers nothing)" : "read from " + file;
+      results.push_back(std::move(d));
+    }
+    DomainResult& d = results.back();
+    if (!d.opened) continue;
+    MemState st;
+    if (f[2] == kStateKey[kTouched]) st = kTouched;
+    else if (f[2] == kStateKey[kFresh]) st = kFresh;
+    else throw std::runtime_error(where + ": unknown memory state '" + f[2] + "'");
+    if (d.states.empty() || d.states.back().state != st) {
+      d.states.emplace_back();
+      d.states.back().state = st;
+      if (std::find(states.begin(), states.end(), st) == states.end()) states.push_back(st);
+    }
+    StateResult& sr = d.states.back();
+    const std::uint64_t size = std::stoull(f[3]);
+    if (sr.rows.empty() || sr.rows.back().size != size) {
+      sr.rows.emplace_back();
+      sr.rows.back().size = size;
+      if (std::find(sizes.begin(), sizes.end(), size) == sizes.end()) sizes.push_back(size);
+    }
+    int m = 0;
+    while (m < kMethodCount && f[4] != kMethodKey[static_cast<std::size_t>(m)]) ++m;
+    if (m == kMethodCount) throw std::runtime_error(where + ": unknown method '" + f[4] + "'");
+    Cell& c = sr.rows.back().cells[static_cast<std::size_t>(m)];
+    if (f[5].empty()) {
+      c.error = f[12];
+    } else {
+      c.ok = true;
+      c.s.median = std::stod(f[5]);
+      c.s.q1 = std::stod(f[6]);
+      c.s.q3 = std::stod(f[7]);
+      c.s.min = std::stod(f[8]);
+      c.s.max = std::stod(f[9]);
+      c.s.n = std::stoull(f[10]);
+      o.reps = static_cast<int>(c.s.n);
+    }
+  }
+  if (sizes.empty()) throw std::runtime_error(file + ": no measurements");
+  for (auto& d : results)
+    for (auto& sr : d.states) {
+      sr.crossover = crossover(sr.rows, kRegDereg);
+      sr.crossover_register_only = crossover(sr.rows, kReg);
+    }
+  std::sort(sizes.begin(), sizes.end());
+  o.sizes = sizes;
+  o.states = states;
+  return results;
+}
+
 // ------------------------------------------------------------------ output
 
 // Fixed-point with precision by magnitude: microseconds from 0.06 to 10^6
@@ -976,6 +1081,40 @@ bool write_to_file(const std::string& file, const std::function<void(std::ostrea
   return static_cast<bool>(f);
 }
 
+// Prints (table, --csv or --json), writes the requested files and plots.
+int emit(const Options& o, const std::vector<DomainResult>& results) {
+  std::string gnuplot;
+  if (!o.plot_files.empty()) {
+    gnuplot = find_gnuplot();
+    if (gnuplot.empty()) {
+      std::fprintf(stderr, "regpool-regcost: --plot needs gnuplot, which is not in PATH (Debian: apt-get install "
+                           "gnuplot-nox)\n");
+      return 1;
+    }
+  }
+  int rc = 0;
+  if (o.json) {
+    write_json(std::cout, o, results);
+  } else if (o.csv) {
+    write_csv(std::cout, results);
+  } else {
+    print_table(std::cout, o, results);
+  }
+  std::cout.flush();
+  if (!o.json_file.empty() && !write_to_file(o.json_file, [&](std::ostream& f) { write_json(f, o, results); })) {
+    std::fprintf(stderr, "regpool-regcost: cannot write %s\n", o.json_file.c_str());
+    rc = 1;
+  }
+  if (!o.csv_file.empty() && !write_to_file(o.csv_file, [&](std::ostream& f) { write_csv(f, results); })) {
+    std::fprintf(stderr, "regpool-regcost: cannot write %s\n", o.csv_file.c_str());
+    rc = 1;
+  }
+  for (const auto& file : o.plot_files) {
+    if (render_plot(o, results, gnuplot, file) != 0) rc = 1;
+  }
+  return rc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -992,6 +1131,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "Try 'regpool-regcost --help'.\n");
     return regpool_tools::kExitUsage;
   }
+  if (!o.from_csv.empty()) {
+    std::vector<DomainResult> results;
+    try {
+      results = read_csv(o.from_csv, o);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "regpool-regcost: --from-csv: %s\n", e.what());
+      return 1;
+    }
+    return emit(o, results);
+  }
   const std::uint64_t need = memory_needed(o);
   const std::uint64_t avail = mem_available();
   if (avail != 0 && need > avail) {
@@ -1002,11 +1151,9 @@ int main(int argc, char** argv) {
                  format_size(avail >> 20 << 20).c_str());
     return regpool_tools::kExitUsage;
   }
-  std::string gnuplot;
   if (!o.plot_files.empty()) {
     // Fail before measuring, not after minutes of it.
-    gnuplot = find_gnuplot();
-    if (gnuplot.empty()) {
+    if (find_gnuplot().empty()) {
       std::fprintf(stderr,
                    "regpool-regcost: --plot needs gnuplot, which is not in PATH (Debian: apt-get install "
                    "gnuplot-nox); rerun without --plot for the table, --csv or --json\n");
@@ -1031,25 +1178,5 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  int rc = 0;
-  if (o.json) {
-    write_json(std::cout, o, results);
-  } else if (o.csv) {
-    write_csv(std::cout, results);
-  } else {
-    print_table(std::cout, o, results);
-  }
-  std::cout.flush();
-  if (!o.json_file.empty() && !write_to_file(o.json_file, [&](std::ostream& f) { write_json(f, o, results); })) {
-    std::fprintf(stderr, "regpool-regcost: cannot write %s\n", o.json_file.c_str());
-    rc = 1;
-  }
-  if (!o.csv_file.empty() && !write_to_file(o.csv_file, [&](std::ostream& f) { write_csv(f, results); })) {
-    std::fprintf(stderr, "regpool-regcost: cannot write %s\n", o.csv_file.c_str());
-    rc = 1;
-  }
-  for (const auto& file : o.plot_files) {
-    if (render_plot(o, results, gnuplot, file) != 0) rc = 1;
-  }
-  return rc;
+  return emit(o, results);
 }

@@ -134,6 +134,20 @@ def mode_regcost(tool, readme):
     check(lines[0].startswith("domain,simulated,memory,size_bytes,method,median_us"), "CSV header")
     check(len(lines) == 1 + 3 * 5, f"CSV rows (got {len(lines) - 1})")
     check(all(l.split(",")[1] == "1" for l in lines[1:]), "CSV flags shm simulated")
+    # A saved CSV renders again without measuring (the guest has no gnuplot).
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = os.path.join(tmp, "run.csv")
+        with open(saved, "w", encoding="utf-8") as f:
+            f.write(out)
+        rc, again, err = run([tool, "--from-csv", saved, "--json"])
+        check(rc == 0, f"regcost --from-csv exits 0 ({err})")
+        doc = json.loads(again)
+        check(doc["domains"][0]["simulated"] is True, "--from-csv keeps the simulated flag")
+        check("crossover_bytes" in doc["domains"][0]["memory"][0], "--from-csv recomputes the crossover")
+        with open(saved, "w", encoding="utf-8") as f:
+            f.write(out.splitlines()[0] + "\n\"x\",0,touched,4096,teleport,1,1,1,1,1,2,,\n")
+        rc, _, err = run([tool, "--from-csv", saved])
+        check(rc == 1 and "teleport" in err, f"--from-csv names a bad line (got {rc}: {err})")
     # Table.
     rc, out, _ = run(base + ["--domain", "shm", "--memory", "fresh"])
     check(rc == 0 and "crossover" in out and "SIMULATED" in out and "fresh" in out, "regcost table")
@@ -185,7 +199,7 @@ BAD_ARGS = {
     "regpool-regcost": [["--bogus"], ["--min", "0"], ["--sizes", "4X"], ["--reps", "0"], ["--reps", "abc"],
                         ["--domain", "nosuch"], ["--plot", "out.pdf"], ["--min", "1M", "--max", "4K"],
                         ["--csv", "--json"], ["--memory", "lukewarm"], ["--sizes", "4K", "--min", "4K"],
-                        ["--max"], ["--max", "100T"]],
+                        ["--max"], ["--max", "100T"], ["--from-csv"]],
     "regpool-perf": [[], ["--bogus"], ["--server", "--client", "x"], ["--loopback", "--ops", "fly"],
                      ["--loopback", "--iters", "-1"], ["--server", "--sizes", "8"],
                      ["--client", "host:99999"], ["--loopback", "--window", "0"], ["--loopback", "--sizes", "0"],
