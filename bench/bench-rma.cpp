@@ -63,6 +63,12 @@ struct Options {
   bool json = false;
   int reps = 5;
   bool smoke = false;
+  // Split mode: the initiator waits on `port` for a target started
+  // separately (--target HOST:PORT), e.g. under another user, in another
+  // container or pinned to another core, instead of forking one.
+  bool no_fork = false;
+  std::uint16_t port = 0;
+  std::string target_host;  // non-empty: run only the target side
 };
 
 // --------------------------------------------------------------- direct
@@ -228,10 +234,11 @@ T unpod(const std::vector<std::byte>& b) {
 
 // --------------------------------------------------------------- target
 
-int run_target(const Options& o, std::uint16_t port) {
+int run_target(const Options& o, const std::string& host, std::uint16_t port) {
   regpool::TcpBootstrapConfig bc;
   bc.rank = 1;
   bc.size = 2;
+  bc.host = host;
   bc.port = port;
   regpool::TcpBootstrap boot(bc);
   Stack s(o.provider);
@@ -476,7 +483,12 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
-      std::printf("usage: bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke]\n");
+      std::printf(
+          "usage: bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke]\n"
+          "                 [--no-fork [--port P] | --target HOST:PORT]\n"
+          "  By default the target side is forked. --no-fork waits on port P (0: any,\n"
+          "  printed on stderr) for a target started as 'bench-rma --target HOST:PORT'\n"
+          "  with the same --provider/--reps/--smoke.\n");
       return 0;
     }
     if (a == "--provider" && i + 1 < argc) {
@@ -486,6 +498,25 @@ int main(int argc, char** argv) {
     } else if (a == "--smoke") {
       o.smoke = true;
       o.reps = 1;
+    } else if (a == "--no-fork") {
+      o.no_fork = true;
+    } else if (a == "--port" && i + 1 < argc) {
+      const long p = std::strtol(argv[++i], nullptr, 10);
+      if (p < 0 || p > 65535) {
+        std::fprintf(stderr, "bench-rma: --port needs 0..65535\n");
+        return 2;
+      }
+      o.port = static_cast<std::uint16_t>(p);
+    } else if (a == "--target" && i + 1 < argc) {
+      const std::string t = argv[++i];
+      const auto colon = t.rfind(':');
+      const long p = colon == std::string::npos ? 0 : std::strtol(t.c_str() + colon + 1, nullptr, 10);
+      if (colon == std::string::npos || colon == 0 || p <= 0 || p > 65535) {
+        std::fprintf(stderr, "bench-rma: --target needs HOST:PORT, got '%s'\n", t.c_str());
+        return 2;
+      }
+      o.target_host = t.substr(0, colon);
+      o.port = static_cast<std::uint16_t>(p);
     } else if (a == "--reps" && i + 1 < argc) {
       o.reps = std::atoi(argv[++i]);
       if (o.reps < 1) {
@@ -497,20 +528,40 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (o.no_fork && !o.target_host.empty()) {
+    std::fprintf(stderr, "bench-rma: --no-fork (initiator) and --target (target) exclude each other\n");
+    return 2;
+  }
   ::setenv("FI_TCP_IFACE", "lo", 0);
+  if (!o.target_host.empty()) {
+    try {
+      return run_target(o, o.target_host, o.port);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench-rma target: %s\n", e.what());
+      return 1;
+    }
+  }
   try {
     regpool::TcpBootstrapConfig bc;
     bc.rank = 0;
     bc.size = 2;
+    bc.port = o.port;
+    if (o.no_fork) bc.connect_timeout = std::chrono::milliseconds(120000);
     regpool::TcpBootstrap boot(bc);
     const auto port = boot.port();
+    if (o.no_fork) {
+      std::fprintf(stderr, "bench-rma: waiting for a target on port %u (bench-rma --target 127.0.0.1:%u)\n",
+                   static_cast<unsigned>(port), static_cast<unsigned>(port));
+      std::fflush(nullptr);
+      return run_initiator(o, boot);
+    }
     std::fflush(nullptr);
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::alarm(o.smoke ? 90 : 300);  // a hung initiator must not leave the target behind
       int rc = 1;
       try {
-        rc = run_target(o, port);
+        rc = run_target(o, "127.0.0.1", port);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "bench-rma target: %s\n", e.what());
       }
