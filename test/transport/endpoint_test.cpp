@@ -31,16 +31,7 @@ regpool::EndpointConfig target_config() {
 }
 
 
-std::vector<std::byte> encoded(const Exposure& e) {
-  auto a = e.encode();
-  return {a.begin(), a.end()};
-}
 
-RemoteRef decode_or_die(const std::vector<std::byte>& b) {
-  auto r = RemoteRef::decode(b);
-  if (!r) throw regpool::Error(r.status(), 0, "test: decode");
-  return *r;
-}
 
 struct Measure {
   std::uint64_t size;
@@ -72,7 +63,7 @@ TEST_CASE("put and get move exact bytes, 1 B to 64 MiB, at unaligned offsets", "
         auto all = b->allgather(s.ep->name(), 20s);
         auto parts = regpool::unpack_blobs(all[0]);
         const auto peer = s.ep->insert_peer(parts[0]);
-        const RemoteRef ref = decode_or_die(parts[1]);
+        const RemoteRef ref = rpt::decode_or_die(parts[1]);
         auto src = s.alloc((64u << 20) + kSlack);
         for (std::uint64_t size : kSizes) {
           // put: local bytes at offset 3, remote offset 5 + size % 7
@@ -103,7 +94,7 @@ TEST_CASE("put and get move exact bytes, 1 B to 64 MiB, at unaligned offsets", "
   auto whole = rpt::slice_or_die(Slice::data(target));
   auto exposure = s.ep->expose(whole, RemoteAccess::read_write);
   REQUIRE(exposure.ok());
-  auto all = boot->allgather(regpool::pack_blobs({s.ep->name(), encoded(*exposure)}), 20s);
+  auto all = boot->allgather(regpool::pack_blobs({s.ep->name(), rpt::encoded(*exposure)}), 20s);
   for (std::uint64_t size : kSizes) {
     INFO("size " << size);
     auto m = rpt::from_bytes<Measure>(boot->allgather({}, 60s)[1]);
@@ -211,7 +202,7 @@ TEST_CASE("atomics under contention from two processes", "[fabric]") {
           auto all = b->allgather({}, 20s);
           auto parts = regpool::unpack_blobs(all[0]);
           const auto peer = s.ep->insert_peer(parts[0]);
-          const RemoteRef ref = decode_or_die(parts[1]);
+          const RemoteRef ref = rpt::decode_or_die(parts[1]);
           b->barrier(20s);  // start together: real contention
           std::uint64_t last = 0;
           bool first = true;
@@ -246,7 +237,7 @@ TEST_CASE("atomics under contention from two processes", "[fabric]") {
   std::memset(obj.data().data(), 0x5a, 8);  // word 0: fixed sentinel
   auto exposure = s.ep->expose(rpt::slice_or_die(Slice::data(obj)), RemoteAccess::read_write);
   REQUIRE(exposure.ok());
-  (void)boot->allgather(regpool::pack_blobs({s.ep->name(), encoded(*exposure)}), 20s);
+  (void)boot->allgather(regpool::pack_blobs({s.ep->name(), rpt::encoded(*exposure)}), 20s);
   boot->barrier(20s);
   boot->barrier(60s);
   std::uint64_t counter = 0, sentinel = 0;

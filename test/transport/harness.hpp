@@ -261,4 +261,16 @@ inline regpool::Completion wait_ok(regpool::Endpoint& ep, regpool::Result<regpoo
   return ep.wait(*t, bound);
 }
 
+// An exposure's remote reference as the bytes a peer receives.
+inline std::vector<std::byte> encoded(const regpool::Exposure& e) {
+  auto a = e.encode();
+  return {a.begin(), a.end()};
+}
+// Decoding bytes this test itself produced: failure is a test bug.
+inline regpool::RemoteRef decode_or_die(std::span<const std::byte> b) {
+  auto r = regpool::RemoteRef::decode(b);
+  if (!r) throw regpool::Error(r.status(), 0, "test: decode");
+  return *r;
+}
+
 }  // namespace rpt

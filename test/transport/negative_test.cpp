@@ -26,15 +26,6 @@ regpool::EndpointConfig target_config() {
   return c;
 }
 
-std::vector<std::byte> encoded(const regpool::Exposure& e) {
-  auto a = e.encode();
-  return {a.begin(), a.end()};
-}
-RemoteRef decode_or_die(const std::vector<std::byte>& b) {
-  auto r = RemoteRef::decode(b);
-  if (!r) throw regpool::Error(r.status(), 0, "test: decode");
-  return *r;
-}
 
 constexpr std::uint64_t kObj = 4096;
 
@@ -52,8 +43,8 @@ TEST_CASE("bounds and rights are enforced before the wire", "[fabric]") {
         rpt::Stack s(prov);
         auto parts = regpool::unpack_blobs(b->allgather(s.ep->name(), 20s)[0]);
         const auto peer = s.ep->insert_peer(parts[0]);
-        const RemoteRef rw = decode_or_die(parts[1]);
-        const RemoteRef ro = decode_or_die(parts[2]);
+        const RemoteRef rw = rpt::decode_or_die(parts[1]);
+        const RemoteRef ro = rpt::decode_or_die(parts[2]);
         const std::uint64_t ro_hash = rpt::from_bytes<std::uint64_t>(parts[3]);
         auto src = s.alloc(kObj);
         rpt::fill(src.data(), 77);
@@ -140,7 +131,7 @@ TEST_CASE("bounds and rights are enforced before the wire", "[fabric]") {
   auto ro = s.ep->expose(rpt::slice_or_die(Slice::data(ro_obj)), RemoteAccess::read_only);
   REQUIRE(rw.ok());
   REQUIRE(ro.ok());
-  (void)boot->allgather(regpool::pack_blobs({s.ep->name(), encoded(*rw), encoded(*ro), rpt::pod_bytes(ro_hash)}), 20s);
+  (void)boot->allgather(regpool::pack_blobs({s.ep->name(), rpt::encoded(*rw), rpt::encoded(*ro), rpt::pod_bytes(ro_hash)}), 20s);
   auto written = rpt::from_bytes<std::uint64_t>(boot->allgather({}, 60s)[1]);
   CHECK(rpt::reap(kid, 30s) == 0);
   CHECK(rpt::hash(rw_obj.data()) == written);
@@ -168,7 +159,7 @@ TEST_CASE("an operation to a killed peer completes with an error in bounded time
         auto obj = s.alloc(1 << 20);
         auto e = s.ep->expose(rpt::slice_or_die(Slice::data(obj)), RemoteAccess::read_write);
         RPT_CHECK(e.ok());
-        (void)b->allgather(regpool::pack_blobs({s.ep->name(), encoded(*e)}), 20s);
+        (void)b->allgather(regpool::pack_blobs({s.ep->name(), rpt::encoded(*e)}), 20s);
         (void)b->allgather({}, 60s);  // killed while waiting here
         ::pause();
         return 0;
@@ -181,7 +172,7 @@ TEST_CASE("an operation to a killed peer completes with an error in bounded time
   rpt::Stack s(prov, ec);
   auto parts = regpool::unpack_blobs(boot->allgather({}, 20s)[1]);
   const auto peer = s.ep->insert_peer(parts[0]);
-  const RemoteRef ref = decode_or_die(parts[1]);
+  const RemoteRef ref = rpt::decode_or_die(parts[1]);
   auto src = s.alloc(1 << 20);
   auto slice = rpt::slice_or_die(Slice::data(src));
   REQUIRE(rpt::wait_ok(*s.ep, s.ep->put(slice, peer, ref, 0)).status == Status::ok);
@@ -220,7 +211,7 @@ TEST_CASE("dropping the LDO handle while its put is in flight is safe", "[fabric
         rpt::Stack s(prov);
         auto parts = regpool::unpack_blobs(b->allgather(s.ep->name(), 20s)[0]);
         const auto peer = s.ep->insert_peer(parts[0]);
-        const RemoteRef ref = decode_or_die(parts[1]);
+        const RemoteRef ref = rpt::decode_or_die(parts[1]);
         const auto live0 = s.pool->stats().live_objects;
         regpool::Token token;
         std::uint64_t expect = 0;
@@ -252,7 +243,7 @@ TEST_CASE("dropping the LDO handle while its put is in flight is safe", "[fabric
   auto target = s.alloc(kSize);
   auto e = s.ep->expose(rpt::slice_or_die(Slice::data(target)), RemoteAccess::read_write);
   REQUIRE(e.ok());
-  (void)boot->allgather(regpool::pack_blobs({s.ep->name(), encoded(*e)}), 20s);
+  (void)boot->allgather(regpool::pack_blobs({s.ep->name(), rpt::encoded(*e)}), 20s);
   auto expect = rpt::from_bytes<std::uint64_t>(boot->allgather({}, 60s)[1]);
   CHECK(rpt::hash(target.data()) == expect);
   CHECK(rpt::reap(kid, 30s) == 0);

@@ -27,15 +27,6 @@ regpool::EndpointConfig cfg() {
   return c;
 }
 
-std::vector<std::byte> ref_bytes(const regpool::Exposure& e) {
-  auto a = e.encode();
-  return {a.begin(), a.end()};
-}
-RemoteRef decode_or_die(const std::vector<std::byte>& b) {
-  auto r = RemoteRef::decode(b);
-  if (!r) throw regpool::Error(r.status(), 0, "test: decode");
-  return *r;
-}
 
 constexpr std::uint64_t kObj = 4096;
 constexpr std::uint64_t kWinOff = 1024, kWinLen = 256;  // window W over data bytes [1024, 1280)
@@ -69,8 +60,8 @@ TEST_CASE("memory windows and sub-registrations: scoped, revocable, memory untou
         auto names = b->allgather(s.ep->name(), 20s);
         const auto peer = s.ep->insert_peer(names[0]);
         auto refs = b->allgather({}, 30s)[0];
-        const RemoteRef w = decode_or_die({refs.begin(), refs.begin() + 64});
-        const RemoteRef sub = decode_or_die({refs.begin() + 64, refs.end()});
+        const RemoteRef w = rpt::decode_or_die({refs.begin(), refs.begin() + 64});
+        const RemoteRef sub = rpt::decode_or_die({refs.begin() + 64, refs.end()});
         RPT_CHECK(w.length == kWinLen && sub.length == kSubLen);
         auto src = s.alloc(kObj);
         auto sixteen = rpt::slice_or_die(Slice::data(src, 0, 16));
@@ -117,7 +108,7 @@ TEST_CASE("memory windows and sub-registrations: scoped, revocable, memory untou
 
         // A new window over the same bytes: new key; the old key stays dead.
         auto w2b = b->allgather({}, 30s)[0];
-        const RemoteRef w2 = decode_or_die(w2b);
+        const RemoteRef w2 = rpt::decode_or_die(w2b);
         RPT_CHECK(w2.key != w.key);
         auto other = rpt::slice_or_die(Slice::data(src, 128, 16));
         rpt::fill(other.bytes(), 66);
@@ -141,7 +132,7 @@ TEST_CASE("memory windows and sub-registrations: scoped, revocable, memory untou
   auto sub = s.ep->expose(rpt::slice_or_die(Slice::data(obj, kSubOff, kSubLen)), RemoteAccess::read_write);
   REQUIRE(sub.ok());
   CHECK(w->ref().key != sub->ref().key);
-  auto wb = ref_bytes(*w), sb = ref_bytes(*sub);
+  auto wb = rpt::encoded(*w), sb = rpt::encoded(*sub);
   wb.insert(wb.end(), sb.begin(), sb.end());
   (void)boot->allgather(wb, 30s);
 
@@ -186,7 +177,7 @@ TEST_CASE("memory windows and sub-registrations: scoped, revocable, memory untou
   }
   INFO("re-expose status: " << regpool::to_string(w2.status()));
   REQUIRE(w2.ok());
-  (void)boot->allgather(ref_bytes(*w2), 30s);
+  (void)boot->allgather(rpt::encoded(*w2), 30s);
   (void)boot->allgather({}, 60s);  // phase 3 done
   std::vector<std::byte> put16(16);
   rpt::fill(put16, 66);
