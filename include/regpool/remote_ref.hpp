@@ -29,6 +29,13 @@ enum class RemoteAccess : std::uint8_t {
   read_write = 2,  // get, put, fetch_add, compare_swap
 };
 
+// The registration rights an export with `access` needs: atomics come with
+// read-write, as the enum says.
+constexpr Access registration_access(RemoteAccess access) noexcept {
+  return access == RemoteAccess::read_write ? (Access::remote_read | Access::remote_write | Access::remote_atomic)
+                                            : Access::remote_read;
+}
+
 enum class Backend : std::uint8_t { fabric = 1, verbs = 2 };
 
 // A plain value: copy it freely, share const instances between threads.

@@ -734,9 +734,7 @@ void FabricEndpoint::do_cancel(const OpDesc& op) noexcept {
 // ------------------------------------------------------------ exposures
 
 Result<ExposureInfo> FabricEndpoint::do_expose(const Slice& slice, RemoteAccess access) noexcept {
-  const Access rights = access == RemoteAccess::read_write
-                            ? (Access::remote_read | Access::remote_write | Access::remote_atomic)
-                            : Access::remote_read;
+  const Access rights = registration_access(access);
   // A registration of exactly the slice: its key grants nothing else of the
   // arena (on providers that check keys), and closing it revokes it.
   auto reg = domain_->try_register(slice.address(), static_cast<std::size_t>(slice.length()), rights);

@@ -155,6 +155,15 @@ struct VerbsEndpoint::Impl {
   std::vector<SlotState> slots;
   std::vector<Conn> conns;
   std::vector<Exposed> exposed;
+
+  // A free (or new) entry of `exposed`, reset. May throw bad_alloc.
+  std::size_t claim_exposure_slot() {
+    std::size_t slot = 0;
+    while (slot < exposed.size() && exposed[slot].live) ++slot;
+    if (slot == exposed.size()) exposed.emplace_back();
+    exposed[slot] = Exposed{};
+    return slot;
+  }
   // Control buffers: kCtrlRecvs receive slots, then kCtrlSends send slots;
   // plus one word per op slot for atomic results.
   std::vector<std::byte> ctrl;
@@ -964,24 +973,14 @@ void VerbsEndpoint::do_cancel(const OpDesc& /*op*/) noexcept {
 
 Result<ExposureInfo> VerbsEndpoint::do_expose(const Slice& slice, RemoteAccess access) noexcept {
   Impl& m = *impl_;
-  const Access rights = access == RemoteAccess::read_write
-                            ? (Access::remote_read | Access::remote_write | Access::remote_atomic)
-                            : Access::remote_read;
+  const Access rights = registration_access(access);
   // A registration of exactly the slice: its rkey grants that slice with
   // those rights and nothing else, to any peer; deregistering revokes it.
   auto reg = domain_->try_register(slice.address(), static_cast<std::size_t>(slice.length()), rights);
   if (!reg) return reg.status();
   try {
-    std::size_t slot = m.exposed.size();
-    for (std::size_t i = 0; i < m.exposed.size(); ++i) {
-      if (!m.exposed[i].live) {
-        slot = i;
-        break;
-      }
-    }
-    if (slot == m.exposed.size()) m.exposed.emplace_back();
+    const std::size_t slot = m.claim_exposure_slot();
     Exposed& x = m.exposed[slot];
-    x = Exposed{};
     x.registration = std::move(*reg);
     x.live = true;
     ExposureInfo info;
@@ -1076,16 +1075,8 @@ Result<ExposureInfo> VerbsEndpoint::do_expose_to(const Slice& slice, RemoteAcces
     return m.conns[ci].state == Conn::State::connected ? Status::access_denied : Status::peer_unreachable;
   }
   try {
-    std::size_t slot = m.exposed.size();
-    for (std::size_t i = 0; i < m.exposed.size(); ++i) {
-      if (!m.exposed[i].live) {
-        slot = i;
-        break;
-      }
-    }
-    if (slot == m.exposed.size()) m.exposed.emplace_back();
+    const std::size_t slot = m.claim_exposure_slot();
     Exposed& x = m.exposed[slot];
-    x = Exposed{};
     x.live = true;
     x.window = true;
     x.registration = std::move(backing);
