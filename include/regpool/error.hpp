@@ -53,39 +53,78 @@ class Error : public std::runtime_error {
   int provider_code_;
 };
 
-// A value or a Status. Deliberately tiny (no std::expected in C++20): the
-// data path returns it, so it must never allocate or throw.
+namespace detail {
+// Storage and lifetime of Result<T>. Two specialisations instead of
+// `~Result() requires ... = default`, which clang < 16 (Debian 12 ships 14)
+// rejects: for trivially copyable T the whole Result stays trivially
+// copyable, so returning one is a register move, not a call.
+template <class T, bool Trivial = std::is_trivially_copyable_v<T> && std::is_trivially_destructible_v<T>>
+class ResultStorage {
+ protected:
+  ResultStorage() noexcept = default;
+
+  bool has_value() const noexcept { return status_ == Status::ok; }
+  T* ptr() noexcept { return std::launder(reinterpret_cast<T*>(&storage_)); }
+  const T* ptr() const noexcept { return std::launder(reinterpret_cast<const T*>(&storage_)); }
+
+  Status status_ = Status::invalid_argument;
+  alignas(T) unsigned char storage_[sizeof(T)];
+};
+
 template <class T>
-class [[nodiscard]] Result {
- public:
-  Result(T value) noexcept(std::is_nothrow_move_constructible_v<T>)  // NOLINT: implicit by design
-      : status_(Status::ok) {
-    new (&storage_) T(std::move(value));
+class ResultStorage<T, false> {
+ protected:
+  ResultStorage() noexcept = default;
+  ResultStorage(ResultStorage&& o) noexcept(std::is_nothrow_move_constructible_v<T>) : status_(o.status_) {
+    if (has_value()) new (&storage_) T(std::move(*o.ptr()));
   }
-  Result(Status status) noexcept : status_(status) {  // NOLINT: implicit by design
-    if (status == Status::ok) std::abort();  // an ok Result must carry a value
-  }
-  Result(Result&& o) noexcept requires std::is_trivially_copyable_v<T> = default;
-  Result& operator=(Result&& o) noexcept requires std::is_trivially_copyable_v<T> = default;
-  ~Result() requires std::is_trivially_destructible_v<T> = default;
-  Result(Result&& o) noexcept(std::is_nothrow_move_constructible_v<T>) : status_(o.status_) {
-    if (ok()) new (&storage_) T(std::move(*o.ptr()));
-  }
-  Result& operator=(Result&& o) noexcept(std::is_nothrow_move_constructible_v<T>) {
+  ResultStorage& operator=(ResultStorage&& o) noexcept(std::is_nothrow_move_constructible_v<T>) {
     if (this != &o) {
       reset();
       status_ = o.status_;
-      if (ok()) new (&storage_) T(std::move(*o.ptr()));
+      if (has_value()) new (&storage_) T(std::move(*o.ptr()));
     }
     return *this;
   }
+  ~ResultStorage() { reset(); }
+
+  bool has_value() const noexcept { return status_ == Status::ok; }
+  void reset() noexcept {
+    if (has_value()) ptr()->~T();
+  }
+  T* ptr() noexcept { return std::launder(reinterpret_cast<T*>(&storage_)); }
+  const T* ptr() const noexcept { return std::launder(reinterpret_cast<const T*>(&storage_)); }
+
+  Status status_ = Status::invalid_argument;
+  alignas(T) unsigned char storage_[sizeof(T)];
+};
+}  // namespace detail
+
+// A value or a Status. Deliberately tiny (no std::expected in C++20): the
+// data path returns it, so it must never allocate or throw.
+template <class T>
+class [[nodiscard]] Result : private detail::ResultStorage<T> {
+  using Base = detail::ResultStorage<T>;
+  using Base::ptr;
+
+ public:
+  Result(T value) noexcept(std::is_nothrow_move_constructible_v<T>) {  // NOLINT: implicit by design
+    this->status_ = Status::ok;
+    new (&this->storage_) T(std::move(value));
+  }
+  Result(Status status) noexcept {  // NOLINT: implicit by design
+    if (status == Status::ok) std::abort();  // an ok Result must carry a value
+    this->status_ = status;
+  }
+  Result(Result&&) = default;
+  Result& operator=(Result&&) = default;
   Result(const Result&) = delete;
   Result& operator=(const Result&) = delete;
-  ~Result() { reset(); }
+  ~Result() = default;
 
-  bool ok() const noexcept { return status_ == Status::ok; }
+  bool ok() const noexcept { return this->status_ == Status::ok; }
   explicit operator bool() const noexcept { return ok(); }
-  Status status() const noexcept { return status_; }
+  Status status() const noexcept { return this->status_; }
 
   // Accessing the value of a failed Result is a programming error: abort
   // rather than throw, since this type lives on the no-throw data path.
@@ -101,14 +140,6 @@ class [[nodiscard]] Result {
   void check() const noexcept {
     if (!ok()) std::abort();
   }
-  void reset() noexcept {
-    if (ok()) ptr()->~T();
-  }
-  T* ptr() noexcept { return std::launder(reinterpret_cast<T*>(&storage_)); }
-  const T* ptr() const noexcept { return std::launder(reinterpret_cast<const T*>(&storage_)); }
-
-  Status status_;
-  alignas(T) unsigned char storage_[sizeof(T)];
 };
 
 }  // namespace regpool
