@@ -7,6 +7,7 @@
 // What the base class does for every backend (so backends cannot get it
 // wrong, and so every backend gives the same statuses):
 //  - checks before anything reaches the wire: local slice inside its object,
+//    remote reference well formed (RemoteRef::well_formed(): malformed),
 //    remote range inside the remote reference, remote reference from this
 //    backend, access rights (put/atomics need a read-write export), 8-byte
 //    alignment of atomic words, message size, peer known and not broken.

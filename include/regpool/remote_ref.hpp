@@ -73,6 +73,12 @@ struct RemoteRef {
     return offset <= length && len <= length - offset;
   }
 
+  // The field rules decode() applies: known backend, access, mode and flags,
+  // a non-empty range that does not wrap, a non-zero exposure id. Endpoints
+  // refuse a reference that breaks them (Status::malformed), so one built
+  // or altered by hand is held to the same rules as one that was decoded.
+  bool well_formed() const noexcept;
+
   std::array<std::byte, kEncodedSize> encode() const noexcept;
   // Status::malformed for wrong size, magic, checksum, enum values, unknown
   // flags, reserved bits, or an address range that wraps; Status::unsupported

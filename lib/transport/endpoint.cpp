@@ -288,6 +288,8 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
     if (!local->within_object()) return reject(Status::out_of_bounds);
   }
   if (remote) {
+    // A reference built or altered by hand meets decode()'s rules too.
+    if (!remote->well_formed()) return reject(Status::malformed);
     if (remote->backend != backend_kind()) return reject(Status::invalid_argument);
     if (!remote->contains(remote_offset, length)) return reject(Status::out_of_bounds);
     const bool writes = kind != OpKind::get;  // put and both atomics modify the target

@@ -59,6 +59,17 @@ std::array<std::byte, RemoteRef::kEncodedSize> RemoteRef::encode() const noexcep
   return out;
 }
 
+bool RemoteRef::well_formed() const noexcept {
+  if (backend != Backend::fabric && backend != Backend::verbs) return false;
+  if (access != RemoteAccess::read_only && access != RemoteAccess::read_write) return false;
+  if (mode != AddressMode::virtual_address && mode != AddressMode::offset) return false;
+  if ((flags & ~kKnownFlags) != 0) return false;
+  // An empty or wrapping range cannot come from an honest exposure, and
+  // address_at() arithmetic must never overflow for in-range offsets.
+  if (length == 0 || address > ~std::uint64_t{0} - length) return false;
+  return exposure_id != 0;
+}
+
 Result<RemoteRef> RemoteRef::decode(std::span<const std::byte> bytes) noexcept {
   // Every check reads only within `bytes`, whose size is checked first.
   if (bytes.size() != kEncodedSize) return Status::malformed;
@@ -99,10 +110,7 @@ Result<RemoteRef> RemoteRef::decode(std::span<const std::byte> bytes) noexcept {
   r.address = get_le<std::uint64_t>(p + 24);
   r.length = get_le<std::uint64_t>(p + 32);
   r.exposure_id = get_le<std::uint64_t>(p + 40);
-  // An empty or wrapping range cannot come from an honest exposure, and
-  // address_at() arithmetic must never overflow for in-range offsets.
-  if (r.length == 0 || r.address > ~std::uint64_t{0} - r.length) return Status::malformed;
-  if (r.exposure_id == 0) return Status::malformed;
+  if (!r.well_formed()) return Status::malformed;
   return r;
 }
 

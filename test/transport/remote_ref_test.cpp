@@ -140,6 +140,29 @@ TEST_CASE("remote ref decode names each malformation", "[unit]") {
   }
 }
 
+TEST_CASE("well_formed holds a hand-built reference to decode's field rules", "[unit]") {
+  CHECK(sample().well_formed());
+  std::vector<RemoteRef> bad(8, sample());
+  bad[0].length = 0;
+  bad[1].address = ~std::uint64_t{0} - 10;  // length 4096: wraps
+  bad[2].exposure_id = 0;
+  bad[3].access = static_cast<RemoteAccess>(0);
+  bad[4].mode = static_cast<AddressMode>(2);
+  bad[5].backend = static_cast<Backend>(3);
+  bad[6].flags = 0x02;
+  bad[7].flags = RemoteRef::kFlagAligned8 | 0x80;
+  for (std::size_t i = 0; i < bad.size(); ++i) {
+    INFO("variant " << i);
+    CHECK_FALSE(bad[i].well_formed());
+    CHECK(RemoteRef::decode(bad[i].encode()).status() == Status::malformed);
+  }
+  // The largest range that just fits is fine.
+  RemoteRef edge = sample();
+  edge.address = ~std::uint64_t{0} - edge.length;
+  CHECK(edge.well_formed());
+  CHECK(RemoteRef::decode(edge.encode()).ok());
+}
+
 TEST_CASE("remote ref range and alignment helpers", "[unit]") {
   RemoteRef r = sample();
   CHECK(r.contains(0, 4096));
