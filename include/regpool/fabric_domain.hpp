@@ -44,8 +44,8 @@ namespace regpool {
 
 struct FabricConfig {
   // Provider name as fi_getinfo understands it: "shm", "tcp" (becomes
-  // "tcp;ofi_rxm" for RDM endpoints), "verbs", "efa", "cxi". Empty picks the
-  // best available RDM provider.
+  // "tcp;ofi_rxm" for RDM endpoints), "verbs", "efa", "cxi", in any case.
+  // Empty picks the best available RDM provider.
   std::string provider;
   // Node/service for fi_getinfo with FI_SOURCE, e.g. "127.0.0.1" to keep
   // tcp on loopback. Empty lets the provider choose.

@@ -6,6 +6,7 @@
 #include <rdma/fi_errno.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -63,7 +64,11 @@ InfoPtr make_hints(const FabricConfig& config, const Attempt& a) {
   // tx_attr->op_flags is left alone: FI_DELIVERY_COMPLETE is the transport's
   // per-operation decision.
   if (!config.provider.empty()) {
-    hints->fabric_attr->prov_name = ::strdup(config.provider.c_str());
+    // libfabric matches "TCP" but not "TCP;OFI_RXM"; provider names are all
+    // lower case, so asking in lower case makes every spelling work.
+    std::string name = config.provider;
+    for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    hints->fabric_attr->prov_name = ::strdup(name.c_str());
     if (!hints->fabric_attr->prov_name) {
       throw Error(Status::out_of_memory, -FI_ENOMEM, "fabric domain: strdup failed");
     }
