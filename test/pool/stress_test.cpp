@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -153,7 +154,7 @@ TEST_CASE("stress without thread caches", "[stress]") {
   CHECK(s.allocations == s.releases);
 }
 
-TEST_CASE("threads exit while a pool lives, pools die while threads live", "[stress]") {
+TEST_CASE("threads exit while a pool lives, and objects outlive their pool", "[stress]") {
   auto d = std::make_shared<FakeDomain>();
   for (int round = 0; round < 20; ++round) {
     auto pool = std::make_unique<Pool>(std::vector<std::shared_ptr<Domain>>{d}, PoolConfig{});
@@ -170,6 +171,68 @@ TEST_CASE("threads exit while a pool lives, pools die while threads live", "[str
     CHECK(pool->stats().live_objects == 4);
     pool.reset();  // objects outlive the pool; their drop finishes the teardown
     survivors.clear();
+    CHECK(d->stats().live_registrations == 0);
+  }
+}
+
+TEST_CASE("a pool dies while its threads live, holding objects and cached free slots", "[stress]") {
+  auto d = std::make_shared<FakeDomain>();
+  for (int round = 0; round < 20; ++round) {
+    auto pool = std::make_unique<Pool>(std::vector<std::shared_ptr<Domain>>{d}, PoolConfig{});
+    std::mutex m;
+    std::condition_variable cv;
+    int ready = 0;
+    bool gone = false;
+    std::atomic<int> failures{0};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 4; ++t) {
+      ts.emplace_back([&, t] {
+        Ldo kept;
+        {
+          std::vector<Ldo> v;
+          for (int i = 0; i < 2000; ++i) {
+            auto r = pool->allocate(static_cast<std::uint64_t>(i % 3000));
+            if (!r) {
+              failures.fetch_add(1);
+              break;
+            }
+            v.push_back(std::move(*r));
+          }
+          if (!v.empty()) kept = v.back();
+        }  // the other objects go back into this thread's cache
+        if (kept) std::memset(kept.data().data(), 0x40 + t, kept.data().size());
+        std::unique_lock lk(m);
+        ++ready;
+        cv.notify_all();
+        cv.wait(lk, [&] { return gone; });
+        lk.unlock();
+        // The pool is gone, this thread and its cache are not: the object
+        // still holds its bytes, and dropping it finishes the teardown.
+        for (std::byte b : kept.data())
+          if (b != static_cast<std::byte>(0x40 + t)) {
+            failures.fetch_add(1);
+            break;
+          }
+        kept.reset();
+      });
+    }
+    {
+      std::unique_lock lk(m);
+      cv.wait(lk, [&] { return ready == 4; });
+    }
+    CHECK(failures.load() == 0);
+    CHECK(pool->stats().live_objects == 4);
+    const auto registered = d->stats().live_registrations;
+    CHECK(registered >= 1);
+    pool.reset();  // while all four threads (and their caches) live
+    CHECK(d->stats().live_registrations == registered);  // four objects still use the arenas
+    {
+      std::lock_guard lk(m);
+      gone = true;
+    }
+    cv.notify_all();
+    for (auto& th : ts) th.join();
+    CHECK(failures.load() == 0);
     CHECK(d->stats().live_registrations == 0);
   }
 }
