@@ -10,6 +10,8 @@
 #include <catch2/catch.hpp>
 #include <infiniband/verbs.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -105,11 +107,18 @@ TEST_CASE("ibv_reg_mr beyond RLIMIT_MEMLOCK names the limit and the fix", "[verb
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
-    // 0 ok, 77 cannot arrange, anything else a failure (printed).
+    // 0 ok; anything else a failure, explained on stderr.
     int rc = 1;
     try {
       rlimit rl{rlim_t{1} << 20, rlim_t{1} << 20};
-      if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0 || !drop_ipc_lock()) ::_exit(77);
+      if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0) {
+        std::fprintf(stderr, "cannot lower RLIMIT_MEMLOCK: %s\n", std::strerror(errno));
+        ::_exit(5);
+      }
+      if (!drop_ipc_lock()) {
+        std::fprintf(stderr, "cannot drop CAP_IPC_LOCK: %s\n", std::strerror(errno));
+        ::_exit(6);
+      }
       auto d = regpool::VerbsDomain::open();
       std::vector<std::byte> buf(std::size_t{16} << 20, std::byte{1});
       try {
@@ -133,9 +142,11 @@ TEST_CASE("ibv_reg_mr beyond RLIMIT_MEMLOCK names the limit and the fix", "[verb
   int st = 0;
   REQUIRE(::waitpid(pid, &st, 0) == pid);
   REQUIRE(WIFEXITED(st));
-  if (WEXITSTATUS(st) == 77) {
-    WARN("cannot lower RLIMIT_MEMLOCK / drop CAP_IPC_LOCK here: memlock case not exercised");
-    return;
-  }
+  // Lowering one's own limit and dropping one's own capability are always
+  // permitted (the guest runs as root, which has the capability to drop),
+  // so the scenario can always be set up: a child that could not set it up
+  // fails the case rather than skipping it.
+  INFO("child exit code " << WEXITSTATUS(st)
+                          << ": 2 registered past the limit, 3 wrong error, 4 exception, 5/6 setup (stderr)");
   CHECK(WEXITSTATUS(st) == 0);
 }
