@@ -4,7 +4,9 @@
 //  - whatever decodes re-encodes to exactly the same bytes (so no field is
 //    silently normalised and two encodings never mean the same reference);
 //  - range checks on a decoded reference cannot overflow: contains() for
-//    offsets derived from the input agrees with 128-bit arithmetic.
+//    offsets derived from the input agrees with 128-bit arithmetic;
+//  - every decoded reference is one an endpoint accepts (well_formed()),
+//    and the address of its last byte does not wrap.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -20,6 +22,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size != regpool::RemoteRef::kEncodedSize) std::abort();  // only exact-size inputs may decode
   const auto again = r->encode();
   if (std::memcmp(again.data(), data, again.size()) != 0) std::abort();
+  if (!r->well_formed()) std::abort();
+  if (r->address_at(r->length - 1) < r->address) std::abort();
   // Offsets and lengths taken from the input's own bytes (checksum field
   // ends up varied by the fuzzer, so these cover the whole 64-bit range).
   std::uint64_t off = 0;
