@@ -296,25 +296,25 @@ TEST_CASE("verbs: expose to a peer and destroying its Exposure never wait under 
   auto boot = rpt::root_bootstrap();
   const auto port = boot->port();
   constexpr auto kSilence = 3s;
-  constexpr std::uint64_t kBig = 32u << 20;  // about 0.6 s on emulated rxe
 
   auto kid = rpt::spawn(
       [&]() -> int {
         auto b = rpt::child_bootstrap(port);
         rpt::Stack s(prov);
-        auto obj = s.alloc(kBig);
+        auto obj = s.alloc(4096);
         auto e = s.ep->expose(rpt::slice_or_die(Slice::data(obj)), RemoteAccess::read_write);
         RPT_CHECK(e.ok());
         (void)b->allgather(regpool::pack_blobs({s.ep->name(), rpt::encoded(*e)}), 20s);
         std::this_thread::sleep_for(kSilence);  // connection setup waits for this
-        s.ep->progress_for(20s);
+        s.ep->progress_for(8s);
         (void)b->allgather({}, 30s);
-        return 0;
+        return 0;  // exit: its QP goes, so ours gets no more answers
       },
       90);
 
   regpool::EndpointConfig cfg;
   cfg.post_timeout = 20s;
+  cfg.op_timeout = 3s;  // rxe may not report a gone peer by itself
   rpt::Stack s(prov, cfg);
   auto parts = regpool::unpack_blobs(boot->allgather({}, 20s)[1]);
   const auto peer = s.ep->insert_peer(parts[0]);
@@ -348,13 +348,16 @@ TEST_CASE("verbs: expose to a peer and destroying its Exposure never wait under 
   REQUIRE(window.has_value());
   CHECK(obj.use_count() == 2);  // ours and the Exposure's
 
-  // 2. The window's invalidate queues behind a large put on the same QP, so
-  // it cannot be confirmed quickly: destroying the Exposure must return
-  // anyway, leave the mutex to others, and keep the bytes referenced until
-  // the invalidate completes.
-  auto src = s.alloc(kBig);
-  auto big = rpt::slice_or_die(Slice::data(src));
-  auto tok = s.ep->put(big, peer, ref, 0);
+  // 2. The peer goes away; a put to it sits on our QP unanswered (rxe in
+  // the guest does not even give up on it by itself). The window's
+  // invalidate queues behind it, so it cannot be confirmed quickly:
+  // destroying the Exposure must return anyway, leave the mutex to others,
+  // and keep the bytes referenced until the invalidate is done - here when
+  // remove_peer resets the QP, which flushes both.
+  (void)boot->allgather({}, 30s);
+  REQUIRE(rpt::reap(kid, 30s) == 0);
+  auto src = s.alloc(4096);
+  auto tok = s.ep->put(rpt::slice_or_die(Slice::data(src, 0, 64)), peer, ref, 0);
   REQUIRE(tok.ok());
   std::atomic<bool> destroying{true};
   double destroy_ms = 0;
@@ -375,15 +378,17 @@ TEST_CASE("verbs: expose to a peer and destroying its Exposure never wait under 
   const bool put_still_running = s.ep->stats().in_flight > 0;
   const auto parked_refs = obj.use_count();
   const Completion c = s.ep->wait(*tok, 30s);
-  INFO("~Exposure " << destroy_ms << " ms, worst stats " << worst_stats_ms << " ms, put " << regpool::to_string(c.status));
-  CHECK(destroy_ms < 500);
+  INFO("~Exposure " << destroy_ms << " ms, worst stats " << worst_stats_ms << " ms, put to the gone peer "
+                    << regpool::to_string(c.status) << ", still running after ~Exposure " << put_still_running);
+  CHECK(destroy_ms < kPromptMs);
   CHECK(worst_stats_ms < kPromptMs);
-  CHECK(c.status == Status::ok);
-  if (put_still_running) CHECK(parked_refs == 2);  // parked: the key may still work
+  CHECK(put_still_running);
+  CHECK(parked_refs == 2);  // parked: the key may still work
+  CHECK((c.status == Status::peer_unreachable || c.status == Status::timeout));
+  CHECK(obj.use_count() == 2);  // still parked: the QP still holds the window
+  s.ep->remove_peer(peer);
   const auto until = Clock::now() + 5s;
   while (obj.use_count() != 1 && Clock::now() < until) (void)s.ep->progress();
-  CHECK(obj.use_count() == 1);  // released once the invalidate completed
-  (void)boot->allgather({}, 30s);
-  CHECK(rpt::reap(kid, 30s) == 0);
+  CHECK(obj.use_count() == 1);  // released once the invalidate completed (flushed)
 }
 #endif
