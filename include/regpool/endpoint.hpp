@@ -17,9 +17,10 @@
 //    backend gives the operation back, so dropping the user's handle early
 //    cannot free bytes under a transfer. Posting never allocates;
 //  - tokens, wait(token, timeout), progress() running callbacks, quiesce(),
-//    the optional background progress thread, per-operation timeouts
-//    (Status::timeout), retrying posts the backend refuses with would_block
-//    (after progressing), per-peer broken state, usable() and reconnect().
+//    the optional background progress thread, per-operation timeouts scaled
+//    by transfer size (Status::timeout), retrying posts the backend refuses
+//    with would_block (after progressing, without holding the mutex while
+//    backing off), per-peer broken state, usable() and reconnect().
 //
 // ---------------------------------------------------------------------------
 // Backend interface (the protected virtuals below). A backend implements:
@@ -85,16 +86,45 @@
 //                                           use should fail (bad_key) where
 //                                           the provider checks keys.
 //
+// Operations and exposures that take time (verbs: a window bind or
+// invalidate queued behind other work requests) are never waited for inside
+// a do_* call. A backend answers in one of these ways instead:
+//  - would_block from do_expose_to (e.g. the connection is still being set
+//    up): the base retries it exactly like a post (below);
+//  - ExposureInfo::pending = true from do_expose/do_expose_to: the key is
+//    not usable yet; the backend later reports the outcome with
+//    exposure_settled(handle, status) from inside do_poll (status != ok:
+//    the backend has already released the exposure and its handle);
+//  - revoke_deferred(handle) called from inside do_revoke: the key may still
+//    work; the backend reports the end with exposure_settled(handle, ...)
+//    from inside do_poll (or releases it when the endpoint closes). Until
+//    then the base keeps the exposed slice's LDO reference parked, so the
+//    bytes are never reused while the key may still grant access.
+//
 // Rules for backends:
 //  - every do_* call is made with the endpoint's mutex held, so calls are
-//    serialised (FI_THREAD_DOMAIN is fine); complete(), mark_peer_broken()
-//    and peer_for_handle() may only be called from inside them;
+//    serialised (FI_THREAD_DOMAIN is fine); complete(), mark_peer_broken(),
+//    peer_for_handle(), exposure_settled() and revoke_deferred() may only be
+//    called from inside them;
+//  - no do_* call may wait for the network or for a peer (no loops until a
+//    completion arrives): return would_block or pending and let the base
+//    wait. The base never waits, sleeps or backs off with the mutex held: a
+//    post the backend refuses with would_block is retried after a poll, with
+//    the mutex released between attempts (yield, then short sleeps) until
+//    EndpointConfig::post_timeout, so progress(), other posts and stats()
+//    from other threads go on meanwhile;
 //  - complete() must be called exactly once per op the backend accepted;
 //    it must never be called for an op the backend refused;
+//  - nothing a backend does under the mutex drops the last reference to a
+//    user's object: complete() keeps the slot's Slice until the base has
+//    released the mutex, and the base destroys Slices, callbacks and parked
+//    exposure references only after unlocking (in bounded batches), because
+//    the last drop may run the pool's free or a user LDO's cleanup, which
+//    may call into this endpoint;
 //  - the derived destructor must call shutdown() first (stops the progress
 //    thread and revokes exposures while the backend still exists), then
-//    close its resources; slots still held are released by the base after
-//    that, without running their callbacks.
+//    close its resources; slots still held and parked exposure references
+//    are released by the base after that, without running callbacks.
 // ---------------------------------------------------------------------------
 
 #include <array>
@@ -221,14 +251,29 @@ struct EndpointConfig {
   // included). Posting beyond it returns Status::would_block.
   std::size_t max_in_flight = 1024;
   // Per-operation bound: an op not completed by then completes with
-  // Status::timeout (0 = no bound). Keeps operations to dead peers from
-  // hanging forever on providers that never report them.
+  // Status::timeout and its peer is marked broken (0 = no bound). Keeps
+  // operations to dead peers from hanging forever on providers that never
+  // report them. The bound grows with the transfer, so a large transfer on a
+  // slow link is not mistaken for a dead peer:
+  //   deadline = (time the post was accepted) + op_timeout
+  //              + length / min_bandwidth
+  // (length in bytes; atomics count 8; the post's own would_block retries,
+  // bounded by post_timeout, come before and do not count).
   std::chrono::milliseconds op_timeout{30000};
   // Receives usually wait for a peer to decide to send: unbounded by default.
+  // When set, it scales with the receive buffer's length like op_timeout.
   std::chrono::milliseconds recv_timeout{0};
+  // The slowest transfer rate (bytes per second) still considered alive, for
+  // the deadline above (0 = do not scale: every op gets op_timeout only).
+  // The default is below the slowest transport measured (Soft-RoCE under
+  // emulation, about 55 MB/s): a 64 MiB put gets op_timeout + 2.7 s.
+  std::uint64_t min_bandwidth = 25'000'000;
   // How long one post call may spend progressing and retrying while the
   // backend answers would_block (connection setup on manual-progress
-  // providers); then the post returns Status::would_block.
+  // providers); then the post returns Status::would_block. The endpoint's
+  // mutex is not held while the call backs off between attempts. Also
+  // bounds expose(slice, access, peer) waiting for the connection and for
+  // a window bind.
   std::chrono::milliseconds post_timeout{10000};
   // Start a thread that calls progress() for users who do not want to poll.
   // Callbacks then run on that thread.
@@ -245,14 +290,22 @@ struct ExposureInfo {
   std::uint64_t address = 0;  // of the slice's first byte, per mode
   AddressMode mode = AddressMode::virtual_address;
   std::uint64_t handle = 0;   // backend's own, passed back to do_revoke
+  // The key is not usable yet (a bind is in flight): the backend reports the
+  // outcome with exposure_settled(handle, status) from do_poll.
+  bool pending = false;
 };
 
 namespace detail {
 // Shared between an endpoint and its exposures so an Exposure that outlives
-// its endpoint does not touch it (the endpoint nulls `ep` at shutdown).
+// its endpoint does not touch it (the endpoint nulls `ep` at shutdown and
+// then waits until no revoke is using it). `mutex` guards `ep` and `users`
+// only and is never held while calling into the endpoint, so a revoke may
+// run user code (an LDO cleanup) that destroys another Exposure.
 struct ExposureLink {
   std::mutex mutex;
+  std::condition_variable idle;
   Endpoint* ep = nullptr;
+  std::uint32_t users = 0;  // revokes calling into `ep` right now
 };
 }  // namespace detail
 
@@ -260,7 +313,12 @@ struct ExposureLink {
 // while peers may write to it) and the RemoteRef to send them. Revoked on
 // destruction or revoke(); afterwards peers' operations fail where the
 // provider checks keys (tcp: bad key / access denied; shm checks nothing,
-// see fabric_endpoint.hpp). Move-only.
+// see fabric_endpoint.hpp). Where revoking takes a network round (verbs
+// windows: an invalidate queued behind earlier work requests), revoke()
+// waits for it only briefly (about 20 ms, polling without holding the
+// endpoint's mutex); if it is not confirmed by then, the endpoint keeps the
+// slice's LDO reference until its progress confirms the key is dead, so the
+// bytes are never reused while the key may still work. Move-only.
 // Thread-safety: revoke()/destruction may race with endpoint calls from other
 // threads; one Exposure object must not be used from two threads at once.
 class Exposure {
@@ -276,7 +334,8 @@ class Exposure {
   const RemoteRef& ref() const noexcept { return ref_; }
   std::array<std::byte, RemoteRef::kEncodedSize> encode() const noexcept { return ref_.encode(); }
   const Slice& slice() const noexcept { return slice_; }
-  // Idempotent; noexcept; never blocks beyond the endpoint's mutex.
+  // Idempotent; noexcept; bounded (see above). May run an LDO's cleanup
+  // (the last reference of something the endpoint released meanwhile).
   void revoke() noexcept;
 
  private:
@@ -301,9 +360,14 @@ struct EndpointStats {
 
 // Thread-safety: every public member may be called from any thread; calls
 // are serialised by an internal mutex (backends need not be thread-safe).
-// Callbacks run on the thread calling progress()/wait()/quiesce() (or the
-// progress thread), never under the endpoint's mutex, so they may post new
-// operations. Not movable (backends hand the address of slot storage to the
+// The mutex is never held while waiting: a post retrying after would_block,
+// expose(…, peer) waiting for a connection or a bind, and revoke() waiting
+// for an invalidate all release it between attempts. Callbacks run on the
+// thread calling progress()/wait()/quiesce() (or the progress thread), never
+// under the endpoint's mutex, so they may post new operations. Likewise the
+// references the endpoint drops (an op's LDO once the backend is done with
+// it) are dropped after the mutex is released, so an LDO cleanup (pool free,
+// user memory cleanup) may call into the endpoint or destroy an Exposure. Not movable (backends hand the address of slot storage to the
 // provider); hold it by unique_ptr.
 //
 // Manual progress: on providers where needs_target_progress() is true, an
@@ -412,6 +476,13 @@ class Endpoint {
   void shutdown() noexcept;
 
   // For backends, from inside do_* only (the mutex is held).
+  // A pending bind (ExposureInfo::pending) or a deferred revoke of `handle`
+  // has finished; for a bind, status != ok means it failed and the backend
+  // has already released the handle.
+  void exposure_settled(std::uint64_t handle, Status status) noexcept;
+  // From inside do_revoke(handle): the key may still work until the backend
+  // calls exposure_settled(handle, ...).
+  void revoke_deferred(std::uint64_t handle) noexcept;
   void complete(std::uint32_t index, Status status, std::uint64_t bytes, std::uint64_t value = 0,
                 PeerId peer = kAnyPeer) noexcept;
   void mark_peer_broken(PeerId peer) noexcept;
@@ -456,6 +527,7 @@ class Endpoint {
  private:
   friend class Exposure;
   using Clock = std::chrono::steady_clock;
+  class Lock;
 
   struct Slot {
     OpDesc desc;
@@ -469,6 +541,7 @@ class Endpoint {
     bool user_pending = false;   // completion not yet delivered/retrieved
     bool completed = false;      // result is final
     bool has_callback = false;
+    bool release_pending = false;  // `local` waits in releases_ for an unlock
     alignas(16) std::byte context[kBackendContextSize];
   };
   struct Peer {
@@ -481,13 +554,17 @@ class Endpoint {
   Result<Token> submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
                        std::uint64_t remote_offset, std::uint64_t length, std::uint64_t operand,
                        std::uint64_t compare, Callback&& cb) noexcept;
-  Status post_locked(Slot& s) noexcept;
+  Status post_once(Slot& s) noexcept;
+  Clock::time_point deadline_for(OpKind kind, std::uint64_t length, Clock::time_point now) const noexcept;
+  // Unlock, then destroy what was released under the mutex (bounded
+  // batches, re-locking between them).
+  void unlock_and_release(std::unique_lock<std::mutex>& lk) noexcept;
   std::size_t poll_locked() noexcept;
   void expire_locked(Clock::time_point now) noexcept;
   void maybe_free_locked(std::uint32_t index) noexcept;
   void finish_locked(Slot& s, std::uint32_t index, Status st, std::uint64_t bytes, std::uint64_t value,
                      PeerId peer) noexcept;
-  void revoke_exposure(std::uint64_t exposure_id) noexcept;
+  void revoke_exposure(std::uint64_t exposure_id, Slice& slice) noexcept;
   void progress_thread_main() noexcept;
   Status reject(Status st) noexcept;
   Result<Exposure> expose_impl(const Slice& slice, RemoteAccess access, PeerId peer) noexcept;
@@ -500,7 +577,19 @@ class Endpoint {
   std::size_t ready_head_ = 0;
   std::size_t ready_count_ = 0;
   std::vector<Peer> peers_;
-  std::unordered_map<std::uint64_t, std::uint64_t> exposures_;  // id -> backend handle
+  std::vector<std::uint32_t> releases_;  // slots whose Slice awaits release (ring)
+  std::size_t release_head_ = 0;
+  std::size_t release_count_ = 0;
+  enum class ExposureState : std::uint8_t { binding, live, failed, revoking, revoked };
+  struct ExposureEntry {
+    std::uint64_t handle = 0;  // backend's
+    ExposureState state = ExposureState::live;
+    Status status = Status::ok;  // of a settled bind
+    Slice parked;                // held while binding or revoking
+  };
+  std::unordered_map<std::uint64_t, ExposureEntry> exposures_;  // by exposure id
+  std::size_t settled_revokes_ = 0;   // entries in state revoked
+  bool revoke_deferred_ = false;      // set by revoke_deferred() during do_revoke
   std::shared_ptr<detail::ExposureLink> link_;
   std::uint64_t next_exposure_id_ = 1;
   std::uint64_t exposure_nonce_ = 0;

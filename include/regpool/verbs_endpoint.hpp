@@ -54,11 +54,16 @@
 //    arena's MR, which the domain registered with IBV_ACCESS_MW_BIND, or over
 //    a local-only MR of the slice on rxe: see WindowBacking). A type 2 window
 //    is tied to the QP it was bound on, so the key grants exactly the slice,
-//    to exactly that peer. Binding needs the connection up (the
-//    call progresses until it is, bounded by post_timeout). Revoking posts
-//    IBV_WR_LOCAL_INV and waits for it (bounded); the window goes back to a
-//    free list and is rebound later with a new key tag (ibv_inc_rkey). If the
-//    QP is in ERROR the window is deallocated instead, which revokes as well.
+//    to exactly that peer. Binding needs the connection up: the call
+//    progresses until it is, then posts IBV_WR_BIND_MW and waits for its
+//    completion, both bounded by post_timeout and without holding the
+//    endpoint's mutex while waiting (the bind is reported to the base with
+//    exposure_settled()). Revoking posts IBV_WR_LOCAL_INV; the window is
+//    deallocated (and a backing MR deregistered) when it completes.
+//    revoke() waits for that briefly; if it is queued behind slow work
+//    requests, the base keeps the slice's LDO reference until progress sees
+//    the completion. If the QP is in ERROR (or the invalidate cannot be
+//    posted) the window is deallocated at once, which revokes as well.
 //    After a reconnect of that peer, expose again: windows bound on the old
 //    connection are not carried over.
 //  A peer using a revoked or out-of-range key gets bad_key and the target's
@@ -173,7 +178,6 @@ class VerbsEndpoint final : public Endpoint {
   void send_ctrl(Conn& c, std::uint8_t type, std::uint32_t epoch) noexcept;
   std::uint32_t conn_by_id(std::uint64_t endpoint_id) const noexcept;
   std::uint32_t conn_by_qpn(std::uint32_t qpn) const noexcept;
-  bool wait_connected(std::uint32_t ci) noexcept;
   // Data path.
   Status post_rc(const OpDesc& op) noexcept;
   std::size_t poll_cq(std::size_t max) noexcept;
@@ -182,7 +186,11 @@ class VerbsEndpoint final : public Endpoint {
   void retire(std::uint32_t ci, std::uint64_t seq) noexcept;
   void conn_failed(std::uint32_t ci) noexcept;
   void housekeeping() noexcept;
-  bool wait_internal(std::uint64_t wr_id) noexcept;
+  // Window binds and invalidates are posted, never waited for under the
+  // endpoint's mutex: their completions end them here (see Exposed).
+  void window_op_done(std::uint64_t wr_id, int wc_status) noexcept;
+  void finish_window(std::size_t slot) noexcept;
+  void settle_window(std::size_t slot, int pending) noexcept;
 
   std::shared_ptr<VerbsDomain> domain_;
   VerbsEndpointOptions options_;

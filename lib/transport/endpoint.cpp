@@ -12,8 +12,25 @@ namespace {
 constexpr std::size_t kDeliverBatch = 32;
 // Deadlines are scanned at most this often: scanning walks every slot.
 constexpr auto kExpiryScanInterval = std::chrono::milliseconds(1);
+// References released per unlock round (stack space of unlock_and_release).
+constexpr std::size_t kReleaseBatch = 32;
+// How long revoke() waits for a deferred revocation before leaving it parked.
+constexpr auto kRevokeConfirmWait = std::chrono::milliseconds(20);
 
 bool needs_peer(OpKind k) noexcept { return k != OpKind::recv; }
+
+// Between retries with the mutex released: let the thread that holds or
+// wants it run first, then sleep briefly (growing to 1 ms) so a long wait
+// (connection setup on a peer that does not progress yet) does not burn a
+// core.
+void back_off(std::uint32_t attempt) noexcept {
+  if (attempt < 64) {
+    std::this_thread::yield();
+    return;
+  }
+  const std::uint32_t shift = std::min<std::uint32_t>(attempt - 64, 6);
+  std::this_thread::sleep_for(std::chrono::microseconds(16u << shift));
+}
 
 }  // namespace
 
@@ -46,17 +63,80 @@ Exposure& Exposure::operator=(Exposure&& o) noexcept {
 void Exposure::revoke() noexcept {
   if (active_) {
     active_ = false;
+    Endpoint* ep = nullptr;
     if (link_) {
       std::lock_guard<std::mutex> g(link_->mutex);
-      if (link_->ep) link_->ep->revoke_exposure(ref_.exposure_id);
+      ep = link_->ep;
+      if (ep) ++link_->users;  // shutdown waits for us before the endpoint goes
+    }
+    if (ep) {
+      // Takes slice_ when the revocation is not confirmed yet (parked).
+      ep->revoke_exposure(ref_.exposure_id, slice_);
+      std::lock_guard<std::mutex> g(link_->mutex);
+      if (--link_->users == 0) link_->idle.notify_all();
     }
   }
   link_.reset();
-  // Only after the key is gone may the bytes go back to the pool.
+  // Only after the key is gone (or parked with the endpoint) may the bytes
+  // go back to the pool.
   slice_ = Slice{};
 }
 
 // ---------------------------------------------------------------- Endpoint
+
+// The endpoint's mutex, released through unlock_and_release so references
+// dropped under it are destroyed after unlocking.
+class Endpoint::Lock {
+ public:
+  explicit Lock(Endpoint& ep) : ep_(ep), lk_(ep.mutex_) {}
+  ~Lock() {
+    if (lk_.owns_lock()) ep_.unlock_and_release(lk_);
+  }
+  Lock(const Lock&) = delete;
+  Lock& operator=(const Lock&) = delete;
+  void unlock() noexcept { ep_.unlock_and_release(lk_); }
+  void relock() { lk_.lock(); }
+  std::unique_lock<std::mutex>& native() noexcept { return lk_; }
+
+ private:
+  Endpoint& ep_;
+  std::unique_lock<std::mutex> lk_;
+};
+
+void Endpoint::unlock_and_release(std::unique_lock<std::mutex>& lk) noexcept {
+  for (;;) {
+    bool more = false;
+    {
+      // Destroyed at the end of this block, after the unlock below.
+      Slice batch[kReleaseBatch];
+      std::size_t n = 0;
+      while (n < kReleaseBatch && release_count_ > 0) {
+        const std::uint32_t index = releases_[release_head_];
+        release_head_ = (release_head_ + 1) % releases_.size();
+        --release_count_;
+        Slot& s = slots_[index];
+        batch[n++] = std::move(s.local);
+        s.release_pending = false;
+        maybe_free_locked(index);
+      }
+      if (settled_revokes_ > 0) {
+        for (auto it = exposures_.begin(); it != exposures_.end() && n < kReleaseBatch;) {
+          if (it->second.state != ExposureState::revoked) {
+            ++it;
+            continue;
+          }
+          batch[n++] = std::move(it->second.parked);
+          it = exposures_.erase(it);
+          --settled_revokes_;
+        }
+      }
+      more = release_count_ > 0 || settled_revokes_ > 0;
+      lk.unlock();
+    }
+    if (!more) return;
+    lk.lock();
+  }
+}
 
 Endpoint::Endpoint(const EndpointConfig& config) : config_(config) {
   if (config_.max_in_flight == 0 || config_.max_in_flight > (std::size_t{1} << 24)) {
@@ -70,6 +150,7 @@ Endpoint::Endpoint(const EndpointConfig& config) : config_(config) {
   free_.reserve(n);
   for (std::size_t i = n; i-- > 0;) free_.push_back(static_cast<std::uint32_t>(i));
   ready_.assign(n, 0);
+  releases_.assign(n, 0);
   peers_.reserve(16);
   link_ = std::make_shared<detail::ExposureLink>();
   link_->ep = this;
@@ -85,8 +166,9 @@ Endpoint::~Endpoint() {
   stopping_.store(true, std::memory_order_release);
   if (progress_thread_.joinable()) progress_thread_.join();
   if (link_) {
-    std::lock_guard<std::mutex> g(link_->mutex);
+    std::unique_lock<std::mutex> g(link_->mutex);
     link_->ep = nullptr;
+    link_->idle.wait(g, [this] { return link_->users == 0; });
   }
 }
 
@@ -102,18 +184,41 @@ void Endpoint::shutdown() noexcept {
     progress_thread_.join();
   }
   {
-    std::lock_guard<std::mutex> g(link_->mutex);
+    // From now on no Exposure calls in; wait for revokes already inside
+    // (each is bounded, and none holds this link's mutex while inside).
+    std::unique_lock<std::mutex> g(link_->mutex);
     link_->ep = nullptr;
+    link_->idle.wait(g, [this] { return link_->users == 0; });
   }
-  std::lock_guard<std::mutex> g(mutex_);
-  for (auto& [id, handle] : exposures_) do_revoke(handle);
-  exposures_.clear();
+  Lock g(*this);
   usable_.store(false, std::memory_order_release);
+  for (auto it = exposures_.begin(); it != exposures_.end();) {
+    ExposureEntry& e = it->second;
+    if (e.state == ExposureState::live || e.state == ExposureState::binding) {
+      revoke_deferred_ = false;
+      do_revoke(e.handle);
+      if (revoke_deferred_) e.state = ExposureState::revoking;
+    }
+    if (e.state == ExposureState::revoking || e.state == ExposureState::revoked) {
+      // Parked until the backend has closed its resources (which revokes
+      // every key): the base destructor drops the rest.
+      ++it;
+    } else if (e.parked) {
+      // A bind that was still pending, or one that failed: released by the
+      // unlock below, not under the mutex.
+      e.state = ExposureState::revoked;
+      ++settled_revokes_;
+      ++it;
+    } else {
+      it = exposures_.erase(it);
+    }
+  }
+  // Confirmed ones are released by the unlock (settled_revokes_).
 }
 
 PeerId Endpoint::insert_peer(std::span<const std::byte> name) {
   if (name.empty()) throw Error(Status::invalid_argument, 0, "endpoint: empty peer name");
-  std::lock_guard<std::mutex> g(mutex_);
+  Lock g(*this);
   for (std::size_t i = 0; i < peers_.size(); ++i) {
     const Peer& p = peers_[i];
     if (p.used && p.name.size() == name.size() && std::equal(name.begin(), name.end(), p.name.begin())) {
@@ -139,7 +244,7 @@ PeerId Endpoint::insert_peer(std::span<const std::byte> name) {
 }
 
 void Endpoint::remove_peer(PeerId peer) noexcept {
-  std::lock_guard<std::mutex> g(mutex_);
+  Lock g(*this);
   if (peer >= peers_.size() || !peers_[peer].used) return;
   do_remove_peer(peers_[peer].handle);
   peers_[peer].used = false;
@@ -170,7 +275,7 @@ Result<std::uint64_t> Endpoint::do_reconnect(PeerId /*peer*/, std::uint64_t hand
 }
 
 Status Endpoint::reconnect(PeerId peer) noexcept {
-  std::lock_guard<std::mutex> g(mutex_);
+  Lock g(*this);
   if (!usable()) return Status::closed;
   if (peer >= peers_.size() || !peers_[peer].used) return Status::invalid_argument;
   // Operations still out to the old connection will never be answered by
@@ -208,20 +313,77 @@ Result<Exposure> Endpoint::expose_impl(const Slice& slice, RemoteAccess access, 
   if (!slice || slice.length() == 0) return Status::invalid_argument;
   if (!slice.within_object()) return Status::out_of_bounds;
   if (access != RemoteAccess::read_only && access != RemoteAccess::read_write) return Status::invalid_argument;
-  std::lock_guard<std::mutex> g(mutex_);
-  if (!usable()) return Status::closed;
-  if (peer != kAnyPeer) {
-    if (peer >= peers_.size() || !peers_[peer].used) return Status::invalid_argument;
-    if (peers_[peer].broken) return Status::peer_unreachable;
+  Slice dropped;  // a failed bind's reference: destroyed after the lock
+  Lock g(*this);
+  Result<ExposureInfo> info = Status::in_progress;
+  Clock::time_point deadline{};
+  for (std::uint32_t attempt = 0;; ++attempt) {
+    if (!usable() || stopping_.load(std::memory_order_relaxed)) return Status::closed;
+    if (peer != kAnyPeer) {
+      if (peer >= peers_.size() || !peers_[peer].used) return Status::invalid_argument;
+      if (peers_[peer].broken) return Status::peer_unreachable;
+    }
+    info = peer == kAnyPeer ? do_expose(slice, access) : do_expose_to(slice, access, peer, peers_[peer].handle);
+    if (info || info.status() != Status::would_block) break;
+    // Not now (verbs: the connection is still being set up): progress and
+    // retry like a post, without the mutex while backing off.
+    (void)poll_locked();
+    const auto now = Clock::now();
+    if (attempt == 0) deadline = now + config_.post_timeout;
+    if (now >= deadline) return Status::would_block;
+    g.unlock();
+    back_off(attempt);
+    g.relock();
   }
-  auto info = peer == kAnyPeer ? do_expose(slice, access) : do_expose_to(slice, access, peer, peers_[peer].handle);
   if (!info) return info.status();
   const std::uint64_t id = (exposure_nonce_ << 32) | (next_exposure_id_++ & 0xffffffffu);
   try {
-    exposures_.emplace(id, info->handle);
+    ExposureEntry entry;
+    entry.handle = info->handle;
+    entry.state = info->pending ? ExposureState::binding : ExposureState::live;
+    exposures_.emplace(id, std::move(entry));
   } catch (...) {
     do_revoke(info->handle);
     return Status::out_of_memory;
+  }
+  if (info->pending) {
+    // Keep the bytes alive while the bind is in flight, whatever happens to
+    // the caller's handles; wait for the backend's verdict through progress,
+    // releasing the mutex between polls.
+    exposures_[id].parked = slice;
+    const auto bound = Clock::now() + config_.post_timeout;
+    for (std::uint32_t attempt = 0;; ++attempt) {
+      (void)poll_locked();
+      auto it = exposures_.find(id);
+      if (it == exposures_.end() || stopping_.load(std::memory_order_relaxed)) return Status::closed;
+      ExposureEntry& e = it->second;
+      if (e.state == ExposureState::live) {
+        e.parked = Slice{};  // the Exposure below holds the slice from now on
+        break;
+      }
+      if (e.state == ExposureState::failed) {
+        const Status st = e.status;
+        dropped = std::move(e.parked);
+        exposures_.erase(it);
+        return st;
+      }
+      if (Clock::now() >= bound) {
+        // Never confirmed: take it back. The reference stays parked until
+        // the backend says the key is dead.
+        revoke_deferred_ = false;
+        do_revoke(e.handle);
+        if (revoke_deferred_) {
+          e.state = ExposureState::revoking;
+        } else {
+          dropped = std::move(e.parked);
+          exposures_.erase(it);
+        }
+        return Status::timeout;
+      }
+      g.unlock();
+      back_off(attempt);
+      g.relock();
+    }
   }
   Exposure e;
   e.link_ = link_;
@@ -238,13 +400,50 @@ Result<Exposure> Endpoint::expose_impl(const Slice& slice, RemoteAccess access, 
   return e;
 }
 
-void Endpoint::revoke_exposure(std::uint64_t exposure_id) noexcept {
-  std::lock_guard<std::mutex> g(mutex_);
+void Endpoint::revoke_exposure(std::uint64_t exposure_id, Slice& slice) noexcept {
+  Lock g(*this);
   auto it = exposures_.find(exposure_id);
-  if (it == exposures_.end()) return;
-  do_revoke(it->second);
-  exposures_.erase(it);
+  if (it == exposures_.end() || it->second.state != ExposureState::live) return;
+  revoke_deferred_ = false;
+  do_revoke(it->second.handle);
+  if (!revoke_deferred_) {
+    exposures_.erase(it);
+    return;  // the caller drops the slice, after the lock
+  }
+  // The key may still work: the bytes must not go back to the pool before
+  // the backend confirms. Wait briefly for that, polling without holding
+  // the mutex in between; if it takes longer, leave the reference parked.
+  it->second.state = ExposureState::revoking;
+  it->second.parked = std::move(slice);
+  const auto bound = Clock::now() + kRevokeConfirmWait;
+  for (std::uint32_t attempt = 0;; ++attempt) {
+    (void)poll_locked();
+    it = exposures_.find(exposure_id);
+    if (it == exposures_.end() || it->second.state != ExposureState::revoking) return;
+    if (Clock::now() >= bound) return;
+    g.unlock();
+    back_off(attempt);
+    g.relock();
+  }
 }
+
+void Endpoint::exposure_settled(std::uint64_t handle, Status status) noexcept {
+  for (auto& [id, e] : exposures_) {
+    if (e.handle != handle) continue;
+    if (e.state == ExposureState::binding) {
+      e.state = status == Status::ok ? ExposureState::live : ExposureState::failed;
+      e.status = status;
+      return;
+    }
+    if (e.state == ExposureState::revoking) {
+      e.state = ExposureState::revoked;
+      ++settled_revokes_;
+      return;
+    }
+  }
+}
+
+void Endpoint::revoke_deferred(std::uint64_t /*handle*/) noexcept { revoke_deferred_ = true; }
 
 Status Endpoint::reject(Status st) noexcept {
   rejected_.fetch_add(1, std::memory_order_relaxed);
@@ -302,7 +501,11 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
     return reject(Status::invalid_argument);
   }
 
-  std::lock_guard<std::mutex> g(mutex_);
+  // What a refused post gives back: destroyed after the lock (its last drop
+  // may run user code).
+  Slice refused_local;
+  Callback refused_cb;
+  Lock g(*this);
   if (!usable() || stopping_.load(std::memory_order_relaxed)) return reject(Status::closed);
   std::uint64_t peer_handle = 0;
   if (needs_peer(kind)) {
@@ -338,45 +541,83 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
   const Token token{(static_cast<std::uint64_t>(s.gen) << 32) | index};
   s.result = Completion{token, kind, Status::in_progress, s.desc.peer, 0, 0};
   s.completed = false;
+  // The slot is reserved (not free, not backend-owned) while this call
+  // retries: pollers, expiry and reconnect leave it alone, and nobody else
+  // knows its token yet.
   s.user_pending = true;
-  const auto bound = kind == OpKind::recv ? config_.recv_timeout : config_.op_timeout;
-  s.deadline = bound.count() > 0 ? Clock::now() + bound : Clock::time_point::max();
 
-  const Status st = post_locked(s);
+  Status st = Status::ok;
+  Clock::time_point retry_until{};
+  for (std::uint32_t attempt = 0;; ++attempt) {
+    st = post_once(s);
+    if (st != Status::would_block) break;
+    retries_.fetch_add(1, std::memory_order_relaxed);
+    // The provider wants progress first (connection setup, full queues).
+    (void)poll_locked();
+    const auto now = Clock::now();
+    if (attempt == 0) retry_until = now + config_.post_timeout;
+    if (now >= retry_until) break;
+    // Back off without the mutex: progress, other posts and stats() from
+    // other threads go on meanwhile.
+    g.unlock();
+    back_off(attempt);
+    g.relock();
+    // The world may have changed while unlocked.
+    if (!usable() || stopping_.load(std::memory_order_relaxed)) {
+      st = Status::closed;
+      break;
+    }
+    if (needs_peer(kind)) {
+      if (peer >= peers_.size() || !peers_[peer].used) {
+        st = Status::invalid_argument;
+        break;
+      }
+      if (peers_[peer].broken) {
+        st = Status::peer_unreachable;
+        break;
+      }
+      s.desc.peer_handle = peers_[peer].handle;  // reconnect may change it
+    }
+  }
   if (st != Status::ok) {
     s.user_pending = false;
-    s.local = Slice{};
-    s.cb.reset();
-    free_.push_back(index);
+    s.has_callback = false;
+    refused_local = std::move(s.local);
+    refused_cb = std::move(s.cb);
+    maybe_free_locked(index);
     return reject(st);
   }
+  s.deadline = deadline_for(kind, length, Clock::now());
   s.backend_owned = true;
   ++backend_owned_;
   posted_.fetch_add(1, std::memory_order_relaxed);
   return token;
 }
 
-Status Endpoint::post_locked(Slot& s) noexcept {
-  Clock::time_point deadline{};
-  for (std::uint64_t attempt = 0;; ++attempt) {
-    Status st = Status::invalid_argument;
-    switch (s.desc.kind) {
-      case OpKind::put: st = do_put(s.desc); break;
-      case OpKind::get: st = do_get(s.desc); break;
-      case OpKind::send: st = do_send(s.desc); break;
-      case OpKind::recv: st = do_recv(s.desc); break;
-      case OpKind::fetch_add:
-      case OpKind::compare_swap: st = do_atomic(s.desc); break;
-    }
-    if (st != Status::would_block) return st;
-    retries_.fetch_add(1, std::memory_order_relaxed);
-    // The provider wants progress first (connection setup, full queues).
-    (void)poll_locked();
-    const auto now = Clock::now();
-    if (attempt == 0) deadline = now + config_.post_timeout;
-    if (now >= deadline) return Status::would_block;
-    if (attempt > 64) std::this_thread::yield();
+Status Endpoint::post_once(Slot& s) noexcept {
+  switch (s.desc.kind) {
+    case OpKind::put: return do_put(s.desc);
+    case OpKind::get: return do_get(s.desc);
+    case OpKind::send: return do_send(s.desc);
+    case OpKind::recv: return do_recv(s.desc);
+    case OpKind::fetch_add:
+    case OpKind::compare_swap: return do_atomic(s.desc);
   }
+  return Status::invalid_argument;
+}
+
+Endpoint::Clock::time_point Endpoint::deadline_for(OpKind kind, std::uint64_t length,
+                                                   Clock::time_point now) const noexcept {
+  const auto bound = kind == OpKind::recv ? config_.recv_timeout : config_.op_timeout;
+  if (bound.count() <= 0) return Clock::time_point::max();
+  // op_timeout + length / min_bandwidth (see EndpointConfig), saturating.
+  constexpr double kMaxSeconds = 1e9;  // ~30 years: "no bound" in practice
+  double seconds = std::chrono::duration<double>(bound).count();
+  if (config_.min_bandwidth > 0) seconds += static_cast<double>(length) / static_cast<double>(config_.min_bandwidth);
+  if (!(seconds < kMaxSeconds)) return Clock::time_point::max();
+  const auto span = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  if (now > Clock::time_point::max() - span) return Clock::time_point::max();
+  return now + span;
 }
 
 std::size_t Endpoint::poll_locked() noexcept {
@@ -414,8 +655,14 @@ void Endpoint::complete(std::uint32_t index, Status status, std::uint64_t bytes,
   --backend_owned_;
   if (!s.completed) finish_locked(s, index, status, bytes, value, peer);
   // The provider is done with the bytes: the in-flight reference goes now,
-  // even if the user has not looked at the completion yet.
-  s.local = Slice{};
+  // even if the user has not looked at the completion yet - but not under
+  // the mutex (it may be the last one, and its cleanup may call into this
+  // endpoint): the unlock releases it.
+  if (s.local && !s.release_pending) {
+    s.release_pending = true;
+    releases_[(release_head_ + release_count_) % releases_.size()] = index;
+    ++release_count_;
+  }
   maybe_free_locked(index);
 }
 
@@ -440,9 +687,10 @@ void Endpoint::finish_locked(Slot& s, std::uint32_t index, Status st, std::uint6
 
 void Endpoint::maybe_free_locked(std::uint32_t index) noexcept {
   Slot& s = slots_[index];
-  if (s.backend_owned || s.user_pending) return;
-  s.local = Slice{};
-  s.cb.reset();
+  // A slot goes back only once its Slice has been released outside the
+  // mutex (unlock_and_release); its callback was moved out to run (or, for
+  // a refused post, to be destroyed) outside it too.
+  if (s.backend_owned || s.user_pending || s.release_pending) return;
   s.completed = false;
   free_.push_back(index);
 }
@@ -477,7 +725,7 @@ std::size_t Endpoint::progress() noexcept {
     Completion results[kDeliverBatch];
     std::size_t k = 0;
     {
-      std::lock_guard<std::mutex> g(mutex_);
+      Lock g(*this);
       if (!stopping_.load(std::memory_order_relaxed)) (void)poll_locked();
       while (ready_count_ > 0 && k < kDeliverBatch) {
         const std::uint32_t index = ready_[ready_head_];
@@ -508,7 +756,7 @@ Completion Endpoint::wait(Token token, std::chrono::milliseconds timeout) noexce
   const bool threaded = progress_thread_.joinable();
   for (;;) {
     {
-      std::unique_lock<std::mutex> lk(mutex_);
+      Lock lk(*this);
       Slot& s = slots_[index];
       if (s.gen != gen || !s.user_pending || s.has_callback) return bad;
       if (s.completed) {
@@ -524,7 +772,7 @@ Completion Endpoint::wait(Token token, std::chrono::milliseconds timeout) noexce
       }
       if (threaded) {
         waiters_.fetch_add(1, std::memory_order_relaxed);
-        done_cv_.wait_until(lk, std::min(deadline, Clock::now() + std::chrono::milliseconds(2)));
+        done_cv_.wait_until(lk.native(), std::min(deadline, Clock::now() + std::chrono::milliseconds(2)));
         waiters_.fetch_sub(1, std::memory_order_relaxed);
         continue;
       }
@@ -538,7 +786,7 @@ Status Endpoint::quiesce(std::chrono::milliseconds timeout) noexcept {
   for (;;) {
     (void)progress();
     {
-      std::lock_guard<std::mutex> g(mutex_);
+      Lock g(*this);
       bool busy = ready_count_ > 0;
       for (std::size_t i = 0; !busy && i < config_.max_in_flight; ++i) {
         const Slot& s = slots_[i];

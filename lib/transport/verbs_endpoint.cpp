@@ -60,8 +60,7 @@ constexpr std::size_t kCtrlRecvs = 32;
 constexpr std::size_t kCtrlSends = 32;
 constexpr std::uint32_t kQkey = 0x11111111;
 constexpr auto kRetransmit = std::chrono::milliseconds(50);
-// Bounds on the synchronous waits inside a backend call (window bind and
-// invalidate, draining a QP before reset).
+// Bound on draining a QP before a reset.
 constexpr auto kInternalWait = std::chrono::milliseconds(2000);
 
 // ---- wr_id layout: tag (4 bits) | sequence (36 bits) | index (24 bits) ----
@@ -127,8 +126,13 @@ struct VerbsEndpoint::Conn {
 };
 
 struct VerbsEndpoint::Exposed {
+  // A window's bind or invalidate still in flight on its QP (wr_id): the
+  // base waits for exposure_settled() without the mutex.
+  enum class Pending : std::uint8_t { none, bind, invalidate };
   bool live = false;
   bool window = false;
+  Pending pending = Pending::none;
+  std::uint64_t wr_id = 0;
   Registration registration;  // sub-registration exposures
   ibv_mw* mw = nullptr;       // window exposures
   std::uint32_t rkey = 0;
@@ -159,7 +163,7 @@ struct VerbsEndpoint::Impl {
   // A free (or new) entry of `exposed`, reset. May throw bad_alloc.
   std::size_t claim_exposure_slot() {
     std::size_t slot = 0;
-    while (slot < exposed.size() && exposed[slot].live) ++slot;
+    while (slot < exposed.size() && (exposed[slot].live || exposed[slot].pending != Exposed::Pending::none)) ++slot;
     if (slot == exposed.size()) exposed.emplace_back();
     exposed[slot] = Exposed{};
     return slot;
@@ -171,10 +175,6 @@ struct VerbsEndpoint::Impl {
   std::vector<std::uint64_t> atomic_words;
   Registration atomic_reg;
   std::vector<bool> send_busy;
-  // Internal (window bind/invalidate) completion being waited for.
-  std::uint64_t internal_wait_id = 0;
-  bool internal_done = false;
-  ibv_wc_status internal_status = IBV_WC_SUCCESS;
   // Set while a QP is drained before a reset (see reset_conn).
   bool draining = false;
 };
@@ -492,6 +492,16 @@ int VerbsEndpoint::reset_conn(std::uint32_t ci) noexcept {
     if (poll_cq(32) == 0) std::this_thread::yield();
   }
   m.draining = false;
+  // Window binds/invalidates that did not come back: the QP is in ERROR
+  // (about to be reset), so the window cannot grant access any more.
+  for (std::size_t slot = 0; slot < m.exposed.size(); ++slot) {
+    Exposed& x = m.exposed[slot];
+    if (x.live && x.window && x.conn == ci && x.pending != Exposed::Pending::none) {
+      const int pending = static_cast<int>(x.pending);
+      finish_window(slot);
+      settle_window(slot, pending);
+    }
+  }
   // Whatever did not come back is answered here; a late CQE for it is
   // recognised as stale by its sequence number.
   for (std::uint32_t i = 0; i < m.slots.size(); ++i) {
@@ -591,12 +601,12 @@ void VerbsEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
   const auto ci = static_cast<std::uint32_t>(handle);
   Conn& c = m.conns[ci];
   if (c.wr_seq != c.retired_seq) (void)reset_conn(ci);
-  for (Exposed& x : m.exposed) {
+  for (std::size_t slot = 0; slot < m.exposed.size(); ++slot) {
+    Exposed& x = m.exposed[slot];
     if (x.live && x.window && x.conn == ci) {
-      (void)ibv_dealloc_mw(x.mw);
-      x.mw = nullptr;
-      x.live = false;
-      x.registration.reset();
+      const int pending = static_cast<int>(x.pending);
+      finish_window(slot);
+      settle_window(slot, pending);
     }
   }
   (void)ibv_destroy_qp(c.qp);
@@ -635,9 +645,9 @@ void VerbsEndpoint::handle_ctrl(std::uint32_t k, std::uint32_t byte_len) noexcep
   (void)ibv_post_recv(m.ud, &wr, &bad);
   if (!sane || msg.magic != kCtrlMagic || msg.dst_id != m.endpoint_id) return;
   if (msg.src.magic != kNameMagic || msg.src.endpoint_id == 0) return;
-  // While draining a QP or waiting for a window op we cannot reset another
-  // QP underneath the caller; dropping is fine, REQs are retransmitted.
-  if (m.draining || m.internal_wait_id != 0) return;
+  // While draining a QP we cannot reset another QP underneath the caller;
+  // dropping is fine, REQs are retransmitted.
+  if (m.draining) return;
 
   std::uint32_t ci = conn_by_id(msg.src.endpoint_id);
   if (msg.type == kReq) {
@@ -673,14 +683,6 @@ void VerbsEndpoint::handle_ctrl(std::uint32_t k, std::uint32_t byte_len) noexcep
     c.remote_psn = msg.psn;
     if (qp_to_rts(c) != 0) c.state = Conn::State::error;
   }
-}
-
-bool VerbsEndpoint::wait_connected(std::uint32_t ci) noexcept {
-  const auto deadline = MonoClock::now() + config().post_timeout;
-  while (impl_->conns[ci].state == Conn::State::connecting && MonoClock::now() < deadline) {
-    if (do_poll(config().poll_batch) == 0) std::this_thread::yield();
-  }
-  return impl_->conns[ci].state == Conn::State::connected;
 }
 
 // ----------------------------------------------------------------- data path
@@ -880,10 +882,7 @@ void VerbsEndpoint::handle_wc(const ibv_wc& wc) noexcept {
     return;
   }
   if (tag == kTagInternal) {
-    if (wc.wr_id == m.internal_wait_id) {
-      m.internal_done = true;
-      m.internal_status = wc.status;
-    }
+    window_op_done(wc.wr_id, wc.status);
     return;
   }
   if (tag != kTagOp || index >= m.slots.size()) return;
@@ -994,16 +993,49 @@ Result<ExposureInfo> VerbsEndpoint::do_expose(const Slice& slice, RemoteAccess a
   }
 }
 
-bool VerbsEndpoint::wait_internal(std::uint64_t wr_id) noexcept {
+void VerbsEndpoint::finish_window(std::size_t slot) noexcept {
+  Exposed& x = impl_->exposed[slot];
+  if (x.mw) (void)ibv_dealloc_mw(x.mw);
+  x.mw = nullptr;
+  // Only now, with no window bound over it, can a backing MR go.
+  x.registration.reset();
+  x.live = false;
+  x.pending = Exposed::Pending::none;
+  x.wr_id = 0;
+}
+
+void VerbsEndpoint::settle_window(std::size_t slot, int pending) noexcept {
+  // A window whose bind or invalidate was still in flight when its QP went
+  // away: a bind failed (retryable after reconnect), an invalidate is done.
+  if (pending == static_cast<int>(Exposed::Pending::bind)) exposure_settled(slot, Status::peer_unreachable);
+  if (pending == static_cast<int>(Exposed::Pending::invalidate)) exposure_settled(slot, Status::ok);
+}
+
+void VerbsEndpoint::window_op_done(std::uint64_t wr_id, int wc_status) noexcept {
   Impl& m = *impl_;
-  m.internal_wait_id = wr_id;
-  m.internal_done = false;
-  const auto deadline = MonoClock::now() + kInternalWait;
-  while (!m.internal_done && MonoClock::now() < deadline) {
-    if (poll_cq(32) == 0) std::this_thread::yield();
+  for (std::size_t slot = 0; slot < m.exposed.size(); ++slot) {
+    Exposed& x = m.exposed[slot];
+    if (x.pending == Exposed::Pending::none || x.wr_id != wr_id) continue;
+    if (x.pending == Exposed::Pending::bind) {
+      if (wc_status == IBV_WC_SUCCESS) {
+        x.pending = Exposed::Pending::none;
+        x.wr_id = 0;
+        exposure_settled(slot, Status::ok);
+        return;
+      }
+      // A bind lost because the connection broke under it (flushed: a
+      // peer's reconnect resets the QP) is retryable after reconnecting;
+      // only a bind the device refused is an access error.
+      finish_window(slot);
+      exposure_settled(slot, wc_status == IBV_WC_WR_FLUSH_ERR ? Status::peer_unreachable : Status::access_denied);
+      return;
+    }
+    // Invalidate: done (or flushed with its QP, which kills the window's
+    // key as well). Deallocating now cannot race a remote access.
+    finish_window(slot);
+    exposure_settled(slot, Status::ok);
+    return;
   }
-  m.internal_wait_id = 0;
-  return m.internal_done && m.internal_status == IBV_WC_SUCCESS;
 }
 
 Result<ExposureInfo> VerbsEndpoint::do_expose_to(const Slice& slice, RemoteAccess access, PeerId /*peer*/,
@@ -1012,7 +1044,9 @@ Result<ExposureInfo> VerbsEndpoint::do_expose_to(const Slice& slice, RemoteAcces
   if (!domain_->memory_windows()) return Status::unsupported;
   if (peer_handle >= m.conns.size() || !m.conns[peer_handle].used) return Status::invalid_argument;
   const auto ci = static_cast<std::uint32_t>(peer_handle);
-  if (m.conns[ci].state == Conn::State::connecting && !wait_connected(ci)) return Status::would_block;
+  // Binding needs the connection up; the base retries (progressing, without
+  // the mutex) until post_timeout.
+  if (m.conns[ci].state == Conn::State::connecting) return Status::would_block;
   Conn& c = m.conns[ci];
   if (c.state != Conn::State::connected) return Status::peer_unreachable;
   if (c.wr_seq - c.retired_seq + 1 > m.sq_depth) return Status::would_block;
@@ -1034,6 +1068,12 @@ Result<ExposureInfo> VerbsEndpoint::do_expose_to(const Slice& slice, RemoteAcces
     if (!region) return region.status();
     if (!region->registration || !region->registration->native()) return Status::unsupported;
     mr = static_cast<ibv_mr*>(region->registration->native());
+  }
+  std::size_t slot = 0;
+  try {
+    slot = m.claim_exposure_slot();
+  } catch (...) {
+    return Status::out_of_memory;
   }
 
   ibv_mw* mw = ibv_alloc_mw(domain_->pd(), IBV_MW_TYPE_2);
@@ -1063,51 +1103,52 @@ Result<ExposureInfo> VerbsEndpoint::do_expose_to(const Slice& slice, RemoteAcces
   c.wr_seq = seq;
   c.last_signaled_seq = seq;
   c.unsignaled_run = 0;
-  const bool ok = wait_internal(wr.wr_id);
   // libibverbs does not update mw->rkey for WR binds; keep it for the next
   // ibv_inc_rkey.
   mw->rkey = rkey;
-  if (!ok) {
-    (void)ibv_dealloc_mw(mw);
-    // A bind lost because the connection broke under it (a peer's
-    // reconnect resets the QP) is retryable after reconnecting; only a bind
-    // the device refused on a healthy connection is an access error.
-    return m.conns[ci].state == Conn::State::connected ? Status::access_denied : Status::peer_unreachable;
-  }
-  try {
-    const std::size_t slot = m.claim_exposure_slot();
-    Exposed& x = m.exposed[slot];
-    x.live = true;
-    x.window = true;
-    x.registration = std::move(backing);
-    x.mw = mw;
-    x.rkey = rkey;
-    x.conn = ci;
-    ExposureInfo info;
-    info.key = rkey;
-    info.address = reinterpret_cast<std::uintptr_t>(slice.address());
-    info.mode = AddressMode::virtual_address;
-    info.handle = slot;
-    return info;
-  } catch (...) {
-    (void)ibv_dealloc_mw(mw);
-    return Status::out_of_memory;
-  }
+  // Not waited for here (the endpoint's mutex is held): the base waits for
+  // exposure_settled() from window_op_done(), progressing without the mutex.
+  Exposed& x = m.exposed[slot];
+  x.live = true;
+  x.window = true;
+  x.registration = std::move(backing);
+  x.mw = mw;
+  x.rkey = rkey;
+  x.conn = ci;
+  x.pending = Exposed::Pending::bind;
+  x.wr_id = wr.wr_id;
+  ExposureInfo info;
+  info.key = rkey;
+  info.address = reinterpret_cast<std::uintptr_t>(slice.address());
+  info.mode = AddressMode::virtual_address;
+  info.handle = slot;
+  info.pending = true;
+  return info;
 }
 
 void VerbsEndpoint::do_revoke(std::uint64_t handle) noexcept {
   Impl& m = *impl_;
   if (handle >= m.exposed.size() || !m.exposed[handle].live) return;
   Exposed& x = m.exposed[handle];
-  x.live = false;
   if (!x.window) {
     x.registration.reset();
+    x.live = false;
     return;
   }
-  ibv_mw* mw = x.mw;
-  x.mw = nullptr;
-  if (x.conn < m.conns.size() && m.conns[x.conn].used && m.conns[x.conn].state == Conn::State::connected &&
-      m.internal_wait_id == 0) {
+  if (x.pending == Exposed::Pending::invalidate) {
+    revoke_deferred(handle);  // already on its way
+    return;
+  }
+  // An invalidate queued behind everything posted on the window's QP (a
+  // still pending bind included): once it completes, deallocating cannot
+  // race a remote access. It is not waited for here: the base parks the
+  // slice until window_op_done() confirms. When it cannot be posted (QP in
+  // ERROR, not connected, send queue full), deallocation revokes
+  // synchronously. Windows are not recycled: rebinding an invalidated
+  // type-2 window on rxe fails with a bind error when its QP was reset in
+  // between (a peer's reconnect does that), so each exposure gets a fresh
+  // window.
+  if (x.conn < m.conns.size() && m.conns[x.conn].used && m.conns[x.conn].state == Conn::State::connected) {
     Conn& c = m.conns[x.conn];
     ibv_send_wr wr{};
     ibv_send_wr* bad = nullptr;
@@ -1120,17 +1161,13 @@ void VerbsEndpoint::do_revoke(std::uint64_t handle) noexcept {
       c.wr_seq = seq;
       c.last_signaled_seq = seq;
       c.unsignaled_run = 0;
-      (void)wait_internal(wr.wr_id);  // bounded; dealloc below revokes either way
+      x.pending = Exposed::Pending::invalidate;
+      x.wr_id = wr.wr_id;
+      revoke_deferred(handle);
+      return;
     }
   }
-  // Windows are not recycled: rebinding an invalidated type-2 window on rxe
-  // fails with a bind error when its QP was reset in between (a peer's
-  // reconnect does that), so each exposure gets a fresh window. Once the
-  // invalidate completed, deallocating cannot race a remote access; when
-  // it did not (QP in ERROR, timeout), deallocation revokes synchronously.
-  (void)ibv_dealloc_mw(mw);
-  // Only now, with no window bound over it, can a backing MR go.
-  x.registration.reset();
+  finish_window(handle);
 }
 
 }  // namespace regpool
