@@ -233,6 +233,7 @@ void TcpBootstrap::connect_to_root() {
   const auto size = static_cast<std::uint32_t>(config_.size);
   int attempts = 0;
   std::string last;
+  bool refused = false;
   for (;;) {
     const int fd = make_socket();
     try {
@@ -292,7 +293,7 @@ void TcpBootstrap::connect_to_root() {
       }
       const auto verdict = bw::parse_verdict(vb, why);
       if (!verdict) fail(Status::malformed, EPROTO, root + " sent a malformed " + why);
-      const std::string refused = root + " refused " + me + ": ";
+      const std::string refusal = root + " refused " + me + ": ";
       const std::string d = std::to_string(verdict->detail);
       switch (verdict->code) {
         case bw::VerdictCode::accepted:
@@ -310,26 +311,26 @@ void TcpBootstrap::connect_to_root() {
           return;
         case bw::VerdictCode::bad_key:
           fail(Status::access_denied, EACCES,
-               refused + "the job key does not match (REGPOOL_BOOTSTRAP_KEY / TcpBootstrapConfig::key differ)");
+               refusal + "the job key does not match (REGPOOL_BOOTSTRAP_KEY / TcpBootstrapConfig::key differ)");
         case bw::VerdictCode::missing_key:
           fail(Status::access_denied, EACCES,
-               refused + "rank 0 requires the job key and this rank has none (set REGPOOL_BOOTSTRAP_KEY or "
+               refusal + "rank 0 requires the job key and this rank has none (set REGPOOL_BOOTSTRAP_KEY or "
                          "TcpBootstrapConfig::key)");
         case bw::VerdictCode::unexpected_key:
-          fail(Status::access_denied, EACCES, refused + "this rank has a job key and rank 0 has none");
+          fail(Status::access_denied, EACCES, refusal + "this rank has a job key and rank 0 has none");
         case bw::VerdictCode::duplicate_rank:
           fail(Status::invalid_argument, EADDRINUSE,
-               refused + "rank " + d +
+               refusal + "rank " + d +
                    " is already taken (two processes started with the same rank, or another process claimed it "
                    "first; a job key prevents the latter)");
         case bw::VerdictCode::rank_out_of_range:
-          fail(Status::invalid_argument, EINVAL, refused + "rank out of range for rank 0's job size " + d);
+          fail(Status::invalid_argument, EINVAL, refusal + "rank out of range for rank 0's job size " + d);
         case bw::VerdictCode::size_mismatch:
           fail(Status::invalid_argument, EINVAL,
-               refused + "this rank says the job has " + std::to_string(size) + " ranks, rank 0 says " + d);
+               refusal + "this rank says the job has " + std::to_string(size) + " ranks, rank 0 says " + d);
         case bw::VerdictCode::bad_version:
           fail(Status::unsupported, EPROTO,
-               refused + "rank 0 speaks bootstrap protocol version " + d + ", this rank " +
+               refusal + "rank 0 speaks bootstrap protocol version " + d + ", this rank " +
                    std::to_string(bw::kVersion) + " (mixed regpool versions)");
       }
       fail(Status::malformed, EPROTO, root + " sent an unknown verdict");
@@ -343,6 +344,7 @@ void TcpBootstrap::connect_to_root() {
       // the bound; every other error is final.
       if (e.status() != Status::peer_unreachable) throw;
       last = e.what();
+      refused = e.provider_code() == ECONNREFUSED;
     } catch (...) {
       ::close(fd);
       throw;
@@ -354,7 +356,10 @@ void TcpBootstrap::connect_to_root() {
     }
     if (Clock::now() >= deadline) {
       fail(Status::timeout, ETIMEDOUT,
-           me + " could not reach " + root + " within " + ms_text(config_.connect_timeout) + " (last: " + last + ")");
+           me + " could not reach " + root + " within " + ms_text(config_.connect_timeout) + " (last: " + last +
+               (refused ? "; rank 0 stops listening once every rank is admitted: is it not started yet, or did "
+                          "another process take this rank's place?)"
+                        : ")"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20 << std::min(attempts, 4)));
   }
