@@ -64,7 +64,9 @@ struct TcpBootstrapConfig {
   // Other ranks: bound on the constructor (connecting, retrying until rank 0
   // listens, and being admitted, which happens in rank 0's first
   // collective). Rank 0: bound on waiting for everyone in the first
-  // collective (or that collective's timeout, if longer).
+  // collective (or that collective's timeout, if longer); when it expires
+  // with ranks missing, that call throws Status::timeout, consumes no
+  // collective, and may be repeated (admitted ranks keep their places).
   std::chrono::milliseconds connect_timeout{30000};
   // Rank 0: bound on each connection's handshake, from accept to admission.
   // Connections are served concurrently, so a silent or slow one costs a

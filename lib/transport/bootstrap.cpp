@@ -401,7 +401,8 @@ bool flush(Pending& p) {
 
 void TcpBootstrap::accept_all(Clock::time_point deadline) {
   const auto size = static_cast<std::uint32_t>(config_.size);
-  int missing = config_.size - 1;
+  // Ranks admitted in an earlier, failed attempt keep their places.
+  int missing = static_cast<int>(std::count(peers_.begin() + 1, peers_.end(), -1));
   std::vector<Pending> pend;
   std::size_t dropped = 0;
   std::string last_drop;
@@ -419,7 +420,12 @@ void TcpBootstrap::accept_all(Clock::time_point deadline) {
   };
   auto cleanup = [&]() {
     for (auto& p : pend) {
-      if (!p.gone) ::close(p.fd);
+      if (p.gone) continue;
+      if (p.admit_rank > 0) {  // its verdict is not out: not admitted
+        peers_[static_cast<std::size_t>(p.admit_rank)] = -1;
+        peer_addr_[static_cast<std::size_t>(p.admit_rank)].clear();
+      }
+      ::close(p.fd);
     }
   };
 
@@ -709,13 +715,15 @@ std::vector<std::vector<std::byte>> TcpBootstrap::allgather(std::span<const std:
          "rank " + std::to_string(config_.rank) + " contributes " + std::to_string(mine.size()) +
              " bytes, more than max_blob (" + std::to_string(config_.max_blob) + ")");
   }
-  const std::uint32_t seq = ++sequence_;
   const auto deadline = Clock::now() + timeout;
   const std::size_t n = static_cast<std::size_t>(config_.size);
   if (config_.rank == 0) {
+    // A timeout while ranks are still joining consumes no collective, so
+    // rank 0 may simply call again (admitted ranks keep their places).
     if (!accepted_) accept_all(std::max(deadline, Clock::now() + config_.connect_timeout));
-    return gather_at_root(mine, seq, deadline);
+    return gather_at_root(mine, ++sequence_, deadline);
   }
+  const std::uint32_t seq = ++sequence_;
   const std::string root = "rank 0 (" + peer_addr_[0] + ")";
   send_frame(peers_[0], seq, mine, deadline, root);
   // Bound on the reply: every blob at most max_blob, plus lengths (saturating).

@@ -636,3 +636,36 @@ TEST_CASE("a rank's contribution above max_blob is refused locally", "[unit]") {
   CHECK_THROWS_AS(solo.allgather(std::vector<std::byte>(11), 1s), regpool::Error);
   CHECK(solo.allgather(std::vector<std::byte>(10), 1s).at(0).size() == 10);
 }
+
+TEST_CASE("rank 0 keeps the ranks it admitted when its first collective times out", "[unit]") {
+  Log log;
+  auto cfg = root_config(3, log);
+  cfg.connect_timeout = 500ms;
+  regpool::TcpBootstrap root(cfg);
+  const auto port = root.port();
+  auto k1 = rpt::spawn(
+      [port]() -> int {
+        regpool::TcpBootstrap b(rank_config(port, 1, 3));
+        auto all = b.allgather(blob_of(1, 0), 20s);
+        RPT_CHECK(all.size() == 3 && all[2] == blob_of(2, 0));
+        return 0;
+      },
+      60);
+  // Rank 2 is late: the first attempt times out with rank 1 admitted.
+  CHECK_THROWS_AS(root.allgather(blob_of(0, 0), 500ms), regpool::Error);
+  auto k2 = rpt::spawn(
+      [port]() -> int {
+        regpool::TcpBootstrap b(rank_config(port, 2, 3));
+        auto all = b.allgather(blob_of(2, 0), 20s);
+        RPT_CHECK(all.size() == 3 && all[1] == blob_of(1, 0));
+        return 0;
+      },
+      60);
+  // The call is repeated and waits for rank 2 only.
+  auto all = root.allgather(blob_of(0, 0), 20s);
+  REQUIRE(all.size() == 3);
+  CHECK(all[1] == blob_of(1, 0));
+  CHECK(all[2] == blob_of(2, 0));
+  CHECK(rpt::reap(k1, 20s) == 0);
+  CHECK(rpt::reap(k2, 20s) == 0);
+}
