@@ -109,7 +109,9 @@ std::optional<FrameHeader> parse_frame_header(std::span<const std::byte> b, std:
 
 // Early rejection: true while `prefix` (the first bytes of a message
 // received so far) can still be the start of a message with this magic and
-// version; lets rank 0 drop garbage after 4 bytes instead of waiting for 80.
+// version; lets rank 0 drop garbage at its first wrong byte instead of
+// waiting for 80 (rank 0 passes at most the 4 magic bytes, so that another
+// version still gets a verdict saying so).
 bool plausible_prefix(std::span<const std::byte> prefix, std::uint32_t magic) noexcept;
 
 // MACs. `key` empty: all-zero MAC (no proof).
