@@ -39,6 +39,10 @@ constexpr std::size_t kReadChunk = 64 * 1024;
   throw Error(st, err, "bootstrap: " + what + (err ? std::string(": ") + std::strerror(err) : std::string()));
 }
 
+// A refusal by rank 0 (or of rank 0): the message says it all; errno's text
+// ("Permission denied", "Address already in use") would only mislead.
+[[noreturn]] void refuse(Status st, int code, const std::string& what) { throw Error(st, code, "bootstrap: " + what); }
+
 int remaining_ms(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left + 1, 1 << 30));
@@ -272,8 +276,8 @@ void TcpBootstrap::connect_to_root() {
       const auto challenge = bw::parse_challenge(cb, why);
       if (!challenge) fail(Status::malformed, EPROTO, root + " sent a malformed " + why);
       if (!key_.empty() && !challenge->key_required) {
-        fail(Status::access_denied, EACCES,
-             root + " does not require a job key but " + me +
+        refuse(Status::access_denied, EACCES,
+               root + " does not require a job key but " + me +
                  " has one; not sending anything to an unauthenticated rank 0 (set REGPOOL_BOOTSTRAP_KEY or "
                  "TcpBootstrapConfig::key on every rank, or on none)");
       }
@@ -301,7 +305,7 @@ void TcpBootstrap::connect_to_root() {
             const auto expect = bw::verdict_mac(key_bytes(key_), challenge->nonce, hello.nonce, rank, size,
                                                 bw::VerdictCode::accepted);
             if (!detail::equal_constant_time(expect, verdict->mac)) {
-              fail(Status::access_denied, EACCES,
+              refuse(Status::access_denied, EACCES,
                    root + " admitted " + me + " without proving the job key: it is not the real rank 0 (or its key "
                    "differs); nothing was sent to it");
             }
@@ -310,26 +314,26 @@ void TcpBootstrap::connect_to_root() {
           peer_addr_.push_back(config_.host + ":" + std::to_string(config_.port));
           return;
         case bw::VerdictCode::bad_key:
-          fail(Status::access_denied, EACCES,
+          refuse(Status::access_denied, EACCES,
                refusal + "the job key does not match (REGPOOL_BOOTSTRAP_KEY / TcpBootstrapConfig::key differ)");
         case bw::VerdictCode::missing_key:
-          fail(Status::access_denied, EACCES,
+          refuse(Status::access_denied, EACCES,
                refusal + "rank 0 requires the job key and this rank has none (set REGPOOL_BOOTSTRAP_KEY or "
                          "TcpBootstrapConfig::key)");
         case bw::VerdictCode::unexpected_key:
-          fail(Status::access_denied, EACCES, refusal + "this rank has a job key and rank 0 has none");
+          refuse(Status::access_denied, EACCES, refusal + "this rank has a job key and rank 0 has none");
         case bw::VerdictCode::duplicate_rank:
-          fail(Status::invalid_argument, EADDRINUSE,
+          refuse(Status::invalid_argument, EADDRINUSE,
                refusal + "rank " + d +
                    " is already taken (two processes started with the same rank, or another process claimed it "
                    "first; a job key prevents the latter)");
         case bw::VerdictCode::rank_out_of_range:
-          fail(Status::invalid_argument, EINVAL, refusal + "rank out of range for rank 0's job size " + d);
+          refuse(Status::invalid_argument, EINVAL, refusal + "rank out of range for rank 0's job size " + d);
         case bw::VerdictCode::size_mismatch:
-          fail(Status::invalid_argument, EINVAL,
+          refuse(Status::invalid_argument, EINVAL,
                refusal + "this rank says the job has " + std::to_string(size) + " ranks, rank 0 says " + d);
         case bw::VerdictCode::bad_version:
-          fail(Status::unsupported, EPROTO,
+          refuse(Status::unsupported, EPROTO,
                refusal + "rank 0 speaks bootstrap protocol version " + d + ", this rank " +
                    std::to_string(bw::kVersion) + " (mixed regpool versions)");
       }
@@ -552,20 +556,31 @@ void TcpBootstrap::accept_all(Clock::time_point deadline) {
           if (p.out_off == p.out_len && p.hello_done) settle(p);
           continue;
         }
-        // Read what is there, never past the hello.
-        const ssize_t r = ::recv(p.fd, p.in.data() + p.in_len, p.in.size() - p.in_len, MSG_DONTWAIT);
-        if (r == 0) {
+        // Read what is there (and an end of stream right behind it), never
+        // past the hello.
+        bool closed = false;
+        int failed = 0;
+        while (p.in_len < p.in.size()) {
+          const ssize_t r = ::recv(p.fd, p.in.data() + p.in_len, p.in.size() - p.in_len, MSG_DONTWAIT);
+          if (r > 0) {
+            p.in_len += static_cast<std::size_t>(r);
+            continue;
+          }
+          if (r < 0 && errno == EINTR) continue;
+          closed = r == 0;
+          if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) failed = errno;
+          break;
+        }
+        if (!bw::plausible_prefix({p.in.data(), std::min<std::size_t>(p.in_len, 4)}, bw::kHelloMagic)) {
+          drop(p, "sent bytes that are not a regpool bootstrap hello (bad magic)");
+          continue;
+        }
+        if (closed) {
           drop(p, "closed the connection after " + std::to_string(p.in_len) + " bytes of its hello");
           continue;
         }
-        if (r < 0) {
-          if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
-          drop(p, std::string("receive failed: ") + std::strerror(errno));
-          continue;
-        }
-        p.in_len += static_cast<std::size_t>(r);
-        if (!bw::plausible_prefix({p.in.data(), std::min<std::size_t>(p.in_len, 4)}, bw::kHelloMagic)) {
-          drop(p, "sent bytes that are not a regpool bootstrap hello (bad magic)");
+        if (failed != 0) {
+          drop(p, std::string("receive failed: ") + std::strerror(failed));
           continue;
         }
         if (p.in_len < p.in.size()) continue;
