@@ -115,6 +115,9 @@ void usage(std::FILE* to) {
       "  -h, --help       this text\n"
       "tcp on loopback: FI_TCP_IFACE defaults to lo in --loopback mode; across hosts\n"
       "set FI_TCP_IFACE to the interface to use.\n"
+      "Bootstrap: with REGPOOL_BOOTSTRAP_KEY set (the same on server and client), the\n"
+      "server admits only a client that proves the key, and the client checks that\n"
+      "the server proves it too (docs/bootstrap.md).\n"
       "Exit codes: 0 ok, 1 failure (setup error, peer lost, operation failed), 2 bad\n"
       "arguments.\n");
 }
@@ -810,7 +813,10 @@ int main(int argc, char** argv) {
     if (o.mode == Mode::loopback) ::setenv("FI_TCP_IFACE", "lo", 0);
     regpool::TcpBootstrap boot(bc);
     if (o.mode == Mode::server) {
-      if (!o.json) std::fprintf(stderr, "regpool-perf server: listening on %s:%u\n", o.bind.c_str(), boot.port());
+      if (!o.json) {
+        std::fprintf(stderr, "regpool-perf server: listening on %s:%u%s\n", o.bind.c_str(), boot.port(),
+                     boot.uses_key() ? " (job key required: REGPOOL_BOOTSTRAP_KEY)" : "");
+      }
       return run_server(boot, false, o.json);
     }
     // Loopback: neither process touches libfabric before the fork.

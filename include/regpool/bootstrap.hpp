@@ -10,11 +10,15 @@
 //    already started across nodes. Available when built with -Dmpi=enabled.
 //
 // Everything here is setup: failures throw regpool::Error (Status::timeout,
-// peer_unreachable, malformed, unsupported) with errno as the provider code.
+// peer_unreachable, malformed, access_denied, invalid_argument, unsupported)
+// with errno as the provider code, and a message naming the rank, the
+// address and what was wrong. docs/bootstrap.md has the protocol, the threat
+// model and the job key.
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -57,19 +61,48 @@ struct TcpBootstrapConfig {
   // and hand it to the other ranks, e.g. through fork or the environment).
   // Other ranks: rank 0's port.
   std::uint16_t port = 0;
-  // Bound on connecting (other ranks retry until rank 0 listens) and on rank
-  // 0 waiting for everyone in the first collective.
+  // Other ranks: bound on the constructor (connecting, retrying until rank 0
+  // listens, and being admitted, which happens in rank 0's first
+  // collective). Rank 0: bound on waiting for everyone in the first
+  // collective (or that collective's timeout, if longer); when it expires
+  // with ranks missing, that call throws Status::timeout, consumes no
+  // collective, and may be repeated (admitted ranks keep their places).
   std::chrono::milliseconds connect_timeout{30000};
+  // Rank 0: bound on each connection's handshake, from accept to admission.
+  // Connections are served concurrently, so a silent or slow one costs a
+  // slot for this long and never delays the real ranks; it is then dropped
+  // (and logged). Real ranks answer within a round trip.
+  std::chrono::milliseconds handshake_timeout{5000};
   // Largest blob accepted from a peer (guards against garbage on the port).
+  // Memory for a frame grows with the bytes that actually arrive, so a
+  // header announcing this much costs nothing until the bytes come.
   std::size_t max_blob = std::size_t{64} << 20;
+  // Job key (any bytes; use 16 or more random ones). When set, rank 0 admits
+  // only hellos that prove knowledge of it (HMAC-SHA256 over a fresh nonce),
+  // and every other rank checks that rank 0 proves it too before sending it
+  // anything. Empty: taken from the environment variable
+  // REGPOOL_BOOTSTRAP_KEY when key_from_environment is true and the variable
+  // is set and non-empty; otherwise no key (first valid hello per rank wins).
+  // Every rank must have the same key, or none.
+  std::string key;
+  bool key_from_environment = true;
+  // Rank 0 reports each connection it drops or refuses (silent, too slow,
+  // garbage, forged, duplicate rank, ...) with its address here, one line per
+  // event, from the thread that is in the collective. Empty: the line goes to
+  // stderr, prefixed "regpool bootstrap: ".
+  std::function<void(const std::string&)> log;
 };
 
 // Owns its sockets (closed by the destructor, which never blocks).
 class TcpBootstrap final : public Bootstrap {
  public:
   // Rank 0 binds and listens here (so the port is known at once, before
-  // fork); it accepts the other ranks lazily in the first collective. Other
-  // ranks connect here, retrying until connect_timeout.
+  // fork); it admits the other ranks in its first collective. Other ranks
+  // connect and do the handshake here, so a wrong key, a taken rank or a
+  // size mismatch is reported by the constructor; it returns once rank 0
+  // has admitted this rank (so it waits for rank 0's first collective,
+  // bounded by connect_timeout: do not construct rank 0 and another rank in
+  // one thread).
   explicit TcpBootstrap(const TcpBootstrapConfig& config);
   ~TcpBootstrap() override;
   TcpBootstrap(const TcpBootstrap&) = delete;
@@ -78,16 +111,25 @@ class TcpBootstrap final : public Bootstrap {
   int rank() const noexcept override { return config_.rank; }
   int size() const noexcept override { return config_.size; }
   std::uint16_t port() const noexcept { return port_; }
+  // Whether this object authenticates with a job key (from the config or
+  // the environment).
+  bool uses_key() const noexcept { return !key_.empty(); }
   std::vector<std::vector<std::byte>> allgather(std::span<const std::byte> mine,
                                                 std::chrono::milliseconds timeout) override;
 
  private:
   void accept_all(std::chrono::steady_clock::time_point deadline);
+  void connect_to_root();
+  void log(const std::string& line) const;
+  std::vector<std::vector<std::byte>> gather_at_root(std::span<const std::byte> mine, std::uint32_t seq,
+                                                     std::chrono::steady_clock::time_point deadline);
 
   TcpBootstrapConfig config_;
+  std::string key_;
   std::uint16_t port_ = 0;
   int listen_fd_ = -1;
   std::vector<int> peers_;  // rank 0: fd per rank (index 0 unused); others: [fd to rank 0]
+  std::vector<std::string> peer_addr_;  // "address:port" per entry of peers_, for messages
   bool accepted_ = false;
   std::uint32_t sequence_ = 0;
 };

@@ -11,112 +11,110 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
+
+#include "transport/bootstrap_wire.hpp"
+#include "transport/hmac.hpp"
 
 namespace regpool {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+namespace bw = bootwire;
 
-constexpr std::uint32_t kHelloMagic = 0x4c454852;  // "RHEL"
-constexpr std::uint32_t kFrameMagic = 0x4d524652;  // "RFRM"
+// Rank 0 keeps at most this many handshakes in flight; a new connection
+// beyond it evicts the oldest (a real rank answers within a round trip, so a
+// flood of idle connections must outpace that to push one out).
+constexpr std::size_t kMaxPendingHandshakes = 64;
+// Other ranks: connections that rank 0 closed before its verdict (dropped
+// as too slow, evicted under a flood) are retried this many times.
+constexpr int kMaxHandshakeAttempts = 5;
+constexpr std::size_t kReadChunk = 64 * 1024;
 
 [[noreturn]] void fail(Status st, int err, const std::string& what) {
   throw Error(st, err, "bootstrap: " + what + (err ? std::string(": ") + std::strerror(err) : std::string()));
 }
 
+// A refusal by rank 0 (or of rank 0): the message says it all; errno's text
+// ("Permission denied", "Address already in use") would only mislead.
+[[noreturn]] void refuse(Status st, int code, const std::string& what) { throw Error(st, code, "bootstrap: " + what); }
+
 int remaining_ms(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 1 << 30));
+  return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left + 1, 1 << 30));
 }
 
+std::string ms_text(std::chrono::milliseconds ms) { return std::to_string(ms.count()) + " ms"; }
+
 // Wait until fd is ready for `events` or the deadline passes.
-void wait_fd(int fd, short events, Clock::time_point deadline, const char* what) {
+void wait_fd(int fd, short events, Clock::time_point deadline, const std::string& what) {
   for (;;) {
     pollfd p{fd, events, 0};
-    const int ms = remaining_ms(deadline);
-    const int rc = ::poll(&p, 1, ms);
+    const int rc = ::poll(&p, 1, remaining_ms(deadline));
     if (rc > 0) {
       if ((p.revents & (POLLERR | POLLNVAL)) != 0 && (p.revents & events) == 0) {
-        fail(Status::peer_unreachable, ECONNRESET, std::string(what) + ": connection failed");
+        fail(Status::peer_unreachable, ECONNRESET, what + ": connection failed");
       }
       return;
     }
-    if (rc == 0) fail(Status::timeout, ETIMEDOUT, std::string(what) + ": timed out");
-    if (errno != EINTR) fail(Status::transport_error, errno, std::string(what) + ": poll");
+    if (rc == 0) fail(Status::timeout, ETIMEDOUT, what + ": timed out");
+    if (errno != EINTR) fail(Status::transport_error, errno, what + ": poll");
   }
 }
 
-void write_all(int fd, const void* data, std::size_t n, Clock::time_point deadline) {
-  const auto* p = static_cast<const std::byte*>(data);
-  while (n > 0) {
-    wait_fd(fd, POLLOUT, deadline, "send");
-    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+void write_all(int fd, std::span<const std::byte> data, Clock::time_point deadline, const std::string& what) {
+  while (!data.empty()) {
+    wait_fd(fd, POLLOUT, deadline, what);
+    const ssize_t w = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w > 0) {
-      p += w;
-      n -= static_cast<std::size_t>(w);
+      data = data.subspan(static_cast<std::size_t>(w));
     } else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      fail(Status::peer_unreachable, errno, "send to a peer failed");
+      fail(Status::peer_unreachable, errno, what + ": send failed");
     }
   }
 }
 
-void read_all(int fd, void* data, std::size_t n, Clock::time_point deadline) {
-  auto* p = static_cast<std::byte*>(data);
-  while (n > 0) {
-    wait_fd(fd, POLLIN, deadline, "receive");
-    const ssize_t r = ::recv(fd, p, n, MSG_DONTWAIT);
+void read_all(int fd, std::span<std::byte> data, Clock::time_point deadline, const std::string& what) {
+  while (!data.empty()) {
+    wait_fd(fd, POLLIN, deadline, what);
+    const ssize_t r = ::recv(fd, data.data(), data.size(), MSG_DONTWAIT);
     if (r > 0) {
-      p += r;
-      n -= static_cast<std::size_t>(r);
+      data = data.subspan(static_cast<std::size_t>(r));
     } else if (r == 0) {
-      fail(Status::peer_unreachable, ECONNRESET, "a peer closed its connection");
+      fail(Status::peer_unreachable, ECONNRESET, what + ": the peer closed the connection");
     } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      fail(Status::peer_unreachable, errno, "receive from a peer failed");
+      fail(Status::peer_unreachable, errno, what + ": receive failed");
     }
   }
 }
 
-void put_u32(std::byte* p, std::uint32_t v) noexcept {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
-}
-void put_u64(std::byte* p, std::uint64_t v) noexcept {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
-}
-std::uint32_t get_u32(const std::byte* p) noexcept {
-  std::uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<std::uint32_t>(p[i]) << (8 * i);
-  return v;
-}
-std::uint64_t get_u64(const std::byte* p) noexcept {
-  std::uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(p[i]) << (8 * i);
-  return v;
-}
-
-// Frame: magic, sequence, u64 length, bytes.
-void send_frame(int fd, std::uint32_t seq, std::span<const std::byte> blob, Clock::time_point deadline) {
-  std::byte head[16];
-  put_u32(head, kFrameMagic);
-  put_u32(head + 4, seq);
-  put_u64(head + 8, blob.size());
-  write_all(fd, head, sizeof head, deadline);
-  if (!blob.empty()) write_all(fd, blob.data(), blob.size(), deadline);
-}
-
-std::vector<std::byte> recv_frame(int fd, std::uint32_t seq, std::size_t max, Clock::time_point deadline) {
-  std::byte head[16];
-  read_all(fd, head, sizeof head, deadline);
-  if (get_u32(head) != kFrameMagic || get_u32(head + 4) != seq) {
-    fail(Status::malformed, EPROTO, "a peer sent an unexpected frame (mismatched collectives?)");
+// One frame from fd into `reader`, bounded by the deadline.
+void read_frame(int fd, bw::FrameReader& reader, Clock::time_point deadline, const std::string& who) {
+  std::vector<std::byte> buf(kReadChunk);
+  while (reader.state() == bw::FrameReader::State::header || reader.state() == bw::FrameReader::State::payload) {
+    wait_fd(fd, POLLIN, deadline,
+            "waiting for " + who + " (" + std::to_string(reader.received()) + " payload bytes received so far)");
+    const ssize_t r = ::recv(fd, buf.data(), std::min(buf.size(), reader.wanted()), MSG_DONTWAIT);
+    if (r > 0) {
+      (void)reader.feed({buf.data(), static_cast<std::size_t>(r)});
+    } else if (r == 0) {
+      fail(Status::peer_unreachable, ECONNRESET, who + " closed its connection");
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      fail(Status::peer_unreachable, errno, "receive from " + who + " failed");
+    }
   }
-  const std::uint64_t len = get_u64(head + 8);
-  if (len > max) fail(Status::malformed, EMSGSIZE, "a peer sent a blob of " + std::to_string(len) + " bytes");
-  std::vector<std::byte> blob(static_cast<std::size_t>(len));
-  if (len) read_all(fd, blob.data(), blob.size(), deadline);
-  return blob;
+  if (reader.state() == bw::FrameReader::State::failed) fail(Status::malformed, EPROTO, who + " sent a " + reader.error());
+}
+
+void send_frame(int fd, std::uint32_t seq, std::span<const std::byte> blob, Clock::time_point deadline,
+                const std::string& who) {
+  const auto head = bw::encode(bw::FrameHeader{seq, blob.size()});
+  write_all(fd, head, deadline, "sending to " + who);
+  write_all(fd, blob, deadline, "sending to " + who);
 }
 
 sockaddr_in resolve(const std::string& host, std::uint16_t port) {
@@ -135,13 +133,34 @@ sockaddr_in resolve(const std::string& host, std::uint16_t port) {
   return a;
 }
 
+std::string addr_text(const sockaddr_in& a) {
+  char ip[INET_ADDRSTRLEN] = "?";
+  (void)::inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
+  return std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
+}
+
 int make_socket() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) fail(Status::transport_error, errno, "socket");
   const int one = 1;
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   return fd;
 }
+
+bw::Nonce fresh_nonce() {
+  bw::Nonce n;
+  if (!detail::random_bytes(n)) fail(Status::transport_error, errno, "no random bytes for a nonce (getrandom)");
+  return n;
+}
+
+std::span<const std::byte> key_bytes(const std::string& k) noexcept {
+  return {reinterpret_cast<const std::byte*>(k.data()), k.size()};
+}
+
+// Rank 0 closed the connection before its verdict: worth another attempt.
+struct Retry {
+  std::string why;
+};
 
 }  // namespace
 
@@ -150,9 +169,18 @@ TcpBootstrap::TcpBootstrap(const TcpBootstrapConfig& config) : config_(config) {
     fail(Status::invalid_argument, 0,
          "rank " + std::to_string(config_.rank) + " is not within size " + std::to_string(config_.size));
   }
+  if (config_.handshake_timeout.count() <= 0) fail(Status::invalid_argument, 0, "handshake_timeout must be positive");
+  key_ = config_.key;
+  if (key_.empty() && config_.key_from_environment) {
+    if (const char* env = std::getenv("REGPOOL_BOOTSTRAP_KEY")) key_ = env;
+  }
+  // The copy in config_ is not needed any more; keep one copy to wipe.
+  detail::secure_wipe(config_.key.data(), config_.key.size());
+  config_.key.clear();
   const sockaddr_in addr = resolve(config_.host, config_.port);
   if (config_.rank == 0) {
     peers_.assign(static_cast<std::size_t>(config_.size), -1);
+    peer_addr_.assign(static_cast<std::size_t>(config_.size), std::string());
     if (config_.size == 1) {
       accepted_ = true;
       return;
@@ -160,8 +188,10 @@ TcpBootstrap::TcpBootstrap(const TcpBootstrapConfig& config) : config_(config) {
     listen_fd_ = make_socket();
     const int one = 1;
     (void)::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    // A deep backlog: connections wait there while rank 0 is not in a
+    // collective, and a flood of them must not push out the real ranks.
     if (::bind(listen_fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 ||
-        ::listen(listen_fd_, config_.size) != 0) {
+        ::listen(listen_fd_, SOMAXCONN) != 0) {
       const int err = errno;
       ::close(listen_fd_);
       listen_fd_ = -1;
@@ -173,35 +203,9 @@ TcpBootstrap::TcpBootstrap(const TcpBootstrapConfig& config) : config_(config) {
     port_ = ntohs(bound.sin_port);
     return;
   }
-
   if (config_.port == 0) fail(Status::invalid_argument, 0, "ranks other than 0 need rank 0's port");
   port_ = config_.port;
-  const auto deadline = Clock::now() + config_.connect_timeout;
-  int fd = -1;
-  for (;;) {
-    fd = make_socket();
-    if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0) break;
-    const int err = errno;
-    ::close(fd);
-    fd = -1;
-    // Rank 0 may not be listening yet: retry until the bound.
-    if (Clock::now() >= deadline) {
-      fail(Status::timeout, err, "rank " + std::to_string(config_.rank) + " could not reach rank 0 at " + config_.host +
-                                     ":" + std::to_string(config_.port));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  peers_.push_back(fd);
-  try {
-    std::byte hello[12];
-    put_u32(hello, kHelloMagic);
-    put_u32(hello + 4, static_cast<std::uint32_t>(config_.rank));
-    put_u32(hello + 8, static_cast<std::uint32_t>(config_.size));
-    write_all(fd, hello, sizeof hello, deadline);
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
+  connect_to_root();
 }
 
 TcpBootstrap::~TcpBootstrap() {
@@ -209,79 +213,544 @@ TcpBootstrap::~TcpBootstrap() {
     if (fd >= 0) ::close(fd);
   }
   if (listen_fd_ >= 0) ::close(listen_fd_);
+  detail::secure_wipe(key_.data(), key_.size());
 }
 
-void TcpBootstrap::accept_all(Clock::time_point deadline) {
-  int missing = config_.size - 1;
-  while (missing > 0) {
-    wait_fd(listen_fd_, POLLIN, deadline, "waiting for ranks to connect");
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) continue;
-      fail(Status::transport_error, errno, "accept");
-    }
-    std::byte hello[12];
+void TcpBootstrap::log(const std::string& line) const {
+  if (config_.log) {
     try {
-      read_all(fd, hello, sizeof hello, deadline);
+      config_.log(line);
+    } catch (...) {
+      // A logger that throws must not abort the rendezvous.
+    }
+    return;
+  }
+  std::fprintf(stderr, "regpool bootstrap: %s\n", line.c_str());
+}
+
+void TcpBootstrap::connect_to_root() {
+  const sockaddr_in addr = resolve(config_.host, config_.port);
+  const std::string root = "rank 0 at " + config_.host + ":" + std::to_string(config_.port);
+  const std::string me = "rank " + std::to_string(config_.rank);
+  const auto deadline = Clock::now() + config_.connect_timeout;
+  const auto rank = static_cast<std::uint32_t>(config_.rank);
+  const auto size = static_cast<std::uint32_t>(config_.size);
+  int attempts = 0;
+  std::string last;
+  bool refused = false;
+  for (;;) {
+    const int fd = make_socket();
+    try {
+      // Non-blocking connect, so an unreachable host cannot outlast the bound.
+      if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+        if (errno != EINPROGRESS) fail(Status::peer_unreachable, errno, "connect");
+        wait_fd(fd, POLLOUT, deadline, me + " connecting to " + root);
+        int err = 0;
+        socklen_t len = sizeof err;
+        (void)::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        if (err != 0) {
+          errno = err;
+          fail(Status::peer_unreachable, err, "connect");
+        }
+      }
+      // Retrying against a local port nobody listens on can end in a TCP
+      // self-connect (our ephemeral port equals the target): that is
+      // "refused", not rank 0.
+      sockaddr_in self{}, peer{};
+      socklen_t sl = sizeof self, pl = sizeof peer;
+      if (::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &sl) == 0 &&
+          ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) == 0 && self.sin_port == peer.sin_port &&
+          self.sin_addr.s_addr == peer.sin_addr.s_addr) {
+        fail(Status::peer_unreachable, ECONNREFUSED, "connect");
+      }
+      // Handshake. Rank 0 sends its challenge when it accepts, in its
+      // first collective: wait for it up to the bound.
+      std::array<std::byte, bw::kChallengeSize> cb;
+      try {
+        read_all(fd, cb, deadline, me + " waiting for the challenge of " + root);
+      } catch (const Error& e) {
+        if (e.status() == Status::peer_unreachable) throw Retry{root + " closed the connection before its challenge"};
+        throw;
+      }
+      std::string why;
+      const auto challenge = bw::parse_challenge(cb, why);
+      if (!challenge) fail(Status::malformed, EPROTO, root + " sent a malformed " + why);
+      if (!key_.empty() && !challenge->key_required) {
+        refuse(Status::access_denied, EACCES,
+               root + " does not require a job key but " + me +
+                 " has one; not sending anything to an unauthenticated rank 0 (set REGPOOL_BOOTSTRAP_KEY or "
+                 "TcpBootstrapConfig::key on every rank, or on none)");
+      }
+      bw::Hello hello;
+      hello.has_mac = !key_.empty();
+      hello.rank = rank;
+      hello.size = size;
+      hello.nonce = fresh_nonce();
+      hello.mac = bw::hello_mac(key_bytes(key_), challenge->nonce, hello.nonce, rank, size);
+      std::array<std::byte, bw::kVerdictSize> vb;
+      try {
+        write_all(fd, bw::encode(hello), deadline, me + " sending its hello to " + root);
+        read_all(fd, vb, deadline, me + " waiting for the verdict of " + root);
+      } catch (const Error& e) {
+        if (e.status() == Status::peer_unreachable) throw Retry{root + " closed the connection before its verdict"};
+        throw;
+      }
+      const auto verdict = bw::parse_verdict(vb, why);
+      if (!verdict) fail(Status::malformed, EPROTO, root + " sent a malformed " + why);
+      const std::string refusal = root + " refused " + me + ": ";
+      const std::string d = std::to_string(verdict->detail);
+      switch (verdict->code) {
+        case bw::VerdictCode::accepted:
+          if (!key_.empty()) {
+            const auto expect = bw::verdict_mac(key_bytes(key_), challenge->nonce, hello.nonce, rank, size,
+                                                bw::VerdictCode::accepted);
+            if (!detail::equal_constant_time(expect, verdict->mac)) {
+              refuse(Status::access_denied, EACCES,
+                   root + " admitted " + me + " without proving the job key: it is not the real rank 0 (or its key "
+                   "differs); nothing was sent to it");
+            }
+          }
+          peers_.push_back(fd);
+          peer_addr_.push_back(config_.host + ":" + std::to_string(config_.port));
+          return;
+        case bw::VerdictCode::bad_key:
+          refuse(Status::access_denied, EACCES,
+               refusal + "the job key does not match (REGPOOL_BOOTSTRAP_KEY / TcpBootstrapConfig::key differ)");
+        case bw::VerdictCode::missing_key:
+          refuse(Status::access_denied, EACCES,
+               refusal + "rank 0 requires the job key and this rank has none (set REGPOOL_BOOTSTRAP_KEY or "
+                         "TcpBootstrapConfig::key)");
+        case bw::VerdictCode::unexpected_key:
+          refuse(Status::access_denied, EACCES, refusal + "this rank has a job key and rank 0 has none");
+        case bw::VerdictCode::duplicate_rank:
+          refuse(Status::invalid_argument, EADDRINUSE,
+               refusal + "rank " + d +
+                   " is already taken (two processes started with the same rank, or another process claimed it "
+                   "first; a job key prevents the latter)");
+        case bw::VerdictCode::rank_out_of_range:
+          refuse(Status::invalid_argument, EINVAL, refusal + "rank out of range for rank 0's job size " + d);
+        case bw::VerdictCode::size_mismatch:
+          refuse(Status::invalid_argument, EINVAL,
+               refusal + "this rank says the job has " + std::to_string(size) + " ranks, rank 0 says " + d);
+        case bw::VerdictCode::bad_version:
+          refuse(Status::unsupported, EPROTO,
+               refusal + "rank 0 speaks bootstrap protocol version " + d + ", this rank " +
+                   std::to_string(bw::kVersion) + " (mixed regpool versions)");
+      }
+      fail(Status::malformed, EPROTO, root + " sent an unknown verdict");
+    } catch (const Retry& r) {
+      ::close(fd);
+      last = r.why;
+      ++attempts;
+    } catch (const Error& e) {
+      ::close(fd);
+      // Refused connections and resets before rank 0 listens: retry until
+      // the bound; every other error is final.
+      if (e.status() != Status::peer_unreachable) throw;
+      last = e.what();
+      refused = e.provider_code() == ECONNREFUSED;
     } catch (...) {
       ::close(fd);
-      continue;  // a stray connection that said nothing useful
+      throw;
     }
-    const std::uint32_t r = get_u32(hello + 4);
-    if (get_u32(hello) != kHelloMagic || get_u32(hello + 8) != static_cast<std::uint32_t>(config_.size) || r == 0 ||
-        r >= static_cast<std::uint32_t>(config_.size) || peers_[r] >= 0) {
-      ::close(fd);
-      continue;
+    if (attempts >= kMaxHandshakeAttempts) {
+      fail(Status::peer_unreachable, ECONNRESET,
+           me + ": " + root + " dropped " + std::to_string(attempts) + " handshakes in a row (last: " + last +
+               "); it may be overloaded by stray connections or drop this rank as too slow (handshake_timeout)");
     }
-    peers_[r] = fd;
-    --missing;
+    if (Clock::now() >= deadline) {
+      fail(Status::timeout, ETIMEDOUT,
+           me + " could not reach " + root + " within " + ms_text(config_.connect_timeout) + " (last: " + last +
+               (refused ? "; rank 0 stops listening once every rank is admitted: is it not started yet, or did "
+                          "another process take this rank's place?)"
+                        : ")"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 << std::min(attempts, 4)));
+  }
+}
+
+namespace {
+
+// A connection rank 0 has accepted but not yet admitted.
+struct Pending {
+  int fd = -1;
+  std::string addr;
+  Clock::time_point deadline;
+  bw::Nonce server_nonce{};
+  std::array<std::byte, bw::kHelloSize> in{};
+  std::size_t in_len = 0;
+  std::array<std::byte, std::max(bw::kChallengeSize, bw::kVerdictSize)> out{};
+  std::size_t out_len = 0;
+  std::size_t out_off = 0;
+  bool hello_done = false;
+  int admit_rank = -1;  // slot reserved; admitted once the verdict is out
+  bool gone = false;    // to be removed from the list
+};
+
+bool flush(Pending& p) {
+  while (p.out_off < p.out_len) {
+    const ssize_t w = ::send(p.fd, p.out.data() + p.out_off, p.out_len - p.out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w > 0) {
+      p.out_off += static_cast<std::size_t>(w);
+    } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return true;
+    } else if (!(w < 0 && errno == EINTR)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+void TcpBootstrap::accept_all(Clock::time_point deadline) {
+  const auto size = static_cast<std::uint32_t>(config_.size);
+  // Ranks admitted in an earlier, failed attempt keep their places.
+  int missing = static_cast<int>(std::count(peers_.begin() + 1, peers_.end(), -1));
+  std::vector<Pending> pend;
+  std::size_t dropped = 0;
+  std::string last_drop;
+
+  auto drop = [&](Pending& p, const std::string& why) {
+    log("rank 0 dropped the connection from " + p.addr + ": " + why);
+    ++dropped;
+    last_drop = p.addr + ": " + why;
+    if (p.admit_rank > 0) {
+      peers_[static_cast<std::size_t>(p.admit_rank)] = -1;
+      peer_addr_[static_cast<std::size_t>(p.admit_rank)].clear();
+    }
+    ::close(p.fd);
+    p.gone = true;
+  };
+  auto cleanup = [&]() {
+    for (auto& p : pend) {
+      if (p.gone) continue;
+      if (p.admit_rank > 0) {  // its verdict is not out: not admitted
+        peers_[static_cast<std::size_t>(p.admit_rank)] = -1;
+        peer_addr_[static_cast<std::size_t>(p.admit_rank)].clear();
+      }
+      ::close(p.fd);
+    }
+  };
+
+  // Judges a complete hello and queues the verdict.
+  auto judge = [&](Pending& p) {
+    p.hello_done = true;
+    const std::uint16_t version =
+        static_cast<std::uint16_t>(std::to_integer<unsigned>(p.in[4]) | std::to_integer<unsigned>(p.in[5]) << 8);
+    bw::Verdict v;
+    std::string reason;
+    std::string why;
+    std::optional<bw::Hello> h;
+    if (version != bw::kVersion) {
+      v.code = bw::VerdictCode::bad_version;
+      v.detail = bw::kVersion;
+      reason = "hello of protocol version " + std::to_string(version);
+    } else {
+      h = bw::parse_hello(p.in, why);
+      if (!h) {
+        drop(p, "malformed " + why);
+        return;
+      }
+      const std::string claim = "hello for rank " + std::to_string(h->rank) + " of " + std::to_string(h->size);
+      if (!key_.empty() && !h->has_mac) {
+        v.code = bw::VerdictCode::missing_key;
+        reason = claim + " without proof of the job key";
+      } else if (!key_.empty() &&
+                 !detail::equal_constant_time(
+                     h->mac, bw::hello_mac(key_bytes(key_), p.server_nonce, h->nonce, h->rank, h->size))) {
+        v.code = bw::VerdictCode::bad_key;
+        reason = claim + " with a wrong proof of the job key (forged, or the key differs)";
+      } else if (key_.empty() && h->has_mac) {
+        v.code = bw::VerdictCode::unexpected_key;
+        reason = claim + " from a rank that has a job key (rank 0 has none)";
+      } else if (h->size != size) {
+        v.code = bw::VerdictCode::size_mismatch;
+        v.detail = size;
+        reason = claim + ": the job has " + std::to_string(size) + " ranks";
+      } else if (h->rank == 0 || h->rank >= size) {
+        v.code = bw::VerdictCode::rank_out_of_range;
+        v.detail = size;
+        reason = claim + ": rank out of range 1.." + std::to_string(size - 1);
+      } else if (peers_[h->rank] >= 0) {
+        v.code = bw::VerdictCode::duplicate_rank;
+        v.detail = h->rank;
+        reason = claim + ": rank " + std::to_string(h->rank) + " is already taken by " + peer_addr_[h->rank];
+      } else {
+        v.code = bw::VerdictCode::accepted;
+        p.admit_rank = static_cast<int>(h->rank);
+        peers_[h->rank] = p.fd;
+        peer_addr_[h->rank] = p.addr;
+      }
+      v.mac = bw::verdict_mac(key_bytes(key_), p.server_nonce, h->nonce, h->rank, h->size, v.code);
+    }
+    if (v.code != bw::VerdictCode::accepted) {
+      log("rank 0 refused a " + reason + " from " + p.addr);
+      ++dropped;
+      last_drop = p.addr + ": refused " + reason;
+    }
+    const auto bytes = bw::encode(v);
+    std::copy(bytes.begin(), bytes.end(), p.out.begin());
+    p.out_len = bytes.size();
+    p.out_off = 0;
+  };
+
+  // The verdict is out (or failed): admit or close.
+  auto settle = [&](Pending& p) {
+    if (p.admit_rank > 0) {
+      --missing;
+    } else {
+      ::close(p.fd);
+    }
+    p.gone = true;
+  };
+
+  try {
+    while (missing > 0) {
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        std::string which;
+        for (std::size_t r = 1; r < peers_.size(); ++r) {
+          if (peers_[r] < 0) which += (which.empty() ? "" : ",") + std::to_string(r);
+        }
+        fail(Status::timeout, ETIMEDOUT,
+             "rank 0 timed out waiting for rank(s) " + which + " to connect and be admitted; " +
+                 std::to_string(dropped) + " connection(s) dropped or refused" +
+                 (last_drop.empty() ? std::string() : " (last: " + last_drop + ")"));
+      }
+      // Expired handshakes.
+      for (auto& p : pend) {
+        if (!p.gone && now >= p.deadline) {
+          drop(p, p.hello_done ? "did not read its verdict within " + ms_text(config_.handshake_timeout)
+                               : "no complete hello within " + ms_text(config_.handshake_timeout) + " (" +
+                                     std::to_string(p.in_len) + " of " + std::to_string(bw::kHelloSize) +
+                                     " bytes received)");
+        }
+      }
+      std::erase_if(pend, [](const Pending& p) { return p.gone; });
+
+      std::vector<pollfd> fds;
+      fds.reserve(pend.size() + 1);
+      fds.push_back({listen_fd_, POLLIN, 0});
+      auto wake = deadline;
+      for (const auto& p : pend) {
+        fds.push_back({p.fd, static_cast<short>(p.out_off < p.out_len ? POLLOUT : POLLIN), 0});
+        wake = std::min(wake, p.deadline);
+      }
+      const int rc = ::poll(fds.data(), fds.size(), remaining_ms(wake));
+      if (rc < 0) {
+        if (errno == EINTR) continue;
+        fail(Status::transport_error, errno, "rank 0: poll");
+      }
+      if (rc == 0) continue;
+
+      for (std::size_t i = 0; i < pend.size(); ++i) {
+        Pending& p = pend[i];
+        const short re = fds[i + 1].revents;
+        if (re == 0) continue;
+        if (p.out_off < p.out_len) {
+          if (!flush(p)) {
+            drop(p, "connection failed while rank 0 sent to it");
+            continue;
+          }
+          if (p.out_off == p.out_len && p.hello_done) settle(p);
+          continue;
+        }
+        // Read what is there (and an end of stream right behind it), never
+        // past the hello.
+        bool closed = false;
+        int failed = 0;
+        while (p.in_len < p.in.size()) {
+          const ssize_t r = ::recv(p.fd, p.in.data() + p.in_len, p.in.size() - p.in_len, MSG_DONTWAIT);
+          if (r > 0) {
+            p.in_len += static_cast<std::size_t>(r);
+            continue;
+          }
+          if (r < 0 && errno == EINTR) continue;
+          closed = r == 0;
+          if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) failed = errno;
+          break;
+        }
+        if (!bw::plausible_prefix({p.in.data(), std::min<std::size_t>(p.in_len, 4)}, bw::kHelloMagic)) {
+          drop(p, "sent bytes that are not a regpool bootstrap hello (bad magic)");
+          continue;
+        }
+        if (closed) {
+          drop(p, "closed the connection after " + std::to_string(p.in_len) + " bytes of its hello");
+          continue;
+        }
+        if (failed != 0) {
+          drop(p, std::string("receive failed: ") + std::strerror(failed));
+          continue;
+        }
+        if (p.in_len < p.in.size()) continue;
+        judge(p);
+        if (p.gone) continue;
+        if (!flush(p)) {
+          drop(p, "connection failed while rank 0 sent its verdict");
+          continue;
+        }
+        if (p.out_off == p.out_len) settle(p);
+      }
+
+      if ((fds[0].revents & POLLIN) != 0) {
+        for (;;) {
+          sockaddr_in from{};
+          socklen_t len = sizeof from;
+          const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&from), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+          if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+            if ((errno == EMFILE || errno == ENFILE) && !pend.empty()) {
+              // Out of descriptors: make room by dropping the oldest.
+              auto oldest = std::min_element(pend.begin(), pend.end(), [](const Pending& a, const Pending& b) {
+                return a.gone != b.gone ? !a.gone : a.deadline < b.deadline;
+              });
+              if (!oldest->gone && oldest->admit_rank <= 0) {
+                drop(*oldest, "evicted: rank 0 ran out of file descriptors");
+                continue;
+              }
+            }
+            fail(Status::transport_error, errno, "rank 0: accept");
+          }
+          const std::size_t live =
+              static_cast<std::size_t>(std::count_if(pend.begin(), pend.end(), [](const Pending& p) { return !p.gone; }));
+          if (live >= kMaxPendingHandshakes) {
+            auto oldest = pend.end();
+            for (auto it = pend.begin(); it != pend.end(); ++it) {
+              if (!it->gone && it->admit_rank <= 0 && (oldest == pend.end() || it->deadline < oldest->deadline)) {
+                oldest = it;
+              }
+            }
+            if (oldest != pend.end()) {
+              drop(*oldest, "evicted: " + std::to_string(kMaxPendingHandshakes) + " handshakes in flight");
+            }
+          }
+          Pending p;
+          p.fd = fd;
+          p.addr = addr_text(from);
+          p.deadline = Clock::now() + config_.handshake_timeout;
+          const int one = 1;
+          (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+          try {
+            p.server_nonce = fresh_nonce();
+          } catch (...) {
+            ::close(fd);
+            throw;
+          }
+          const auto c = bw::encode(bw::Challenge{!key_.empty(), p.server_nonce});
+          std::copy(c.begin(), c.end(), p.out.begin());
+          p.out_len = c.size();
+          pend.push_back(std::move(p));
+          Pending& q = pend.back();
+          if (!flush(q)) drop(q, "connection failed before rank 0 sent its challenge");
+        }
+      }
+      std::erase_if(pend, [](const Pending& p) { return p.gone; });
+    }
+  } catch (...) {
+    cleanup();
+    throw;
+  }
+  for (auto& p : pend) {
+    if (p.gone) continue;
+    log("rank 0 closed the connection from " + p.addr + ": every rank is already admitted");
+    ::close(p.fd);
   }
   ::close(listen_fd_);
   listen_fd_ = -1;
   accepted_ = true;
 }
 
-std::vector<std::vector<std::byte>> TcpBootstrap::allgather(std::span<const std::byte> mine,
-                                                             std::chrono::milliseconds timeout) {
-  const std::uint32_t seq = ++sequence_;
-  const auto deadline = Clock::now() + timeout;
+std::vector<std::vector<std::byte>> TcpBootstrap::gather_at_root(std::span<const std::byte> mine, std::uint32_t seq,
+                                                                 Clock::time_point deadline) {
   const std::size_t n = static_cast<std::size_t>(config_.size);
   std::vector<std::vector<std::byte>> all(n);
-  if (config_.rank == 0) {
-    if (!accepted_) accept_all(std::max(deadline, Clock::now() + config_.connect_timeout));
-    all[0].assign(mine.begin(), mine.end());
-    for (std::size_t r = 1; r < n; ++r) all[r] = recv_frame(peers_[r], seq, config_.max_blob, deadline);
-    // Everyone gets everything: count, then (length, bytes) per rank.
-    std::vector<std::byte> packed(4);
-    put_u32(packed.data(), static_cast<std::uint32_t>(n));
-    for (const auto& b : all) {
-      std::byte len[8];
-      put_u64(len, b.size());
-      packed.insert(packed.end(), len, len + 8);
-      packed.insert(packed.end(), b.begin(), b.end());
+  all[0].assign(mine.begin(), mine.end());
+  // Every rank's frame at once (poll), so one slow rank does not hold the
+  // others' bytes in their socket buffers.
+  std::vector<bw::FrameReader> readers;
+  readers.reserve(n);
+  for (std::size_t r = 0; r < n; ++r) readers.emplace_back(seq, config_.max_blob);
+  auto who = [&](std::size_t r) { return "rank " + std::to_string(r) + " (" + peer_addr_[r] + ")"; };
+  std::vector<std::byte> buf(kReadChunk);
+  std::size_t left = n - 1;
+  while (left > 0) {
+    std::vector<pollfd> fds;
+    std::vector<std::size_t> rank_of;
+    for (std::size_t r = 1; r < n; ++r) {
+      if (readers[r].wanted() > 0 && readers[r].state() != bw::FrameReader::State::failed) {
+        fds.push_back({peers_[r], POLLIN, 0});
+        rank_of.push_back(r);
+      }
     }
-    for (std::size_t r = 1; r < n; ++r) send_frame(peers_[r], seq, packed, deadline);
-    return all;
+    const int rc = ::poll(fds.data(), fds.size(), remaining_ms(deadline));
+    if (rc < 0) {
+      if (errno == EINTR) continue;
+      fail(Status::transport_error, errno, "rank 0: poll");
+    }
+    if (rc == 0) {
+      std::string which;
+      for (std::size_t k = 0; k < rank_of.size(); ++k) {
+        const auto r = rank_of[k];
+        which += (which.empty() ? "" : ", ") + who(r) + " (" + std::to_string(readers[r].received()) + " bytes)";
+      }
+      fail(Status::timeout, ETIMEDOUT, "rank 0 timed out in collective #" + std::to_string(seq) + " waiting for " + which);
+    }
+    for (std::size_t k = 0; k < fds.size(); ++k) {
+      if (fds[k].revents == 0) continue;
+      const std::size_t r = rank_of[k];
+      auto& rd = readers[r];
+      const ssize_t got = ::recv(peers_[r], buf.data(), std::min(buf.size(), rd.wanted()), MSG_DONTWAIT);
+      if (got == 0) {
+        fail(Status::peer_unreachable, ECONNRESET,
+             who(r) + " closed its connection in collective #" + std::to_string(seq));
+      }
+      if (got < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+        fail(Status::peer_unreachable, errno, "receive from " + who(r) + " failed");
+      }
+      (void)rd.feed({buf.data(), static_cast<std::size_t>(got)});
+      if (rd.state() == bw::FrameReader::State::failed) fail(Status::malformed, EPROTO, who(r) + " sent a " + rd.error());
+      if (rd.state() == bw::FrameReader::State::done) {
+        all[r] = rd.take();
+        --left;
+      }
+    }
   }
-  send_frame(peers_[0], seq, mine, deadline);
-  const std::vector<std::byte> packed = recv_frame(peers_[0], seq, config_.max_blob * n + 16 * n, deadline);
-  std::size_t pos = 0;
-  auto need = [&](std::size_t k) {
-    if (packed.size() - pos < k) fail(Status::malformed, EPROTO, "rank 0 sent a truncated allgather");
-  };
-  need(4);
-  if (get_u32(packed.data()) != n) fail(Status::malformed, EPROTO, "rank 0 sent the wrong number of blobs");
-  pos = 4;
-  for (std::size_t r = 0; r < n; ++r) {
-    need(8);
-    const std::uint64_t len = get_u64(packed.data() + pos);
-    pos += 8;
-    need(static_cast<std::size_t>(len));
-    all[r].assign(packed.begin() + static_cast<std::ptrdiff_t>(pos),
-                  packed.begin() + static_cast<std::ptrdiff_t>(pos + len));
-    pos += static_cast<std::size_t>(len);
-  }
+  const std::vector<std::byte> packed = bw::pack_gathered(all);
+  for (std::size_t r = 1; r < n; ++r) send_frame(peers_[r], seq, packed, deadline, who(r));
   return all;
+}
+
+std::vector<std::vector<std::byte>> TcpBootstrap::allgather(std::span<const std::byte> mine,
+                                                             std::chrono::milliseconds timeout) {
+  if (mine.size() > config_.max_blob) {
+    fail(Status::invalid_argument, EMSGSIZE,
+         "rank " + std::to_string(config_.rank) + " contributes " + std::to_string(mine.size()) +
+             " bytes, more than max_blob (" + std::to_string(config_.max_blob) + ")");
+  }
+  const auto deadline = Clock::now() + timeout;
+  const std::size_t n = static_cast<std::size_t>(config_.size);
+  if (config_.rank == 0) {
+    // A timeout while ranks are still joining consumes no collective, so
+    // rank 0 may simply call again (admitted ranks keep their places).
+    if (!accepted_) accept_all(std::max(deadline, Clock::now() + config_.connect_timeout));
+    return gather_at_root(mine, ++sequence_, deadline);
+  }
+  const std::uint32_t seq = ++sequence_;
+  const std::string root = "rank 0 (" + peer_addr_[0] + ")";
+  send_frame(peers_[0], seq, mine, deadline, root);
+  // Bound on the reply: every blob at most max_blob, plus lengths (saturating).
+  const std::uint64_t per = std::uint64_t{config_.max_blob} + 8;
+  const std::uint64_t max_reply = per > (UINT64_MAX - 4) / n ? UINT64_MAX : per * n + 4;
+  bw::FrameReader reader(seq, max_reply);
+  read_frame(peers_[0], reader, deadline, root + " in collective #" + std::to_string(seq));
+  const std::vector<std::byte> packed = reader.take();
+  std::string why;
+  auto all = bw::unpack_gathered(packed, n, why);
+  if (!all) fail(Status::malformed, EPROTO, root + " sent a malformed " + why);
+  return std::move(*all);
 }
 
 #if !REGPOOL_HAVE_MPI
@@ -307,11 +776,19 @@ std::vector<std::vector<std::byte>> unpack_blobs(std::span<const std::byte> in) 
   std::vector<std::vector<std::byte>> parts;
   std::size_t pos = 0;
   while (pos < in.size()) {
-    if (in.size() - pos < 4) throw Error(Status::malformed, 0, "unpack_blobs: truncated length");
+    if (in.size() - pos < 4) {
+      throw Error(Status::malformed, 0,
+                  "unpack_blobs: truncated length of blob " + std::to_string(parts.size()) + " (" +
+                      std::to_string(in.size() - pos) + " of 4 bytes at offset " + std::to_string(pos) + ")");
+    }
     std::uint32_t n = 0;
     for (int i = 0; i < 4; ++i) n |= std::uint32_t{std::to_integer<std::uint8_t>(in[pos + static_cast<std::size_t>(i)])} << (8 * i);
     pos += 4;
-    if (in.size() - pos < n) throw Error(Status::malformed, 0, "unpack_blobs: truncated blob");
+    if (in.size() - pos < n) {
+      throw Error(Status::malformed, 0,
+                  "unpack_blobs: blob " + std::to_string(parts.size()) + " announces " + std::to_string(n) +
+                      " bytes but only " + std::to_string(in.size() - pos) + " follow");
+    }
     parts.emplace_back(in.begin() + static_cast<std::ptrdiff_t>(pos), in.begin() + static_cast<std::ptrdiff_t>(pos + n));
     pos += n;
   }

@@ -5,6 +5,8 @@
     check_tools.py regcost REGPOOL_REGCOST README
     check_tools.py perf    REGPOOL_PERF    README [PROVIDER]
     check_tools.py badargs TOOL            (exit code 2 on bad arguments)
+    check_tools.py perf-hostile REGPOOL_PERF
+                                           (--server under bootstrap attacks)
 
 Each mode runs the tool on a small configuration and checks what it prints:
 JSON parses, the expected fields are there, numbers are positive, simulated
@@ -13,12 +15,17 @@ busy. Every option named in a tool's --help must also appear in README.
 Python 3 standard library only.
 """
 
+import hashlib
+import hmac
 import json
 import os
 import re
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import time
 
 FAILURES = []
 
@@ -194,6 +201,170 @@ def mode_perf(tool, readme, provider):
     check("regpool-perf: put" in err, "--progress writes a progress line to stderr")
 
 
+# ------------------------------------------------ bootstrap under attack
+# The attacker speaks the bootstrap's wire format (lib/transport/
+# bootstrap_wire.hpp) with Python's own hmac/hashlib, so a hello it signs with
+# the right key would be admitted: the refusals below are about the key, not
+# about an encoding the server does not understand.
+HELLO_CTX = b"regpool-bootstrap-v2 hello"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def connect(port):
+    """A connected socket, or a failed check and None (e.g. a full backlog)."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=10)
+        except OSError as e:
+            if time.monotonic() > deadline:
+                check(False, f"attacker connects to the server ({e})")
+                return None
+            time.sleep(0.05)
+
+
+def recv_exact(sock, n):
+    buf = b""
+    while len(buf) < n:
+        part = sock.recv(n - len(buf))
+        if not part:
+            return None
+        buf += part
+    return buf
+
+
+def hello(rank, size, key=None, server_nonce=None):
+    nonce = os.urandom(32)
+    mac = bytes(32)
+    if key is not None:
+        mac = hmac.new(key, HELLO_CTX + server_nonce + nonce + struct.pack("<II", rank, size), hashlib.sha256).digest()
+    return struct.pack("<IHHII", 0x4C484252, 2, 1 if key is not None else 0, rank, size) + nonce + mac
+
+
+def forge(port, rank, size, key=None):
+    """Full handshake; returns the verdict code (0 = admitted) or None."""
+    s = connect(port)
+    if s is None:
+        return None, socket.socket()
+    ch = recv_exact(s, 40)
+    if ch is None:
+        return None, s
+    magic, version, flags = struct.unpack("<IHH", ch[:8])
+    check(magic == 0x48434252 and version == 2, "server sends a v2 challenge")
+    s.sendall(hello(rank, size, key, ch[8:40]))
+    v = recv_exact(s, 44)
+    return (None if v is None else struct.unpack("<I", v[4:8])[0]), s
+
+
+def start_server(tool, port, env, tmp, tag):
+    err = open(os.path.join(tmp, f"server-{tag}.err"), "w+", encoding="utf-8")
+    p = subprocess.Popen([tool, "--server", "--bind", "127.0.0.1", "--port", str(port)], stdout=subprocess.PIPE,
+                         stderr=err, env=env, text=True)
+    deadline = time.monotonic() + 30
+    while "listening on" not in open(err.name, encoding="utf-8").read():
+        if p.poll() is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return p, err.name
+
+
+def client(tool, port, env):
+    try:
+        return run([tool, "--client", f"127.0.0.1:{port}", "--provider", "shm", "--sizes", "8", "--iters", "5",
+                    "--ops", "put", "--json"], timeout=60, env=env)
+    except subprocess.TimeoutExpired:
+        return -1, "", "client not served within 60 s"
+
+
+def finish_server(p, errname, what):
+    try:
+        p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        check(False, f"{what}: server did not exit after serving its client")
+    return open(errname, encoding="utf-8").read()
+
+
+def mode_perf_hostile(tool):
+    base = {k: v for k, v in os.environ.items() if k != "REGPOOL_BOOTSTRAP_KEY"}
+    servers = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            hostile_scenarios(tool, base, tmp, servers)
+    finally:
+        for p in servers:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def hostile_scenarios(tool, base, tmp, servers):
+    # 1. No key: silent, slow, garbage, a frame header announcing 64 MiB
+    # instead of a hello, out-of-range rank, wrong job size. The real
+    # client is served at once, not after the 5 s handshake bound.
+    port = free_port()
+    srv, errname = start_server(tool, port, base, tmp, "nokey")
+    servers.append(srv)
+    attackers = [connect(port) for _ in range(6)]
+    if None in attackers:
+        return
+    attackers[1].sendall(b"GET / HTTP/1.0\r\n\r\n")
+    attackers[2].sendall(struct.pack("<IIQ", 0x4D524652, 1, 64 << 20))
+    attackers[3].sendall(hello(5, 2))
+    attackers[4].sendall(hello(1, 7))
+    attackers[5].sendall(hello(1, 2)[:30])  # slow: a third of a hello, then nothing
+    t0 = time.monotonic()
+    rc, out, err = client(tool, port, base)
+    took = time.monotonic() - t0
+    check(rc == 0, f"no key, under attack: client exits 0 (got {rc}: {err})")
+    if rc == 0:
+        check(json.loads(out)["results"][0]["error"] is None, "no key, under attack: the put ran")
+    log = finish_server(srv, errname, "no key")
+    check(srv.returncode == 0, f"no key, under attack: server exits 0 ({log})")
+    check("bad magic" in log, "server logs the garbage connections")
+    check("refused a hello for rank 5 of 2" in log, "server logs the out-of-range rank")
+    check("refused a hello for rank 1 of 7" in log, "server logs the wrong job size")
+    check(took < 60, f"client served in bounded time ({took:.1f} s)")
+    for a in attackers:
+        a.close()
+
+    # 2. With REGPOOL_BOOTSTRAP_KEY on both sides: forged hellos (wrong
+    # key, no proof) and a client with the wrong key are refused and
+    # logged; the real client still gets in.
+    key = os.urandom(16).hex()
+    env = dict(base, REGPOOL_BOOTSTRAP_KEY=key)
+    port = free_port()
+    srv, errname = start_server(tool, port, env, tmp, "key")
+    servers.append(srv)
+    silent = connect(port)
+    huge = connect(port)
+    if silent is None or huge is None:
+        return
+    huge.sendall(struct.pack("<IIQ", 0x4D524652, 1, 64 << 20))
+    code1, f1 = forge(port, 1, 2, key=b"guessed")
+    code2, f2 = forge(port, 1, 2)
+    check(code1 == 1, f"forged hello (wrong key) refused as bad key (verdict {code1})")
+    check(code2 == 2, f"hello without proof refused as missing key (verdict {code2})")
+    rc, out, err = client(tool, port, dict(base, REGPOOL_BOOTSTRAP_KEY="not-" + key))
+    check(rc == 1 and "job key does not match" in err, f"wrong-key client refused clearly (got {rc}: {err})")
+    rc, out, err = client(tool, port, env)
+    check(rc == 0, f"with a key, under attack: real client exits 0 (got {rc}: {err})")
+    log = finish_server(srv, errname, "key")
+    check(srv.returncode == 0, f"with a key: server exits 0 ({log})")
+    check("job key required" in log, "server says it requires a job key")
+    check(log.count("with a wrong proof of the job key") >= 2, "forged and wrong-key hellos logged")
+    check("without proof of the job key" in log, "keyless hello logged")
+    check(key not in log and key not in out, "the key is never printed")
+    for s in (silent, huge, f1, f2):
+        s.close()
+
+
 BAD_ARGS = {
     "regpool-info": [["--bogus"], ["--json", "extra"]],
     "regpool-regcost": [["--bogus"], ["--min", "0"], ["--sizes", "4X"], ["--reps", "0"], ["--reps", "abc"],
@@ -229,6 +400,8 @@ def main():
         mode_perf(tool, sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else "shm")
     elif mode == "badargs":
         mode_badargs(tool)
+    elif mode == "perf-hostile":
+        mode_perf_hostile(tool)
     else:
         print(__doc__, file=sys.stderr)
         return 2

@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 #include <string>
+#include <thread>
 
 #include "regpool/bootstrap.hpp"
 #include "transport/harness.hpp"
@@ -118,4 +119,61 @@ TEST_CASE("several blobs travel in one contribution", "[unit]") {
     CHECK_THROWS_AS(regpool::unpack_blobs(std::span<const std::byte>(packed.data(), cut)), regpool::Error);
   }
   CHECK(regpool::unpack_blobs(std::span<const std::byte>(packed.data(), 10)).size() == 2);
+}
+
+TEST_CASE("the job key comes from the config, else from REGPOOL_BOOTSTRAP_KEY", "[unit]") {
+  struct EnvGuard {
+    EnvGuard() { ::setenv("REGPOOL_BOOTSTRAP_KEY", "from-env", 1); }
+    ~EnvGuard() { ::unsetenv("REGPOOL_BOOTSTRAP_KEY"); }
+  } env;
+  regpool::TcpBootstrapConfig c;
+  c.size = 2;
+  c.connect_timeout = 20s;
+  c.log = [](const std::string&) {};
+  {
+    regpool::TcpBootstrap from_env(c);
+    CHECK(from_env.uses_key());
+    c.key_from_environment = false;
+    regpool::TcpBootstrap none(c);
+    CHECK_FALSE(none.uses_key());
+    c.key_from_environment = true;
+  }
+  // Rank 0 takes the environment's key; a rank given the same key in its
+  // config gets in, and one that ignores the environment is refused.
+  regpool::TcpBootstrap root(c);
+  const auto port = root.port();
+  auto refused = rpt::spawn(
+      [port]() -> int {
+        regpool::TcpBootstrapConfig k;
+        k.rank = 1;
+        k.size = 2;
+        k.port = port;
+        k.key_from_environment = false;
+        try {
+          regpool::TcpBootstrap b(k);
+        } catch (const regpool::Error& e) {
+          RPT_CHECK(e.status() == Status::access_denied);
+          return 0;
+        }
+        return 1;
+      },
+      30);
+  auto admitted = rpt::spawn(
+      [port]() -> int {
+        std::this_thread::sleep_for(300ms);  // after the refused one
+        ::unsetenv("REGPOOL_BOOTSTRAP_KEY");
+        regpool::TcpBootstrapConfig k;
+        k.rank = 1;
+        k.size = 2;
+        k.port = port;
+        k.key = "from-env";
+        regpool::TcpBootstrap b(k);
+        RPT_CHECK(b.uses_key());
+        (void)b.allgather({}, 10s);
+        return 0;
+      },
+      30);
+  (void)root.allgather({}, 10s);
+  CHECK(rpt::reap(refused, 10s) == 0);
+  CHECK(rpt::reap(admitted, 10s) == 0);
 }
