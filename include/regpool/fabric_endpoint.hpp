@@ -130,6 +130,8 @@ class FabricEndpoint final : public Endpoint {
   std::vector<std::byte> do_name() const override;
   std::uint64_t do_insert_peer(std::span<const std::byte> name) override;
   void do_remove_peer(std::uint64_t handle) noexcept override;
+  Result<std::uint64_t> do_reconnect(PeerId peer, std::uint64_t handle,
+                                     std::span<const std::byte> name) noexcept override;
   Status do_put(const OpDesc& op) noexcept override;
   Status do_get(const OpDesc& op) noexcept override;
   Status do_send(const OpDesc& op) noexcept override;
@@ -211,6 +213,12 @@ class FabricEndpoint final : public Endpoint {
   // once so FI_MR_LOCAL providers get descriptors.
   std::vector<std::uint64_t> atomic_words_;
   Registration atomic_reg_;
+
+  // tcp;ofi_rxm: where the excess of an oversized eager message goes, so
+  // the provider never truncates one (which loses the connection's later
+  // messages). Shared by all receives; its contents are never read.
+  std::vector<std::byte> overflow_;
+  Registration overflow_reg_;
 
   // Emulated atomics: the control endpoint and its buffers.
   fid_av* ctrl_av_ = nullptr;

@@ -43,6 +43,12 @@ static_assert(fabric_wire::kOpCompareSwap == static_cast<std::uint8_t>(OpKind::c
 static_assert(fabric_wire::kMaxStatus == static_cast<std::uint8_t>(Status::transport_error));
 
 constexpr std::uint32_t kNoEntry = ~std::uint32_t{0};
+// Overflow area behind every receive on tcp;ofi_rxm (see do_recv): above
+// rxm's eager limit (FI_OFI_RXM_BUFFER_SIZE, 16 KiB by default) with room.
+constexpr std::size_t kRecvOverflowBytes = std::size_t{64} << 10;
+// How long reconnect() progresses between dropping a peer's address and
+// inserting it again (see do_reconnect).
+constexpr auto kReconnectSettle = std::chrono::milliseconds(100);
 // Reply buffers of an emulating target.
 constexpr std::uint8_t kReplyFree = 0;
 constexpr std::uint8_t kReplyPending = 1;  // the provider answered -FI_EAGAIN; retried on progress
@@ -227,6 +233,12 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
 
   peers_.reserve(16);
   exposures_.reserve(16);
+  // See do_recv: layered providers over tcp lose a connection's stream on
+  // a truncated eager message. Any eager message fits slice + this area.
+  if (is_layered(prov) && prov.rfind("tcp", 0) == 0 && info->rx_attr && info->rx_attr->iov_limit >= 2) {
+    overflow_.assign(kRecvOverflowBytes, std::byte{0});
+    overflow_reg_ = domain_->register_memory(overflow_.data(), overflow_.size(), Access::local);
+  }
   if (!emulated_atomics_) {
     atomic_words_.assign(3 * n, 0);
     atomic_reg_ = domain_->register_memory(atomic_words_.data(), atomic_words_.size() * sizeof(std::uint64_t),
@@ -297,6 +309,7 @@ void FabricEndpoint::close_resources() noexcept {
   exposure_by_key_.clear();
   atomic_reg_.reset();
   ctrl_reg_.reset();
+  overflow_reg_.reset();
 }
 
 std::vector<std::byte> FabricEndpoint::do_name() const { return name_; }
@@ -393,6 +406,25 @@ void FabricEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
   p = PeerAddr{};
 }
 
+Result<std::uint64_t> FabricEndpoint::do_reconnect(PeerId /*peer*/, std::uint64_t handle,
+                                                   std::span<const std::byte> name) noexcept {
+  do_remove_peer(handle);
+  // rxm frees a peer's connection only once its progress has seen the
+  // shutdown the other side sent; an address inserted again before that
+  // is bound to the dead connection and every later op fails ENOTCONN
+  // (measured: 3 of 5 immediate reconnects after a rejected key). Progress
+  // for a bounded moment first; completions it reaps are reported as usual.
+  const auto until = std::chrono::steady_clock::now() + kReconnectSettle;
+  while (std::chrono::steady_clock::now() < until) (void)do_poll(32);
+  try {
+    return do_insert_peer(name);
+  } catch (const Error& e) {
+    return e.status() == Status::ok ? Status::transport_error : e.status();
+  } catch (...) {
+    return Status::transport_error;
+  }
+}
+
 void* FabricEndpoint::local_desc(const OpDesc& op) noexcept {
   auto r = op.local->ldo().region(*domain_);
   return r ? r->descriptor : nullptr;
@@ -444,8 +476,20 @@ Status FabricEndpoint::do_send(const OpDesc& op) noexcept {
 Status FabricEndpoint::do_recv(const OpDesc& op) noexcept {
   auto region = op.local->ldo().region(*domain_);
   if (!region) return region.status();
-  return rma_status(
-      static_cast<int>(fi_recv(ep_, op.local->address(), op.length, region->descriptor, FI_ADDR_UNSPEC, op.context)));
+  if (overflow_.empty()) {
+    return rma_status(static_cast<int>(
+        fi_recv(ep_, op.local->address(), op.length, region->descriptor, FI_ADDR_UNSPEC, op.context)));
+  }
+  // tcp;ofi_rxm: a message the posted buffer cannot hold is truncated by the
+  // tcp layer without draining the rest of it from the socket, and every
+  // later message of that connection is lost (measured, libfabric 1.17).
+  // A shared overflow area behind the user's buffer takes the excess of any
+  // eagerly sent message instead, so the provider never truncates one; the
+  // completion then reports out_of_bounds for the user's slice. Larger
+  // (rendezvous) messages are truncated cleanly by the provider itself.
+  iovec iov[2] = {{op.local->address(), op.length}, {overflow_.data(), overflow_.size()}};
+  void* desc[2] = {region->descriptor, overflow_reg_.descriptor()};
+  return rma_status(static_cast<int>(fi_recvv(ep_, iov, desc, 2, FI_ADDR_UNSPEC, op.context)));
 }
 
 Status FabricEndpoint::do_atomic(const OpDesc& op) noexcept {
@@ -839,8 +883,29 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
       if (index == kNoIndex) continue;
       Status st = status_from_fi(err.err);
       if (st == Status::ok) st = Status::transport_error;
-      // A truncated receive still delivered its first bytes.
-      complete(index, st, op_at(index).kind == OpKind::recv ? err.len : 0, 0);
+      const OpKind kind = op_at(index).kind;
+      const bool rma = kind != OpKind::send && kind != OpKind::recv;
+      if (rma && err.err == FI_ECANCELED && is_layered(domain_->provider_name())) {
+        // tcp;ofi_rxm: a target that rejects an RMA key closes the
+        // connection, and the initiator's op is cancelled with the
+        // target's verdict in prov_errno (measured: ENOENT for an unknown
+        // or revoked key; a dead peer gives ENOTCONN/ECONNRESET). Report the
+        // cause, and the peer as broken, which it now is (reconnect()).
+        if (err.prov_errno == ENOENT || err.prov_errno == -FI_ENOKEY) {
+          st = Status::bad_key;
+        } else if (err.prov_errno == EACCES || err.prov_errno == EPERM || err.prov_errno == -FI_EACCES) {
+          st = Status::access_denied;
+        }
+        if (st != Status::peer_unreachable) mark_peer_broken(op_at(index).peer);
+      }
+      // A truncated receive still delivered its first bytes: err.len is the
+      // message's length and err.olen what did not fit (rxm), never more
+      // than the slice.
+      std::uint64_t bytes = 0;
+      if (op_at(index).kind == OpKind::recv && err.olen <= err.len) {
+        bytes = std::min<std::uint64_t>(err.len - err.olen, op_at(index).length);
+      }
+      complete(index, st, bytes, 0);
       continue;
     }
     if (got <= 0) {
@@ -852,7 +917,15 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
       if (index == kNoIndex) continue;
       const OpDesc& op = op_at(index);
       switch (op.kind) {
-        case OpKind::recv: complete(index, Status::ok, entries[i].len, 0); break;
+        case OpKind::recv:
+          // Bytes beyond the slice went to the overflow area: the message
+          // did not fit.
+          if (entries[i].len > op.length) {
+            complete(index, Status::out_of_bounds, op.length, 0);
+          } else {
+            complete(index, Status::ok, entries[i].len, 0);
+          }
+          break;
         case OpKind::fetch_add:
         case OpKind::compare_swap: complete(index, Status::ok, 8, atomic_words_[3 * std::size_t{index} + 2]); break;
         default: complete(index, Status::ok, op.length, 0); break;

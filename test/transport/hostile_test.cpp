@@ -452,3 +452,123 @@ TEST_CASE("garbage control messages neither kill an emulating target nor disturb
   CHECK(rpt::reap(attacker, 60s) == 0);
   CHECK(rpt::reap(honest, 60s) == 0);
 }
+
+// ------------------------------------------------------------------ tcp failure modes
+
+namespace {
+constexpr std::uint64_t kOversized[] = {100, 4096, 70000};  // eager, eager, rendezvous on rxm
+constexpr std::uint64_t kSmall = 32;
+constexpr std::uint64_t kRecvLen = 64;
+constexpr int kFollowers = 3;
+}  // namespace
+
+TEST_CASE("tcp: an oversized message fails its own receive and nothing else", "[fabric]") {
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  auto kid = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        rpt::Stack s("tcp");
+        const auto peer = s.ep->insert_peer(b->allgather({}, 20s)[0]);
+        auto buf = s.alloc(1 << 20);
+        for (std::uint64_t big : kOversized) {
+          (void)b->allgather({}, 20s);  // receives are posted
+          const Completion c = rpt::wait_ok(*s.ep, s.ep->send(peer, rpt::slice_or_die(Slice::data(buf, 0, big))), 20s);
+          RPT_CHECK(c.status == Status::ok);
+          for (int i = 0; i < kFollowers; ++i) {
+            auto m = rpt::slice_or_die(Slice::data(buf, 0, kSmall));
+            rpt::fill(m.bytes(), big + static_cast<std::uint64_t>(i));
+            RPT_CHECK(rpt::wait_ok(*s.ep, s.ep->send(peer, m), 20s).status == Status::ok);
+          }
+          RPT_CHECK(s.ep->usable(peer));
+        }
+        (void)b->allgather({}, 60s);
+        return 0;
+      },
+      120);
+  rpt::Stack s("tcp");
+  auto slots = s.alloc(kRecvLen * (kFollowers + 1));
+  (void)boot->allgather(s.ep->name(), 20s);
+  for (std::uint64_t big : kOversized) {
+    INFO("oversized message of " << big << " bytes into " << kRecvLen);
+    std::vector<regpool::Token> toks;
+    for (int i = 0; i <= kFollowers; ++i) {
+      auto t = s.ep->post_recv(rpt::slice_or_die(Slice::data(slots, kRecvLen * static_cast<std::uint64_t>(i), kRecvLen)));
+      REQUIRE(t.ok());
+      toks.push_back(*t);
+    }
+    (void)boot->allgather({}, 20s);
+    const Completion first = s.ep->wait(toks[0], 20s);
+    CHECK(first.status == Status::out_of_bounds);
+    CHECK(first.bytes == kRecvLen);  // never more than the slice
+    for (int i = 1; i <= kFollowers; ++i) {
+      INFO("follower " << i);
+      const Completion c = s.ep->wait(toks[static_cast<std::size_t>(i)], 20s);
+      CHECK(c.status == Status::ok);  // the channel survived
+      CHECK(c.bytes == kSmall);
+      std::vector<std::byte> want(kSmall);
+      rpt::fill(want, big + static_cast<std::uint64_t>(i - 1));
+      CHECK(std::memcmp(slots.data().data() + kRecvLen * static_cast<std::uint64_t>(i), want.data(), kSmall) == 0);
+    }
+  }
+  (void)boot->allgather({}, 60s);
+  CHECK(rpt::reap(kid, 30s) == 0);
+}
+
+TEST_CASE("tcp: a put with a revoked key reports bad_key, the peer broken, and reconnect restores it", "[fabric]") {
+  constexpr int kRounds = 3;
+  constexpr int kAfter = 2;
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  auto kid = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        rpt::Stack s("tcp", target_config());
+        auto obj = s.alloc(8192);
+        auto keep = s.ep->expose(rpt::slice_or_die(Slice::data(obj, 4096, 1024)), RemoteAccess::read_write);
+        RPT_CHECK(keep.ok());
+        auto rbuf = s.alloc(64);
+        std::vector<regpool::Token> toks;
+        for (int i = 0; i < kRounds * kAfter; ++i) toks.push_back(*s.ep->post_recv(rpt::slice_or_die(Slice::data(rbuf))));
+        (void)b->allgather(regpool::pack_blobs({s.ep->name(), rpt::encoded(*keep)}), 20s);
+        for (int r = 0; r < kRounds; ++r) {
+          auto gone = s.ep->expose(rpt::slice_or_die(Slice::data(obj, 0, 1024)), RemoteAccess::read_write);
+          RPT_CHECK(gone.ok());
+          const auto ref = rpt::encoded(*gone);
+          gone->revoke();
+          (void)b->allgather(ref, 20s);
+          (void)b->allgather({}, 60s);  // round done
+        }
+        int got = 0;
+        for (auto t : toks) got += s.ep->wait(t, 5s).status == Status::ok ? 1 : 0;
+        (void)b->allgather(rpt::pod_bytes(got), 20s);
+        return 0;
+      },
+      120);
+  regpool::EndpointConfig ec;
+  ec.op_timeout = 10s;
+  rpt::Stack s("tcp", ec);
+  auto parts = regpool::unpack_blobs(boot->allgather({}, 20s)[1]);
+  const auto peer = s.ep->insert_peer(parts[0]);
+  const RemoteRef keep = rpt::decode_or_die(parts[1]);
+  auto src = s.alloc(64);
+  auto sl = rpt::slice_or_die(Slice::data(src));
+  REQUIRE(rpt::wait_ok(*s.ep, s.ep->put(sl, peer, keep, 0)).status == Status::ok);
+  for (int r = 0; r < kRounds; ++r) {
+    INFO("round " << r);
+    const RemoteRef gone = rpt::decode_or_die(boot->allgather({}, 20s)[1]);
+    const Completion bad = rpt::wait_ok(*s.ep, s.ep->put(sl, peer, gone, 0), 20s);
+    CHECK(bad.status == Status::bad_key);  // the documented cause, not peer_unreachable
+    CHECK_FALSE(s.ep->usable(peer));       // rxm closed the connection: say so
+    CHECK(s.ep->put(sl, peer, keep, 0).status() == Status::peer_unreachable);
+    CHECK(s.ep->reconnect(peer) == Status::ok);
+    CHECK(s.ep->usable(peer));
+    for (int i = 0; i < kAfter; ++i) {
+      CHECK(rpt::wait_ok(*s.ep, s.ep->send(peer, sl), 20s).status == Status::ok);
+      CHECK(rpt::wait_ok(*s.ep, s.ep->put(sl, peer, keep, 0), 20s).status == Status::ok);
+    }
+    (void)boot->allgather({}, 60s);
+  }
+  CHECK(rpt::from_bytes<int>(boot->allgather({}, 30s)[1]) == kRounds * kAfter);
+  CHECK(rpt::reap(kid, 30s) == 0);
+}
