@@ -31,9 +31,21 @@
 //  - Errors map to statuses: FI_ECANCELED/ENOTCONN/EPIPE/ECONNRESET/
 //    EHOSTUNREACH/ECONNREFUSED -> peer_unreachable (peer marked broken, use
 //    reconnect()), key errors -> bad_key, FI_EACCES/EPERM -> access_denied,
-//    FI_ETRUNC -> out_of_bounds, FI_ETIMEDOUT -> timeout.
-//  - reconnect(peer) removes the peer's addresses from the address vectors
-//    and inserts them again, which makes rxm open new connections.
+//    FI_ETRUNC -> out_of_bounds, FI_ETIMEDOUT -> timeout. tcp;ofi_rxm: a
+//    target that rejects a key closes the connection; the op then completes
+//    bad_key (access_denied) and the peer is marked broken (reconnect()).
+//  - tcp;ofi_rxm receives carry a shared overflow area behind the slice: a
+//    message larger than the slice completes out_of_bounds (bytes = slice
+//    length) and the connection keeps working (a provider-truncated eager
+//    message would lose every later message of that connection).
+//  - reconnect(peer) removes the peer's addresses from the address vectors,
+//    progresses briefly so rxm retires the old connection, and inserts them
+//    again, which makes rxm open new connections.
+//  - Hostile peers: insert_peer checks every field of a name against the
+//    local provider's address format and length before any provider call
+//    (Error(Status::malformed) naming the field). An emulating target checks
+//    every field of every control message, drops and counts bad ones
+//    (control_stats()), and keeps at most max_reply_peers reply addresses.
 //
 // Ownership: the endpoint keeps its FabricDomain alive (shared_ptr). Pools
 // serving that domain must outlive nothing here: in-flight operations hold
