@@ -15,7 +15,7 @@ const char* to_string(Status s) noexcept {
     case Status::out_of_memory: return "out of memory";
     case Status::registration_failed: return "registration failed";
     case Status::memlock_limit: return "memlock limit (RLIMIT_MEMLOCK) reached";
-    case Status::malformed: return "malformed remote reference";
+    case Status::malformed: return "malformed input";
     case Status::bad_key: return "bad remote key";
     case Status::peer_unreachable: return "peer unreachable";
     case Status::timeout: return "timed out";

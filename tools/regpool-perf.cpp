@@ -375,6 +375,30 @@ pid_t g_child = -1;
 int g_child_status = 0;
 bool g_child_reaped = false;
 
+// The other side, for messages when an operation fails: the server names
+// its client, the client its server. In loopback mode each can also tell
+// whether the other process still exists, which is then the cause to
+// report, whatever status the transport gave (a dead peer on shm shows up
+// as would_block or timeout after post/op timeouts).
+std::string g_peer_label = "peer";
+pid_t g_server_pid = -1;  // loopback client: the parent
+
+bool peer_gone() {
+  if (g_child > 0) {
+    if (!g_child_reaped && ::waitpid(g_child, &g_child_status, WNOHANG) == g_child) g_child_reaped = true;
+    return g_child_reaped;
+  }
+  return g_server_pid > 0 && ::getppid() != g_server_pid;
+}
+
+[[noreturn]] void op_failed(Status st, const std::string& what) {
+  if (peer_gone()) {
+    throw regpool::Error(Status::peer_unreachable, 0,
+                         what + ": " + g_peer_label + " exited (the transport reported: " + regpool::to_string(st) + ")");
+  }
+  throw regpool::Error(st, 0, what + ": " + regpool::to_string(st) + " (with " + g_peer_label + ")");
+}
+
 void check_child(const char* what) {
   if (g_child <= 0 || g_child_reaped) return;
   if (::waitpid(g_child, &g_child_status, WNOHANG) == g_child) {
@@ -395,17 +419,13 @@ void progress_until(Side& s, Flag& flag, const char* what) {
     }
     if (now > deadline) throw regpool::Error(Status::timeout, 0, std::string(what) + ": peer silent");
   }
-  if (flag.status != Status::ok) {
-    throw regpool::Error(flag.status, 0, std::string(what) + ": " + regpool::to_string(flag.status));
-  }
+  if (flag.status != Status::ok) op_failed(flag.status, what);
 }
 
 regpool::Completion wait_ok(Side& s, regpool::Result<regpool::Token> t, const char* what) {
-  if (!t) throw regpool::Error(t.status(), 0, std::string(what) + ": " + regpool::to_string(t.status()));
+  if (!t) op_failed(t.status(), what);
   auto c = s.ep->wait(*t, std::chrono::duration_cast<std::chrono::milliseconds>(kPhaseTimeout));
-  if (c.status != Status::ok) {
-    throw regpool::Error(c.status, 0, std::string(what) + ": " + regpool::to_string(c.status));
-  }
+  if (c.status != Status::ok) op_failed(c.status, what);
   return c;
 }
 
@@ -560,7 +580,7 @@ double windowed(Side& s, std::uint64_t n, std::uint64_t window, Post post, Progr
 
 // Unwraps a posted token or throws (so `windowed` stores only good ones).
 regpool::Token token_or_throw(regpool::Result<regpool::Token> t, const std::string& what) {
-  if (!t) throw regpool::Error(t.status(), 0, what + ": " + regpool::to_string(t.status()));
+  if (!t) op_failed(t.status(), what);
   return *t;
 }
 
@@ -677,9 +697,7 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
         const auto t0 = Clock::now();
         (void)wait_ok(s, s.ep->send(peer, out), "send");
         auto back = s.ep->wait(rt, std::chrono::duration_cast<std::chrono::milliseconds>(kPhaseTimeout));
-        if (back.status != Status::ok) {
-          throw regpool::Error(back.status, 0, std::string("send pong: ") + regpool::to_string(back.status));
-        }
+        if (back.status != Status::ok) op_failed(back.status, "send pong");
         if (i >= static_cast<std::uint64_t>(kWarmupOps)) lat.push_back(us_since(t0) / 2);
         pl.show("send", size, "lat", i + 1, c.iters + kWarmupOps);
       }
@@ -691,7 +709,7 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       const auto t0 = Clock::now();
       (void)windowed(s, n, c.window, [&]() { return token_or_throw(s.ep->send(peer, out), "send"); }, pl, "send", size);
       auto a = s.ep->wait(ack, std::chrono::duration_cast<std::chrono::milliseconds>(kPhaseTimeout));
-      if (a.status != Status::ok) throw regpool::Error(a.status, 0, "send ack");
+      if (a.status != Status::ok) op_failed(a.status, "send ack");
       const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
       r.has_bandwidth = true;
       r.bw_ops = n;
@@ -765,6 +783,8 @@ bool any_error(const std::vector<Row>& rows) {
 }
 
 int client_main(const Options& o, std::uint16_t port, const std::string& host) {
+  g_peer_label = g_server_pid > 0 ? "the server process (pid " + std::to_string(g_server_pid) + ")"
+                                  : "the server at " + host + ":" + std::to_string(port);
   regpool::TcpBootstrapConfig bc;
   bc.rank = 1;
   bc.size = 2;
@@ -817,11 +837,13 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "regpool-perf server: listening on %s:%u%s\n", o.bind.c_str(), boot.port(),
                      boot.uses_key() ? " (job key required: REGPOOL_BOOTSTRAP_KEY)" : "");
       }
+      g_peer_label = "the client";
       return run_server(boot, false, o.json);
     }
     // Loopback: neither process touches libfabric before the fork.
     const std::uint16_t port = boot.port();
     std::fflush(nullptr);
+    const pid_t server_pid = ::getpid();
     const pid_t pid = ::fork();
     if (pid < 0) {
       std::perror("fork");
@@ -829,6 +851,7 @@ int main(int argc, char** argv) {
     }
     if (pid == 0) {
       ::alarm(3600);
+      g_server_pid = server_pid;
       int rc = 1;
       try {
         rc = client_main(o, port, "127.0.0.1");
@@ -839,6 +862,7 @@ int main(int argc, char** argv) {
       ::_exit(rc);
     }
     g_child = pid;
+    g_peer_label = "the client process (pid " + std::to_string(pid) + ")";
     int rc = 1;
     try {
       rc = run_server(boot, true, true);

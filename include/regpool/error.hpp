@@ -25,7 +25,7 @@ enum class Status : std::uint8_t {
   out_of_memory,      // the OS refused a mapping
   registration_failed,
   memlock_limit,      // RLIMIT_MEMLOCK stopped pinning
-  malformed,          // a remote reference failed validation
+  malformed,          // bytes from another process failed validation (what: in the message)
   bad_key,            // the peer rejected the remote key
   peer_unreachable,
   timeout,

@@ -31,14 +31,28 @@
 //  - Errors map to statuses: FI_ECANCELED/ENOTCONN/EPIPE/ECONNRESET/
 //    EHOSTUNREACH/ECONNREFUSED -> peer_unreachable (peer marked broken, use
 //    reconnect()), key errors -> bad_key, FI_EACCES/EPERM -> access_denied,
-//    FI_ETRUNC -> out_of_bounds, FI_ETIMEDOUT -> timeout.
-//  - reconnect(peer) removes the peer's addresses from the address vectors
-//    and inserts them again, which makes rxm open new connections.
+//    FI_ETRUNC -> out_of_bounds, FI_ETIMEDOUT -> timeout. tcp;ofi_rxm: a
+//    target that rejects a key closes the connection; the op then completes
+//    bad_key (access_denied) and the peer is marked broken (reconnect()).
+//  - tcp;ofi_rxm receives carry a shared overflow area behind the slice: a
+//    message larger than the slice completes out_of_bounds (bytes = slice
+//    length) and the connection keeps working (a provider-truncated eager
+//    message would lose every later message of that connection).
+//  - reconnect(peer) removes the peer's addresses from the address vectors,
+//    progresses briefly so rxm retires the old connection, and inserts them
+//    again, which makes rxm open new connections.
+//  - Hostile peers: insert_peer checks every field of a name against the
+//    local provider's address format and length before any provider call
+//    (Error(Status::malformed) naming the field). An emulating target checks
+//    every field of every control message, drops and counts bad ones
+//    (control_stats()), and keeps at most max_reply_peers reply addresses.
 //
 // Ownership: the endpoint keeps its FabricDomain alive (shared_ptr). Pools
 // serving that domain must outlive nothing here: in-flight operations hold
 // their LDOs. Thread-safety: as Endpoint.
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -54,6 +68,10 @@ struct fid_cq;
 struct fid_ep;
 
 namespace regpool {
+namespace fabric_wire {
+struct AddrRules;
+struct CtrlMsg;
+}  // namespace fabric_wire
 
 struct FabricEndpointOptions {
   enum class Atomics : std::uint8_t {
@@ -78,6 +96,21 @@ struct FabricEndpointOptions {
   std::size_t control_slots = 64;
   // Completion queue depth (0 = max_in_flight + 2 * control_slots).
   std::size_t cq_size = 0;
+  // Emulated atomics, target side: requesters this endpoint never inserted
+  // (a server's clients) get an address vector entry so replies can reach
+  // them. At most this many (at least control_slots + 1) are kept; the
+  // least recently used one goes first, so made-up reply addresses cannot
+  // grow the address vector without bound.
+  std::size_t max_reply_peers = 256;
+};
+
+// Emulated-atomics traffic seen by a target (relaxed snapshot).
+struct FabricControlStats {
+  std::uint64_t served = 0;           // requests applied and answered
+  std::uint64_t rejected = 0;         // messages dropped: malformed, truncated, stale or forged replies
+  std::uint64_t reply_peers = 0;      // reply addresses held now (<= max_reply_peers)
+  std::uint64_t reply_evictions = 0;  // reply addresses dropped to make room
+  std::uint64_t replies_dropped = 0;  // replies given up (requester unreachable, buffers busy)
 };
 
 class FabricEndpoint final : public Endpoint {
@@ -95,6 +128,8 @@ class FabricEndpoint final : public Endpoint {
   const std::shared_ptr<FabricDomain>& fabric_domain() const noexcept { return domain_; }
   bool emulates_atomics() const noexcept { return emulated_atomics_; }
   bool uses_delivery_complete() const noexcept { return delivery_complete_; }
+  // Thread-safe (atomics); zero when atomics are native.
+  FabricControlStats control_stats() const noexcept;
   // For benchmarks and tests comparing with direct libfabric use.
   fid_ep* native_endpoint() const noexcept { return ep_; }
 
@@ -107,6 +142,8 @@ class FabricEndpoint final : public Endpoint {
   std::vector<std::byte> do_name() const override;
   std::uint64_t do_insert_peer(std::span<const std::byte> name) override;
   void do_remove_peer(std::uint64_t handle) noexcept override;
+  Result<std::uint64_t> do_reconnect(PeerId peer, std::uint64_t handle,
+                                     std::span<const std::byte> name) noexcept override;
   Status do_put(const OpDesc& op) noexcept override;
   Status do_get(const OpDesc& op) noexcept override;
   Status do_send(const OpDesc& op) noexcept override;
@@ -141,21 +178,26 @@ class FabricEndpoint final : public Endpoint {
     std::uint64_t value = 0;
   };
   struct ReplyAddr {
+    bool used = false;
     std::vector<std::byte> name;
     std::uint64_t addr = 0;
+    std::uint64_t last_use = 0;
   };
 
   void open_resources(const FabricEndpointOptions& options);
   void close_resources() noexcept;
   Status post_emulated(const OpDesc& op) noexcept;
+  void count_reply_peers() noexcept;
   std::size_t poll_data(std::size_t max) noexcept;
   std::size_t poll_ctrl() noexcept;
-  void serve_request(std::size_t k) noexcept;
-  void handle_reply(std::size_t k) noexcept;
+  void serve_request(const fabric_wire::CtrlMsg& req) noexcept;
+  void handle_reply(const fabric_wire::CtrlMsg& rep) noexcept;
+  void drop_reply(std::size_t r) noexcept;
+  fabric_wire::AddrRules addr_rules() const noexcept;
   Status post_ctrl_recv(std::size_t k) noexcept;
   void flush_pending_replies() noexcept;
   void finish_emulated(std::uint32_t index) noexcept;
-  Result<std::uint64_t> reply_address(std::span<const std::byte> name) noexcept;
+  Result<std::uint64_t> reply_address(std::span<const std::byte> name, std::size_t r) noexcept;
   Status rma_status(int rc) noexcept;
   void* local_desc(const OpDesc& op) noexcept;
 
@@ -165,6 +207,11 @@ class FabricEndpoint final : public Endpoint {
   fid_cq* cq_ = nullptr;
   fid_ep* ep_ = nullptr;
   std::vector<std::byte> name_;
+  // The local provider's address format (fabric_wire::AddrKind), length and
+  // scheme: what peers' addresses are checked against.
+  std::uint8_t addr_kind_ = 0;
+  std::size_t addr_len_ = 0;
+  std::string addr_scheme_;
   std::uint64_t max_msg_ = 0;
   bool manual_progress_ = true;
   bool delivery_complete_ = false;
@@ -179,6 +226,12 @@ class FabricEndpoint final : public Endpoint {
   std::vector<std::uint64_t> atomic_words_;
   Registration atomic_reg_;
 
+  // tcp;ofi_rxm: where the excess of an oversized eager message goes, so
+  // the provider never truncates one (which loses the connection's later
+  // messages). Shared by all receives; its contents are never read.
+  std::vector<std::byte> overflow_;
+  Registration overflow_reg_;
+
   // Emulated atomics: the control endpoint and its buffers.
   fid_av* ctrl_av_ = nullptr;
   fid_cq* ctrl_cq_ = nullptr;
@@ -188,9 +241,22 @@ class FabricEndpoint final : public Endpoint {
   Registration ctrl_reg_;
   std::vector<EmuOp> emu_;
   std::unique_ptr<std::byte[]> ctrl_contexts_;  // fi_context2 per request send, rx and reply
-  std::vector<std::size_t> pending_replies_;    // rx indices whose reply could not be sent yet
-  std::vector<std::uint64_t> reply_dest_;        // per rx index: where its reply goes
-  std::vector<ReplyAddr> reply_addrs_;
+  // Reply buffers (control_slots of them), apart from the receive buffers
+  // so a reply the provider cannot take never holds a receive buffer.
+  std::vector<std::size_t> pending_replies_;    // reply indices the provider refused with EAGAIN, oldest first
+  std::vector<std::uint64_t> reply_dest_;       // per reply: where it goes
+  std::vector<std::uint32_t> reply_entry_;      // per reply: reply_addrs_ entry it uses (or none)
+  std::vector<std::uint8_t> reply_state_;       // per reply: free, pending, posted
+  std::vector<std::chrono::steady_clock::time_point> reply_since_;
+  std::vector<ReplyAddr> reply_addrs_;          // at most max_reply_addrs_
+  std::size_t max_reply_addrs_ = 0;
+  std::uint64_t reply_clock_ = 0;
+  std::uint64_t next_token_ = 1;
+  std::atomic<std::uint64_t> ctrl_served_{0};
+  std::atomic<std::uint64_t> ctrl_rejected_{0};
+  std::atomic<std::uint64_t> reply_evictions_{0};
+  std::atomic<std::uint64_t> reply_peers_{0};
+  std::atomic<std::uint64_t> replies_dropped_{0};
 };
 
 }  // namespace regpool

@@ -1,5 +1,7 @@
 #include "regpool/fabric_endpoint.hpp"
 
+#include "transport/fabric_wire.hpp"
+
 #include <rdma/fabric.h>
 #include <rdma/fi_atomic.h>
 #include <rdma/fi_cm.h>
@@ -9,8 +11,10 @@
 #include <rdma/fi_rma.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -25,37 +29,34 @@ constexpr std::size_t kContextSize = 64;  // sizeof(fi_context2)
 static_assert(sizeof(fi_context2) <= kContextSize);
 static_assert(sizeof(fi_context2) <= Endpoint::kBackendContextSize);
 
-// Name blob: "RP", version, flags, u16 data name length, u16 control name
-// length, then the names. The control name is present when the endpoint
-// emulates atomics.
-constexpr std::uint8_t kNameVersion = 1;
-constexpr std::size_t kNameHeader = 8;
-constexpr std::uint8_t kNameHasCtrl = 1;
+using fabric_wire::CtrlMsg;
+using fabric_wire::kCtrlMagic;
+using fabric_wire::kCtrlMsgSize;
+using fabric_wire::kCtrlNameMax;
+using fabric_wire::kCtrlReply;
+using fabric_wire::kCtrlRequest;
+using fabric_wire::kNameHasCtrl;
+using fabric_wire::kNameHeader;
+using fabric_wire::kNameVersion;
+static_assert(fabric_wire::kOpFetchAdd == static_cast<std::uint8_t>(OpKind::fetch_add));
+static_assert(fabric_wire::kOpCompareSwap == static_cast<std::uint8_t>(OpKind::compare_swap));
+static_assert(fabric_wire::kMaxStatus == static_cast<std::uint8_t>(Status::transport_error));
 
-// Control messages (emulated atomics), fixed size.
-constexpr std::uint32_t kCtrlMagic = 0x54415052;  // "RPAT"
-constexpr std::uint8_t kCtrlRequest = 1;
-constexpr std::uint8_t kCtrlReply = 2;
-constexpr std::size_t kCtrlNameMax = 64;
-struct CtrlMsg {
-  std::uint32_t magic;
-  std::uint8_t type;
-  std::uint8_t op;
-  std::uint8_t status;
-  std::uint8_t name_len;
-  std::uint32_t index;
-  std::uint32_t reserved;
-  std::uint64_t token;
-  std::uint64_t key;
-  std::uint64_t address;
-  std::uint64_t operand;
-  std::uint64_t compare;
-  std::uint64_t value;
-  std::uint8_t name[kCtrlNameMax];
-};
-constexpr std::size_t kCtrlMsgSize = 128;
-static_assert(sizeof(CtrlMsg) == kCtrlMsgSize);
-static_assert(std::is_trivially_copyable_v<CtrlMsg>);
+constexpr std::uint32_t kNoEntry = ~std::uint32_t{0};
+// Overflow area behind every receive on tcp;ofi_rxm (see do_recv): above
+// rxm's eager limit (FI_OFI_RXM_BUFFER_SIZE, 16 KiB by default) with room.
+constexpr std::size_t kRecvOverflowBytes = std::size_t{64} << 10;
+// How long reconnect() progresses between dropping a peer's address and
+// inserting it again (see do_reconnect).
+constexpr auto kReconnectSettle = std::chrono::milliseconds(100);
+// Reply buffers of an emulating target.
+constexpr std::uint8_t kReplyFree = 0;
+constexpr std::uint8_t kReplyPending = 1;  // the provider answered -FI_EAGAIN; retried on progress
+constexpr std::uint8_t kReplyPosted = 2;   // the provider owns the buffer until its completion
+// How long a reply may wait for the provider to take it (rxm: connection
+// setup to the requester, which is polling for the reply). Past it the
+// address is taken to be unreachable and the reply is dropped.
+constexpr auto kReplyPatience = std::chrono::milliseconds(1000);
 
 std::string fi_message(int rc) {
   return std::string(fi_strerror(rc < 0 ? -rc : rc)) + " (" + std::to_string(rc) + ")";
@@ -100,9 +101,6 @@ Status status_from_fi(int err) noexcept {
 void put_u16(std::byte* p, std::size_t v) noexcept {
   p[0] = static_cast<std::byte>(v & 0xff);
   p[1] = static_cast<std::byte>((v >> 8) & 0xff);
-}
-std::size_t get_u16(const std::byte* p) noexcept {
-  return static_cast<std::size_t>(p[0]) | (static_cast<std::size_t>(p[1]) << 8);
 }
 
 std::vector<std::byte> endpoint_name(fid_ep* ep) {
@@ -208,9 +206,39 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   };
   open_triplet(&av_, &cq_, &ep_, "data");
   const std::vector<std::byte> data_name = endpoint_name(ep_);
+  // What a peer's address must look like: the format and length our own
+  // provider uses (peers run the same provider, or insert_peer fails).
+  addr_len_ = data_name.size();
+  addr_kind_ = static_cast<std::uint8_t>(fabric_wire::AddrKind::opaque);
+  if (info->addr_format == FI_SOCKADDR_IN) {
+    addr_kind_ = static_cast<std::uint8_t>(fabric_wire::AddrKind::sockaddr_in);
+  } else if (info->addr_format == FI_SOCKADDR_IN6) {
+    addr_kind_ = static_cast<std::uint8_t>(fabric_wire::AddrKind::sockaddr_in6);
+  } else if (info->addr_format == FI_ADDR_STR) {
+    const std::string_view own(reinterpret_cast<const char*>(data_name.data()), data_name.size());
+    const std::size_t sep = own.find("://");
+    if (sep != std::string_view::npos && !data_name.empty() && data_name.back() == std::byte{0}) {
+      addr_kind_ = static_cast<std::uint8_t>(fabric_wire::AddrKind::string);
+      addr_scheme_.assign(own.substr(0, sep + 3));
+      addr_len_ = fabric_wire::kMaxProviderAddr;
+    }
+  }
+  if (data_name.empty() || data_name.size() > fabric_wire::kMaxProviderAddr ||
+      fabric_wire::check_address(data_name, addr_rules()) != nullptr) {
+    throw Error(Status::unsupported, 0,
+                "fabric endpoint: provider '" + prov + "' gives a " + std::to_string(data_name.size()) +
+                    "-byte address that its own format (" + std::to_string(info->addr_format) +
+                    ") does not describe");
+  }
 
   peers_.reserve(16);
   exposures_.reserve(16);
+  // See do_recv: layered providers over tcp lose a connection's stream on
+  // a truncated eager message. Any eager message fits slice + this area.
+  if (is_layered(prov) && prov.rfind("tcp", 0) == 0 && info->rx_attr && info->rx_attr->iov_limit >= 2) {
+    overflow_.assign(kRecvOverflowBytes, std::byte{0});
+    overflow_reg_ = domain_->register_memory(overflow_.data(), overflow_.size(), Access::local);
+  }
   if (!emulated_atomics_) {
     atomic_words_.assign(3 * n, 0);
     atomic_reg_ = domain_->register_memory(atomic_words_.data(), atomic_words_.size() * sizeof(std::uint64_t),
@@ -226,10 +254,19 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
     ctrl_buffers_.assign((n + 2 * k) * kCtrlMsgSize, std::byte{0});
     ctrl_reg_ = domain_->register_memory(ctrl_buffers_.data(), ctrl_buffers_.size(), Access::local);
     ctrl_contexts_ = std::make_unique<std::byte[]>((n + 2 * k) * kContextSize);
+    if (fabric_wire::check_address(ctrl_name_, addr_rules()) != nullptr) {
+      throw Error(Status::unsupported, 0, "fabric endpoint: the control endpoint's address has another format");
+    }
     emu_.assign(n, EmuOp{});
     pending_replies_.reserve(k);
     reply_dest_.assign(k, 0);
-    reply_addrs_.reserve(16);
+    reply_entry_.assign(k, kNoEntry);
+    reply_state_.assign(k, kReplyFree);
+    reply_since_.assign(k, std::chrono::steady_clock::time_point{});
+    // Room for every reply in flight plus one, so a new requester can always
+    // evict someone.
+    max_reply_addrs_ = std::max<std::size_t>(options.max_reply_peers, k + 1);
+    reply_addrs_.reserve(std::min<std::size_t>(max_reply_addrs_, 64));
     options_.control_slots = k;
     for (std::size_t i = 0; i < k; ++i) {
       const Status st = post_ctrl_recv(i);
@@ -272,33 +309,51 @@ void FabricEndpoint::close_resources() noexcept {
   exposure_by_key_.clear();
   atomic_reg_.reset();
   ctrl_reg_.reset();
+  overflow_reg_.reset();
 }
 
 std::vector<std::byte> FabricEndpoint::do_name() const { return name_; }
 
+FabricControlStats FabricEndpoint::control_stats() const noexcept {
+  FabricControlStats st;
+  st.served = ctrl_served_.load(std::memory_order_relaxed);
+  st.rejected = ctrl_rejected_.load(std::memory_order_relaxed);
+  st.reply_evictions = reply_evictions_.load(std::memory_order_relaxed);
+  st.reply_peers = reply_peers_.load(std::memory_order_relaxed);
+  st.replies_dropped = replies_dropped_.load(std::memory_order_relaxed);
+  return st;
+}
+
+fabric_wire::AddrRules FabricEndpoint::addr_rules() const noexcept {
+  fabric_wire::AddrRules r;
+  r.kind = static_cast<fabric_wire::AddrKind>(addr_kind_);
+  r.length = addr_len_;
+  r.scheme = addr_scheme_;
+  return r;
+}
+
 std::uint64_t FabricEndpoint::do_insert_peer(std::span<const std::byte> name) {
-  if (name.size() < kNameHeader || name[0] != std::byte{'R'} || name[1] != std::byte{'P'}) {
-    throw Error(Status::malformed, 0, "fabric endpoint: peer name is not a regpool fabric endpoint name");
+  fabric_wire::ParsedName parsed;
+  if (const char* why = fabric_wire::parse_name(name, addr_rules(), parsed)) {
+    throw Error(Status::malformed, 0,
+                std::string("fabric endpoint: peer name rejected: bad ") + why + " (" + std::to_string(name.size()) +
+                    "-byte name; this endpoint's provider is '" + domain_->provider_name() + "')");
   }
-  if (name[2] != std::byte{kNameVersion}) {
-    throw Error(Status::unsupported, 0, "fabric endpoint: peer name has a foreign version");
-  }
-  const std::size_t data_len = get_u16(&name[4]);
-  const std::size_t ctrl_len = get_u16(&name[6]);
-  const bool has_ctrl = (static_cast<std::uint8_t>(name[3]) & kNameHasCtrl) != 0;
-  if (data_len == 0 || kNameHeader + data_len + ctrl_len != name.size() || has_ctrl != (ctrl_len > 0) ||
-      ctrl_len > kCtrlNameMax) {
-    throw Error(Status::malformed, 0, "fabric endpoint: peer name is truncated or inconsistent");
-  }
+  const bool has_ctrl = parsed.has_ctrl;
   if (emulated_atomics_ != has_ctrl) {
     throw Error(Status::unsupported, 0,
                 std::string("fabric endpoint: peer uses ") + (has_ctrl ? "emulated" : "native") +
                     " atomics but this endpoint uses " + (emulated_atomics_ ? "emulated" : "native") +
                     " ones (open both with the same provider and FabricEndpointOptions::atomics)");
   }
+  // Providers read up to their own largest address length from the pointer
+  // (shm: 256 bytes), whatever the name's length: hand them a zero-filled
+  // copy of that size, never a pointer into the caller's bytes.
+  std::array<std::byte, fabric_wire::kMaxProviderAddr> addr{};
+  std::copy(parsed.data.begin(), parsed.data.end(), addr.begin());
   PeerAddr p;
   fi_addr_t a = FI_ADDR_NOTAVAIL;
-  int rc = fi_av_insert(av_, name.data() + kNameHeader, 1, &a, 0, nullptr);
+  int rc = fi_av_insert(av_, addr.data(), 1, &a, 0, nullptr);
   if (rc != 1) {
     throw Error(Status::transport_error, rc < 0 ? rc : -FI_EINVAL,
                 "fabric endpoint: fi_av_insert of a peer failed: " + fi_message(rc < 0 ? rc : -FI_EINVAL));
@@ -306,14 +361,16 @@ std::uint64_t FabricEndpoint::do_insert_peer(std::span<const std::byte> name) {
   p.data = a;
   if (has_ctrl) {
     fi_addr_t c = FI_ADDR_NOTAVAIL;
-    rc = fi_av_insert(ctrl_av_, name.data() + kNameHeader + data_len, 1, &c, 0, nullptr);
+    addr.fill(std::byte{0});
+    std::copy(parsed.ctrl.begin(), parsed.ctrl.end(), addr.begin());
+    rc = fi_av_insert(ctrl_av_, addr.data(), 1, &c, 0, nullptr);
     if (rc != 1) {
       (void)fi_av_remove(av_, &a, 1, 0);
       throw Error(Status::transport_error, rc < 0 ? rc : -FI_EINVAL,
                   "fabric endpoint: fi_av_insert of a peer's control endpoint failed");
     }
     p.ctrl = c;
-    p.ctrl_name.assign(name.begin() + static_cast<std::ptrdiff_t>(kNameHeader + data_len), name.end());
+    p.ctrl_name.assign(parsed.ctrl.begin(), parsed.ctrl.end());
   }
   p.used = true;
   for (std::size_t i = 0; i < peers_.size(); ++i) {
@@ -335,12 +392,37 @@ void FabricEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
     fi_addr_t c = p.ctrl;
     (void)fi_av_remove(ctrl_av_, &c, 1, 0);
     // A reply cache entry for the same process points at the removed
-    // connection too.
-    reply_addrs_.erase(std::remove_if(reply_addrs_.begin(), reply_addrs_.end(),
-                                      [&](const ReplyAddr& r) { return r.name == p.ctrl_name; }),
-                       reply_addrs_.end());
+    // connection too. Entries are freed in place: rx slots refer to them by
+    // index while a reply is in flight.
+    for (ReplyAddr& r : reply_addrs_) {
+      if (r.used && r.name == p.ctrl_name) {
+        fi_addr_t ra = r.addr;
+        (void)fi_av_remove(ctrl_av_, &ra, 1, 0);
+        r = ReplyAddr{};
+      }
+    }
+    count_reply_peers();
   }
   p = PeerAddr{};
+}
+
+Result<std::uint64_t> FabricEndpoint::do_reconnect(PeerId /*peer*/, std::uint64_t handle,
+                                                   std::span<const std::byte> name) noexcept {
+  do_remove_peer(handle);
+  // rxm frees a peer's connection only once its progress has seen the
+  // shutdown the other side sent; an address inserted again before that
+  // is bound to the dead connection and every later op fails ENOTCONN
+  // (measured: 3 of 5 immediate reconnects after a rejected key). Progress
+  // for a bounded moment first; completions it reaps are reported as usual.
+  const auto until = std::chrono::steady_clock::now() + kReconnectSettle;
+  while (std::chrono::steady_clock::now() < until) (void)do_poll(32);
+  try {
+    return do_insert_peer(name);
+  } catch (const Error& e) {
+    return e.status() == Status::ok ? Status::transport_error : e.status();
+  } catch (...) {
+    return Status::transport_error;
+  }
 }
 
 void* FabricEndpoint::local_desc(const OpDesc& op) noexcept {
@@ -394,8 +476,20 @@ Status FabricEndpoint::do_send(const OpDesc& op) noexcept {
 Status FabricEndpoint::do_recv(const OpDesc& op) noexcept {
   auto region = op.local->ldo().region(*domain_);
   if (!region) return region.status();
-  return rma_status(
-      static_cast<int>(fi_recv(ep_, op.local->address(), op.length, region->descriptor, FI_ADDR_UNSPEC, op.context)));
+  if (overflow_.empty()) {
+    return rma_status(static_cast<int>(
+        fi_recv(ep_, op.local->address(), op.length, region->descriptor, FI_ADDR_UNSPEC, op.context)));
+  }
+  // tcp;ofi_rxm: a message the posted buffer cannot hold is truncated by the
+  // tcp layer without draining the rest of it from the socket, and every
+  // later message of that connection is lost (measured, libfabric 1.17).
+  // A shared overflow area behind the user's buffer takes the excess of any
+  // eagerly sent message instead, so the provider never truncates one; the
+  // completion then reports out_of_bounds for the user's slice. Larger
+  // (rendezvous) messages are truncated cleanly by the provider itself.
+  iovec iov[2] = {{op.local->address(), op.length}, {overflow_.data(), overflow_.size()}};
+  void* desc[2] = {region->descriptor, overflow_reg_.descriptor()};
+  return rma_status(static_cast<int>(fi_recvv(ep_, iov, desc, 2, FI_ADDR_UNSPEC, op.context)));
 }
 
 Status FabricEndpoint::do_atomic(const OpDesc& op) noexcept {
@@ -436,7 +530,6 @@ Status FabricEndpoint::post_ctrl_recv(std::size_t k) noexcept {
 Status FabricEndpoint::post_emulated(const OpDesc& op) noexcept {
   const PeerAddr& p = peers_[op.peer_handle];
   if (p.ctrl_name.empty()) return Status::unsupported;
-  static std::atomic<std::uint64_t> sequence{1};
   EmuOp& e = emu_[op.index];
   auto* msg = reinterpret_cast<CtrlMsg*>(ctrl_buffers_.data() + std::size_t{op.index} * kCtrlMsgSize);
   CtrlMsg m{};
@@ -444,7 +537,7 @@ Status FabricEndpoint::post_emulated(const OpDesc& op) noexcept {
   m.type = kCtrlRequest;
   m.op = static_cast<std::uint8_t>(op.kind);
   m.index = op.index;
-  m.token = sequence.fetch_add(1, std::memory_order_relaxed);
+  m.token = next_token_++;
   m.key = op.remote->key;
   m.address = op.remote_address;
   m.operand = op.operand;
@@ -469,34 +562,120 @@ void FabricEndpoint::finish_emulated(std::uint32_t index) noexcept {
   complete(index, st, st == Status::ok ? 8 : 0, value);
 }
 
-Result<std::uint64_t> FabricEndpoint::reply_address(std::span<const std::byte> name) noexcept {
+Result<std::uint64_t> FabricEndpoint::reply_address(std::span<const std::byte> name, std::size_t r) noexcept {
+  // The name was checked against the provider's address rules (parse_ctrl).
+  reply_entry_[r] = kNoEntry;
   for (const PeerAddr& p : peers_) {
     if (p.used && p.ctrl_name.size() == name.size() && std::equal(name.begin(), name.end(), p.ctrl_name.begin())) {
       return p.ctrl;
     }
   }
-  for (const ReplyAddr& r : reply_addrs_) {
-    if (r.name.size() == name.size() && std::equal(name.begin(), name.end(), r.name.begin())) return r.addr;
+  auto posted_to = [&](std::size_t entry) {
+    for (std::size_t j = 0; j < reply_state_.size(); ++j) {
+      if (reply_state_[j] == kReplyPosted && reply_entry_[j] == entry) return true;
+    }
+    return false;
+  };
+  const std::uint64_t now = ++reply_clock_;
+  std::size_t victim = reply_addrs_.size();
+  std::uint64_t oldest = ~std::uint64_t{0};
+  for (std::size_t i = 0; i < reply_addrs_.size(); ++i) {
+    ReplyAddr& e = reply_addrs_[i];
+    if (e.used && e.name.size() == name.size() && std::equal(name.begin(), name.end(), e.name.begin())) {
+      e.last_use = now;
+      reply_entry_[r] = static_cast<std::uint32_t>(i);
+      return e.addr;
+    }
+    // Candidates for reuse: a free entry, else the least recently used one
+    // no posted reply refers to (the provider holds those).
+    const std::uint64_t age = e.used ? e.last_use : 0;
+    if (age < oldest && !posted_to(i)) {
+      oldest = age;
+      victim = i;
+    }
   }
-  // A requester we never inserted: address it privately. Allocates once per
-  // new requester, not per request.
+  // A requester we never inserted (a server's clients need not be): address
+  // it privately, in a table of bounded size so a stream of made-up reply
+  // addresses cannot grow the address vector or this table without limit.
+  if (victim == reply_addrs_.size() && reply_addrs_.size() >= max_reply_addrs_) return Status::would_block;
+  if (victim < reply_addrs_.size() && reply_addrs_[victim].used) {
+    // Replies still waiting to be posted to the evicted address are dropped
+    // with it (their requesters time out).
+    for (std::size_t j = 0; j < reply_state_.size(); ++j) {
+      if (reply_state_[j] == kReplyPending && reply_entry_[j] == victim) drop_reply(j);
+    }
+    fi_addr_t old = reply_addrs_[victim].addr;
+    (void)fi_av_remove(ctrl_av_, &old, 1, 0);
+    reply_addrs_[victim] = ReplyAddr{};
+    reply_evictions_.fetch_add(1, std::memory_order_relaxed);
+  }
   fi_addr_t a = FI_ADDR_NOTAVAIL;
-  if (fi_av_insert(ctrl_av_, name.data(), 1, &a, 0, nullptr) != 1) return Status::peer_unreachable;
+  std::array<std::byte, fabric_wire::kMaxProviderAddr> buf{};
+  std::copy(name.begin(), name.end(), buf.begin());
+  if (fi_av_insert(ctrl_av_, buf.data(), 1, &a, 0, nullptr) != 1) {
+    count_reply_peers();
+    return Status::peer_unreachable;
+  }
   try {
-    reply_addrs_.push_back(ReplyAddr{std::vector<std::byte>(name.begin(), name.end()), a});
+    if (victim == reply_addrs_.size()) reply_addrs_.emplace_back();
+    ReplyAddr& e = reply_addrs_[victim];
+    e.name.assign(name.begin(), name.end());
+    e.addr = a;
+    e.last_use = now;
+    e.used = true;
   } catch (...) {
     (void)fi_av_remove(ctrl_av_, &a, 1, 0);
+    if (victim < reply_addrs_.size()) reply_addrs_[victim] = ReplyAddr{};
+    count_reply_peers();
     return Status::out_of_memory;
   }
+  reply_entry_[r] = static_cast<std::uint32_t>(victim);
+  count_reply_peers();
   return a;
 }
 
-void FabricEndpoint::serve_request(std::size_t k) noexcept {
+void FabricEndpoint::count_reply_peers() noexcept {
+  reply_peers_.store(static_cast<std::uint64_t>(std::count_if(reply_addrs_.begin(), reply_addrs_.end(),
+                                                              [](const ReplyAddr& e) { return e.used; })),
+                     std::memory_order_relaxed);
+}
+
+void FabricEndpoint::drop_reply(std::size_t r) noexcept {
+  if (reply_state_[r] == kReplyPending) {
+    pending_replies_.erase(std::remove(pending_replies_.begin(), pending_replies_.end(), r), pending_replies_.end());
+  }
+  reply_state_[r] = kReplyFree;
+  reply_entry_[r] = kNoEntry;
+  replies_dropped_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void FabricEndpoint::serve_request(const CtrlMsg& req) noexcept {
   const std::size_t n = config().max_in_flight;
-  CtrlMsg req;
-  std::memcpy(&req, ctrl_buffers_.data() + (n + k) * kCtrlMsgSize, sizeof req);
-  if (req.name_len == 0 || req.name_len > kCtrlNameMax) {
-    (void)post_ctrl_recv(k);
+  const std::size_t kk = options_.control_slots;
+  // A reply buffer: a free one, else the oldest reply the provider has not
+  // taken yet (rxm answers -FI_EAGAIN for ever to an address nobody listens
+  // on; such replies must not starve everyone else's).
+  std::size_t r = kk;
+  for (std::size_t j = 0; j < kk; ++j) {
+    if (reply_state_[j] == kReplyFree) {
+      r = j;
+      break;
+    }
+  }
+  if (r == kk && !pending_replies_.empty()) {
+    r = pending_replies_.front();
+    drop_reply(r);
+  }
+  if (r == kk) {
+    // Every reply buffer is with the provider: drop the request unapplied.
+    replies_dropped_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  auto addr = reply_address({reinterpret_cast<const std::byte*>(req.name), req.name_len}, r);
+  if (!addr) {
+    // Unanswerable (no evictable reply address, or the provider refused
+    // it): not applied, the requester times out.
+    ctrl_rejected_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   Status st = Status::ok;
@@ -519,23 +698,17 @@ void FabricEndpoint::serve_request(std::size_t k) noexcept {
         // too, not only against other emulated requests (which are serialised
         // by the endpoint's mutex anyway).
         std::atomic_ref<std::uint64_t> word(*reinterpret_cast<std::uint64_t*>(p));
-        if (req.op == static_cast<std::uint8_t>(OpKind::fetch_add)) {
+        if (req.op == fabric_wire::kOpFetchAdd) {
           old = word.fetch_add(req.operand, std::memory_order_acq_rel);
-        } else if (req.op == static_cast<std::uint8_t>(OpKind::compare_swap)) {
+        } else {
           std::uint64_t expected = req.compare;
           word.compare_exchange_strong(expected, req.operand, std::memory_order_acq_rel);
           old = expected;
-        } else {
-          st = Status::invalid_argument;
         }
       }
     }
   }
-  auto addr = reply_address({reinterpret_cast<const std::byte*>(req.name), req.name_len});
-  if (!addr) {
-    (void)post_ctrl_recv(k);
-    return;
-  }
+  ctrl_served_.fetch_add(1, std::memory_order_relaxed);
   CtrlMsg rep{};
   rep.magic = kCtrlMagic;
   rep.type = kCtrlReply;
@@ -544,41 +717,47 @@ void FabricEndpoint::serve_request(std::size_t k) noexcept {
   rep.index = req.index;
   rep.token = req.token;
   rep.value = old;
-  std::memcpy(ctrl_buffers_.data() + (n + options_.control_slots + k) * kCtrlMsgSize, &rep, sizeof rep);
-  reply_dest_[k] = *addr;
-  pending_replies_.push_back(k);  // capacity reserved: never allocates
+  std::memcpy(ctrl_buffers_.data() + (n + kk + r) * kCtrlMsgSize, &rep, sizeof rep);
+  reply_dest_[r] = *addr;
+  reply_state_[r] = kReplyPending;
+  reply_since_[r] = std::chrono::steady_clock::now();
+  pending_replies_.push_back(r);  // capacity reserved: never allocates
   flush_pending_replies();
 }
 
 void FabricEndpoint::flush_pending_replies() noexcept {
   const std::size_t n = config().max_in_flight;
   const std::size_t kk = options_.control_slots;
+  const auto now = std::chrono::steady_clock::now();
   std::size_t kept = 0;
   for (std::size_t i = 0; i < pending_replies_.size(); ++i) {
-    const std::size_t k = pending_replies_[i];
-    std::byte* buf = ctrl_buffers_.data() + (n + kk + k) * kCtrlMsgSize;
-    void* ctx = ctrl_contexts_.get() + (n + kk + k) * kContextSize;
-    const ssize_t rc = fi_send(ctrl_ep_, buf, kCtrlMsgSize, ctrl_reg_.descriptor(), reply_dest_[k], ctx);
-    if (rc == -FI_EAGAIN) {
-      pending_replies_[kept++] = k;
-    } else if (rc != 0) {
-      (void)post_ctrl_recv(k);  // requester unreachable: drop the reply
+    const std::size_t r = pending_replies_[i];
+    std::byte* buf = ctrl_buffers_.data() + (n + kk + r) * kCtrlMsgSize;
+    void* ctx = ctrl_contexts_.get() + (n + kk + r) * kContextSize;
+    const ssize_t rc = fi_send(ctrl_ep_, buf, kCtrlMsgSize, ctrl_reg_.descriptor(), reply_dest_[r], ctx);
+    if (rc == 0) {
+      reply_state_[r] = kReplyPosted;
+    } else if (rc == -FI_EAGAIN && now - reply_since_[r] < kReplyPatience) {
+      pending_replies_[kept++] = r;
+    } else {
+      // Requester unreachable (or not connectable within the patience):
+      // drop the reply; the requester's own timeout reports it.
+      reply_state_[r] = kReplyFree;
+      reply_entry_[r] = kNoEntry;
+      replies_dropped_.fetch_add(1, std::memory_order_relaxed);
     }
   }
   pending_replies_.resize(kept);
 }
 
-void FabricEndpoint::handle_reply(std::size_t k) noexcept {
-  const std::size_t n = config().max_in_flight;
-  CtrlMsg rep;
-  std::memcpy(&rep, ctrl_buffers_.data() + (n + k) * kCtrlMsgSize, sizeof rep);
-  (void)post_ctrl_recv(k);
-  if (rep.index >= n) return;
-  EmuOp& e = emu_[rep.index];
-  if (e.token == 0 || e.token != rep.token || e.reply_done) return;  // late reply to a cancelled op
+void FabricEndpoint::handle_reply(const CtrlMsg& rep) noexcept {
+  EmuOp& e = emu_[rep.index];  // index < max_in_flight: checked by parse_ctrl
+  if (e.token == 0 || e.token != rep.token || e.reply_done) {
+    ctrl_rejected_.fetch_add(1, std::memory_order_relaxed);  // late (cancelled op) or forged
+    return;
+  }
   e.reply_done = true;
-  e.status = rep.status <= static_cast<std::uint8_t>(Status::transport_error) ? static_cast<Status>(rep.status)
-                                                                               : Status::transport_error;
+  e.status = static_cast<Status>(rep.status);
   e.value = rep.value;
   finish_emulated(rep.index);
 }
@@ -628,9 +807,18 @@ std::size_t FabricEndpoint::poll_ctrl() noexcept {
           break;
         }
         case 1:
-          if (err.err != ECANCELED) (void)post_ctrl_recv(slot);
+          // A failed receive (a sender's oversized message): the sender
+          // broke its own channel; the buffer goes back for everyone else.
+          if (err.err != ECANCELED) {
+            ctrl_rejected_.fetch_add(1, std::memory_order_relaxed);
+            (void)post_ctrl_recv(slot);
+          }
           break;
-        case 2: (void)post_ctrl_recv(slot); break;
+        case 2:  // a reply the provider failed: the buffer is free again
+          reply_state_[slot] = kReplyFree;
+          reply_entry_[slot] = kNoEntry;
+          replies_dropped_.fetch_add(1, std::memory_order_relaxed);
+          break;
         default: break;
       }
       continue;
@@ -648,20 +836,29 @@ std::size_t FabricEndpoint::poll_ctrl() noexcept {
           break;
         }
         case 1: {
-          CtrlMsg head;
-          std::memcpy(&head, ctrl_buffers_.data() + (n + slot) * kCtrlMsgSize, sizeof head);
-          if (entries[i].len != kCtrlMsgSize || head.magic != kCtrlMagic) {
-            (void)post_ctrl_recv(slot);
-          } else if (head.type == kCtrlRequest) {
-            serve_request(slot);
-          } else if (head.type == kCtrlReply) {
-            handle_reply(slot);
+          // Anyone who knows our name can send here: check every field
+          // before acting on any.
+          CtrlMsg msg;
+          const std::span<const std::byte> got_bytes(ctrl_buffers_.data() + (n + slot) * kCtrlMsgSize,
+                                                     entries[i].len == kCtrlMsgSize ? kCtrlMsgSize : 0);
+          const bool valid =
+              fabric_wire::parse_ctrl(got_bytes, addr_rules(), static_cast<std::uint32_t>(n), msg) == nullptr;
+          // The message is copied out: the buffer goes straight back, so
+          // receive buffers never wait on replies.
+          (void)post_ctrl_recv(slot);
+          if (!valid) {
+            ctrl_rejected_.fetch_add(1, std::memory_order_relaxed);
+          } else if (msg.type == kCtrlRequest) {
+            serve_request(msg);
           } else {
-            (void)post_ctrl_recv(slot);
+            handle_reply(msg);
           }
           break;
         }
-        case 2: (void)post_ctrl_recv(slot); break;
+        case 2:
+          reply_state_[slot] = kReplyFree;
+          reply_entry_[slot] = kNoEntry;
+          break;
         default: break;
       }
     }
@@ -686,8 +883,29 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
       if (index == kNoIndex) continue;
       Status st = status_from_fi(err.err);
       if (st == Status::ok) st = Status::transport_error;
-      // A truncated receive still delivered its first bytes.
-      complete(index, st, op_at(index).kind == OpKind::recv ? err.len : 0, 0);
+      const OpKind kind = op_at(index).kind;
+      const bool rma = kind != OpKind::send && kind != OpKind::recv;
+      if (rma && err.err == FI_ECANCELED && is_layered(domain_->provider_name())) {
+        // tcp;ofi_rxm: a target that rejects an RMA key closes the
+        // connection, and the initiator's op is cancelled with the
+        // target's verdict in prov_errno (measured: ENOENT for an unknown
+        // or revoked key; a dead peer gives ENOTCONN/ECONNRESET). Report the
+        // cause, and the peer as broken, which it now is (reconnect()).
+        if (err.prov_errno == ENOENT || err.prov_errno == -FI_ENOKEY) {
+          st = Status::bad_key;
+        } else if (err.prov_errno == EACCES || err.prov_errno == EPERM || err.prov_errno == -FI_EACCES) {
+          st = Status::access_denied;
+        }
+        if (st != Status::peer_unreachable) mark_peer_broken(op_at(index).peer);
+      }
+      // A truncated receive still delivered its first bytes: err.len is the
+      // message's length and err.olen what did not fit (rxm), never more
+      // than the slice.
+      std::uint64_t bytes = 0;
+      if (op_at(index).kind == OpKind::recv && err.olen <= err.len) {
+        bytes = std::min<std::uint64_t>(err.len - err.olen, op_at(index).length);
+      }
+      complete(index, st, bytes, 0);
       continue;
     }
     if (got <= 0) {
@@ -699,7 +917,15 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
       if (index == kNoIndex) continue;
       const OpDesc& op = op_at(index);
       switch (op.kind) {
-        case OpKind::recv: complete(index, Status::ok, entries[i].len, 0); break;
+        case OpKind::recv:
+          // Bytes beyond the slice went to the overflow area: the message
+          // did not fit.
+          if (entries[i].len > op.length) {
+            complete(index, Status::out_of_bounds, op.length, 0);
+          } else {
+            complete(index, Status::ok, entries[i].len, 0);
+          }
+          break;
         case OpKind::fetch_add:
         case OpKind::compare_swap: complete(index, Status::ok, 8, atomic_words_[3 * std::size_t{index} + 2]); break;
         default: complete(index, Status::ok, op.length, 0); break;

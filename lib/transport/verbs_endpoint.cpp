@@ -1,5 +1,7 @@
 #include "regpool/verbs_endpoint.hpp"
 
+#include "transport/verbs_wire.hpp"
+
 #include <infiniband/verbs.h>
 
 #include <algorithm>
@@ -19,23 +21,11 @@ using MonoClock = std::chrono::steady_clock;
 static_assert(std::endian::native == std::endian::little,
               "names and control messages are host byte order; big-endian hosts need byte swapping here");
 
-// ---- endpoint name (what insert_peer gets) ----
-constexpr std::uint32_t kNameMagic = 0x4e565052;  // "RPVN"
-constexpr std::uint8_t kNameVersion = 1;
-constexpr std::size_t kNameSize = 40;
-struct WireName {
-  std::uint32_t magic;
-  std::uint8_t version;
-  std::uint8_t flags;  // bit 0: ethernet (RoCE)
-  std::uint8_t port;
-  std::uint8_t mtu;    // enum ibv_mtu
-  std::uint16_t lid;
-  std::uint16_t reserved;
-  std::uint32_t ud_qpn;
-  std::uint64_t endpoint_id;
-  std::uint8_t gid[16];
-};
-static_assert(sizeof(WireName) == kNameSize);
+// ---- endpoint name (what insert_peer gets): transport/verbs_wire.hpp ----
+using verbs_wire::kNameMagic;
+using verbs_wire::kNameSize;
+using verbs_wire::kNameVersion;
+using verbs_wire::WireName;
 
 // ---- control messages over UD ----
 constexpr std::uint32_t kCtrlMagic = 0x43565052;  // "RPVC"
@@ -348,17 +338,6 @@ std::vector<std::byte> VerbsEndpoint::do_name() const {
   return out;
 }
 
-namespace {
-
-bool parse_name(std::span<const std::byte> name, WireName& out) noexcept {
-  if (name.size() != kNameSize) return false;
-  std::memcpy(&out, name.data(), kNameSize);
-  return out.magic == kNameMagic && out.version == kNameVersion && out.endpoint_id != 0;
-}
-
-}  // namespace
-
-
 // ----------------------------------------------------------------- connections
 
 std::uint32_t VerbsEndpoint::new_conn(const void* remote_name) {
@@ -578,7 +557,11 @@ std::uint32_t VerbsEndpoint::conn_by_qpn(std::uint32_t qpn) const noexcept {
 
 std::uint64_t VerbsEndpoint::do_insert_peer(std::span<const std::byte> name) {
   WireName w{};
-  if (!parse_name(name, w)) throw Error(Status::malformed, 0, "verbs endpoint: not a verbs endpoint name");
+  if (const char* why = verbs_wire::parse_name(name, domain_->port_info().ethernet, w)) {
+    throw Error(Status::malformed, 0,
+                std::string("verbs endpoint: peer name rejected: bad ") + why + " (" + std::to_string(name.size()) +
+                    "-byte name)");
+  }
   if (w.endpoint_id == impl_->endpoint_id) {
     throw Error(Status::invalid_argument, 0, "verbs endpoint: inserting its own name (loopback QPs are not supported)");
   }
@@ -644,7 +627,7 @@ void VerbsEndpoint::handle_ctrl(std::uint32_t k, std::uint32_t byte_len) noexcep
   wr.num_sge = 1;
   (void)ibv_post_recv(m.ud, &wr, &bad);
   if (!sane || msg.magic != kCtrlMagic || msg.dst_id != m.endpoint_id) return;
-  if (msg.src.magic != kNameMagic || msg.src.endpoint_id == 0) return;
+  if (verbs_wire::check_name(msg.src, domain_->port_info().ethernet) != nullptr) return;
   // While draining a QP we cannot reset another QP underneath the caller;
   // dropping is fine, REQs are retransmitted.
   if (m.draining) return;

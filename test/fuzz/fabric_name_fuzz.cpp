@@ -1,0 +1,104 @@
+// Fuzzes fabric_wire::parse_name, the parser for the endpoint names peers
+// hand each other through the (unauthenticated) bootstrap, under the address
+// rules of each kind of provider: shm-like (FI_ADDR_STR "fi_shm://..."),
+// tcp-like (sockaddr_in), sockaddr_in6 and fixed-length opaque addresses.
+// The first input byte picks the rules, the rest is the name. Properties:
+//  - never reads outside the span (ASan), never aborts on its own;
+//  - an accepted name's fields add up: header + data + control == size, the
+//    spans lie inside the input, control present exactly with the flag;
+//  - each accepted address satisfies the rules by construction, checked
+//    independently here (NUL-terminated string of the right scheme, exact
+//    sockaddr length and family, ...), so fi_av_insert never reads past it;
+//  - re-encoding the parsed name gives back exactly the input bytes.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "transport/fabric_wire.hpp"
+
+namespace fw = regpool::fabric_wire;
+
+namespace {
+
+fw::AddrRules rules_for(std::uint8_t selector) {
+  fw::AddrRules r;
+  switch (selector % 4) {
+    case 0:
+      r.kind = fw::AddrKind::string;
+      r.length = fw::kMaxProviderAddr;
+      r.scheme = "fi_shm://";
+      break;
+    case 1:
+      r.kind = fw::AddrKind::sockaddr_in;
+      r.length = 16;
+      break;
+    case 2:
+      r.kind = fw::AddrKind::sockaddr_in6;
+      r.length = 28;
+      break;
+    default:
+      r.kind = fw::AddrKind::opaque;
+      r.length = 1 + selector / 4;  // 1..64
+      break;
+  }
+  return r;
+}
+
+void check_address_invariants(std::span<const std::byte> a, const fw::AddrRules& r) {
+  if (a.empty() || a.size() > fw::kMaxProviderAddr) std::abort();
+  switch (r.kind) {
+    case fw::AddrKind::string: {
+      if (a.back() != std::byte{0}) std::abort();
+      if (std::memchr(a.data(), 0, a.size() - 1) != nullptr) std::abort();  // one NUL, at the end
+      if (a.size() - 1 <= r.scheme.size() || std::memcmp(a.data(), r.scheme.data(), r.scheme.size()) != 0) {
+        std::abort();
+      }
+      if (std::memchr(a.data() + r.scheme.size(), '/', a.size() - 1 - r.scheme.size()) != nullptr) std::abort();
+      break;
+    }
+    case fw::AddrKind::sockaddr_in:
+      if (a.size() != 16 || a[0] != std::byte{2} || a[1] != std::byte{0}) std::abort();
+      break;
+    case fw::AddrKind::sockaddr_in6:
+      if (a.size() != 28 || a[0] != std::byte{10} || a[1] != std::byte{0}) std::abort();
+      break;
+    case fw::AddrKind::opaque:
+      if (a.size() != r.length) std::abort();
+      break;
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size < 1) return 0;
+  const fw::AddrRules rules = rules_for(data[0]);
+  const std::span<const std::byte> name(reinterpret_cast<const std::byte*>(data + 1), size - 1);
+  fw::ParsedName p;
+  const char* why = fw::parse_name(name, rules, p);
+  if (why != nullptr) {
+    if (*why == '\0') std::abort();  // a refusal always names its field
+    if (!p.data.empty() || !p.ctrl.empty()) std::abort();
+    return 0;
+  }
+  const auto* lo = name.data();
+  const auto* hi = name.data() + name.size();
+  auto inside = [&](std::span<const std::byte> s) { return s.data() >= lo && s.data() + s.size() <= hi; };
+  if (!inside(p.data) || !inside(p.ctrl)) std::abort();
+  if (fw::kNameHeader + p.data.size() + p.ctrl.size() != name.size()) std::abort();
+  if (p.has_ctrl != !p.ctrl.empty() || p.ctrl.size() > fw::kCtrlNameMax) std::abort();
+  check_address_invariants(p.data, rules);
+  if (p.has_ctrl) check_address_invariants(p.ctrl, rules);
+  // Re-encode as FabricEndpoint::do_name does.
+  std::vector<std::byte> again = {std::byte{'R'}, std::byte{'P'}, std::byte{fw::kNameVersion},
+                                  std::byte{p.has_ctrl ? fw::kNameHasCtrl : std::uint8_t{0}},
+                                  static_cast<std::byte>(p.data.size() & 0xff), static_cast<std::byte>(p.data.size() >> 8),
+                                  static_cast<std::byte>(p.ctrl.size() & 0xff), static_cast<std::byte>(p.ctrl.size() >> 8)};
+  again.insert(again.end(), p.data.begin(), p.data.end());
+  again.insert(again.end(), p.ctrl.begin(), p.ctrl.end());
+  if (again.size() != name.size() || std::memcmp(again.data(), name.data(), again.size()) != 0) std::abort();
+  return 0;
+}
