@@ -630,7 +630,61 @@ PoolStats PoolCore::stats() const {
     s.register_ns = register_ns_;
   }
   for (const auto& d : domains_) s.domains.push_back(d->stats());
+  occupancy_stats(s);
   return s;
+}
+
+// ---------------------------------------------------------------------------
+// Arena occupancy and fragmentation (PoolStats::arena_detail and the
+// aggregates after it). Spans tile every arena, so walking span heads visits
+// each span once: O(spans) per arena, all under the pool's locks. Free slots
+// of a carved slab are counted from PageDesc::slab_central, which changes
+// under central_[cls].mutex; spans change under mutex_. Both are taken, in
+// the documented order (centrals ascending, then mutex_), so the figures are
+// one consistent snapshot. Not a fast path: allocations that miss their
+// thread cache wait for the walk.
+// ---------------------------------------------------------------------------
+void PoolCore::occupancy_stats(PoolStats& s) const {
+  std::array<std::unique_lock<std::mutex>, kNumSizeClasses> centrals;
+  for (std::size_t c = 0; c < kNumSizeClasses; ++c) centrals[c] = std::unique_lock(central_[c].mutex);
+  std::lock_guard g(mutex_);
+  s.arena_detail.clear();
+  s.arena_detail.reserve(arenas_.size());
+  for (Arena* a : arenas_) {
+    ArenaStats as;
+    as.capacity = a->size();
+    as.dedicated = a->dedicated();
+    std::uint64_t handed_out = 0;
+    std::uint64_t slab_free = 0;
+    for (std::uint32_t p = 0; p < a->npages();) {
+      const PageDesc& pd = a->page(p);
+      if (pd.npages == 0) break;  // never for a well-formed arena; do not spin
+      const std::uint64_t bytes = std::uint64_t{pd.npages} * kPage;
+      if (pd.state == PageState::free) {
+        as.bytes_free += bytes;
+        as.free_spans += 1;
+        as.largest_free = std::max(as.largest_free, bytes);
+      } else {
+        handed_out += bytes;
+        if (pd.state == PageState::slab) slab_free += std::uint64_t{pd.slab_central} * kClassSize[pd.size_class];
+      }
+      p += pd.npages;
+    }
+    as.bytes_in_use = handed_out - slab_free;
+    if (!as.dedicated) {
+      s.arena_capacity += as.capacity;
+      s.arena_bytes_in_use += as.bytes_in_use;
+      s.free_span_bytes += as.bytes_free;
+      s.largest_free_span = std::max(s.largest_free_span, as.largest_free);
+      s.slab_free_bytes += slab_free;
+    }
+    s.arena_detail.push_back(as);
+  }
+  s.arena_occupancy =
+      s.arena_capacity ? static_cast<double>(s.arena_bytes_in_use) / static_cast<double>(s.arena_capacity) : 0.0;
+  s.fragmentation = s.free_span_bytes ? 1.0 - static_cast<double>(s.largest_free_span) /
+                                                  static_cast<double>(s.free_span_bytes)
+                                      : 0.0;
 }
 
 }  // namespace detail
