@@ -511,6 +511,9 @@ void print_text(const FabricReport& f, const VerbsReport& vr, const MemoryReport
     std::printf(" %s: %llu total, %llu free;", regpool_tools::format_size(h.page_kib * 1024).c_str(),
                 static_cast<unsigned long long>(h.total), static_cast<unsigned long long>(h.free));
   }
+  // PoolConfig::huge_page_size maps these with MAP_HUGETLB: the free count
+  // is what a pool can use, and no hugetlbfs mount is needed for that.
+  std::printf("\n  (PoolConfig::huge_page_size draws on the free pages above; no mount needed)");
   std::printf("\n  hugetlbfs mounts: %s\n",
               m.hugetlbfs_mounts.empty() ? "none" : join(m.hugetlbfs_mounts, ", ").c_str());
   std::printf("  NUMA nodes online: %s\n", m.numa_online.empty() ? "unknown" : m.numa_online.c_str());

@@ -60,6 +60,16 @@ struct PoolConfig {
   bool auto_trim = true;
   // madvise(MADV_HUGEPAGE) on arenas.
   bool transparent_huge_pages = true;
+  // Back arenas with hugetlbfs pages of this many bytes (MAP_HUGETLB; 0 =
+  // ordinary pages). Must be a size the kernel offers (a directory
+  // /sys/kernel/mm/hugepages/hugepages-<kB>kB), else the constructor throws
+  // Error(Status::unsupported). Arena sizes are rounded up to it. The pages
+  // must be reserved beforehand (vm.nr_hugepages or that directory's
+  // nr_hugepages): when they run out the constructor throws
+  // Error(Status::out_of_memory) naming how many pages are reserved and free,
+  // and later growth returns Status::out_of_memory from allocate().
+  // transparent_huge_pages is ignored for such arenas.
+  std::size_t huge_page_size = 0;
   // Bind arenas to this NUMA node (-1 = no binding). Needs the numa feature.
   int numa_node = -1;
   // Touch every page at arena creation so registration and first use do not

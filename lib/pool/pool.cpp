@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cerrno>
 #include <new>
 #include <string>
 
@@ -43,6 +44,22 @@ TlsDirectory::~TlsDirectory() {
   }
 }
 
+// Arenas are multiples of 2 MiB (so THP can back them) or of the hugetlbfs
+// page size when that is larger.
+std::size_t arena_alignment(const PoolConfig& c) noexcept {
+  return std::max(platform::kHugePageSize, c.huge_page_size);
+}
+
+// PoolConfig::huge_page_size: refuse sizes the kernel does not offer before
+// mapping anything, so the error names the cause rather than "cannot map".
+void check_huge_pages(const PoolConfig& c) {
+  if (!c.huge_page_size) return;
+  if (!platform::huge_page_info(c.huge_page_size).supported)
+    throw Error(Status::unsupported, EINVAL,
+                "pool '" + c.name + "': huge_page_size " + std::to_string(c.huge_page_size) +
+                    " is not a hugetlbfs page size this kernel offers (see /sys/kernel/mm/hugepages)");
+}
+
 void shared_add(OwnerCounter& c, std::uint64_t n) noexcept { c.v.fetch_add(n, std::memory_order_relaxed); }
 
 void fold(Counters& into, const Counters& from) noexcept {
@@ -76,7 +93,8 @@ PoolCore::PoolCore(std::vector<std::shared_ptr<Domain>> domains, PoolConfig conf
                                                     "' listed twice");
   }
   if (config_.arena_size == 0) throw Error(Status::invalid_argument, 0, "pool '" + config_.name + "': arena_size is 0");
-  config_.arena_size = platform::round_up(config_.arena_size, platform::kHugePageSize);
+  check_huge_pages(config_);
+  config_.arena_size = platform::round_up(config_.arena_size, arena_alignment(config_));
   if (config_.max_bytes && config_.initial_arenas * config_.arena_size > config_.max_bytes) {
     throw Error(Status::invalid_argument, 0,
                 "pool '" + config_.name + "': initial arenas (" + std::to_string(config_.initial_arenas) + " x " +
@@ -92,6 +110,9 @@ PoolCore::PoolCore(std::vector<std::shared_ptr<Domain>> domains, PoolConfig conf
       for (Arena* a : arenas_) delete a;
       arenas_.clear();
       if (err) std::rethrow_exception(err);
+      if (config_.huge_page_size && s == Status::out_of_memory)
+        throw Error(s, ENOMEM, "pool '" + config_.name + "': " +
+                                   platform::huge_page_advice(config_.huge_page_size, config_.arena_size));
       throw Error(s, 0, "pool '" + config_.name + "': cannot map an arena of " + std::to_string(config_.arena_size) +
                             " bytes");
     }
@@ -378,7 +399,7 @@ void PoolCore::release_idle_arenas_locked(std::size_t keep) noexcept {
 
 Status PoolCore::grow_locked(std::uint64_t min_bytes, bool dedicated, std::exception_ptr* error) noexcept {
   const std::uint64_t size =
-      dedicated ? platform::round_up(min_bytes, platform::kHugePageSize) : config_.arena_size;
+      dedicated ? platform::round_up(min_bytes, arena_alignment(config_)) : config_.arena_size;
   const std::size_t count = dedicated ? 1 : std::max<std::size_t>(1, config_.growth_arenas);
   for (std::size_t i = 0; i < count; ++i) {
     if (config_.max_bytes && bytes_mapped_ + size > config_.max_bytes) return i == 0 ? Status::pool_exhausted : Status::ok;
