@@ -90,8 +90,9 @@ struct SizeClassStats {
 // One arena, as seen by Pool::stats(). "Handed out" means pages given to a
 // slab or a large object; a slab counts in full once carved, so
 // bytes_in_use subtracts the slots of carved slabs that sit in the pool's
-// central free lists (slots parked in per-thread caches count as in use:
-// only their thread can hand them out).
+// central free lists (slots and large spans parked in per-thread caches
+// count as in use: only their thread can hand them out). docs/telemetry.md
+// has the details.
 struct ArenaStats {
   std::uint64_t capacity = 0;       // bytes mapped (and registered)
   std::uint64_t bytes_in_use = 0;   // handed-out bytes minus central free slots
