@@ -307,6 +307,14 @@ class Server {
         c.peer = ep_->insert_peer(*name);
       } catch (const regpool::Error& e) {
         std::fprintf(stderr, "kv-server: refusing a client: %s\n", e.what());
+        ++bad_requests_;
+        continue;
+      }
+      // insert_peer returns the existing PeerId for a name it knows: a
+      // second join with a live client's name would share (and on leaving,
+      // remove) that client's peer. Refuse it.
+      if (peer_in_use(c.peer)) {
+        ++bad_requests_;
         continue;
       }
       c.live = true;
@@ -324,6 +332,12 @@ class Server {
       std::printf("kv-server: client %u joined\n", id);
       std::fflush(stdout);
     }
+  }
+
+  bool peer_in_use(regpool::PeerId peer) const {
+    for (const Client& c : clients_)
+      if (c.live && c.peer == peer) return true;
+    return false;
   }
 
   void drop_failed_and_silent() {

@@ -3,7 +3,9 @@
 
   run_test.py KV_SERVER KV_CLIENT PROVIDER
 
-1. kv-server starts (lease 2 s, bounded run) and prints its port.
+1. kv-server starts (lease 2 s, bounded run) and prints its port; three
+   malformed joins (garbage, an absurd length, a name that is no endpoint
+   name) must be refused without effect.
 2. Clients A and B put and get OPS keys each, verifying every byte, then
    wait; client V (the victim) does the same, then opens a write lease and
    holds it.
@@ -19,6 +21,8 @@ Every process has a time bound; the script kills whatever is left.
 import queue
 import re
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -91,6 +95,20 @@ def main():
         fail("server did not start: " + "".join(server_lines.transcript), procs)
     port = m.group(1)
 
+    # Hostile joins first: garbage, an absurd length, a well-framed name that
+    # is no endpoint name. Each costs the server one bounded handshake and is
+    # counted as rejected; nothing else changes.
+    for junk in (b"junk", struct.pack("<II", 0x3148564B, 1 << 30), struct.pack("<II", 0x3148564B, 16) + bytes(16)):
+        with socket.create_connection(("127.0.0.1", int(port)), timeout=10) as s:
+            s.sendall(junk)
+            s.shutdown(socket.SHUT_WR)
+            s.settimeout(10)
+            try:
+                if s.recv(64):
+                    fail("server answered a bad join", procs)
+            except OSError:
+                pass
+
     def client(name, *extra, stdin=None):
         p = subprocess.Popen(
             [client_exe, "--provider", provider, "--port", port, "--name", name, "--max-size", str(MAX_SIZE),
@@ -145,8 +163,8 @@ def main():
     # only if they connected in that order, so match any id.
     if not re.search(r"client \d+ lease expired \(released 1 leases\)", text):
         fail("server did not drop the killed client with its write lease", procs)
-    if not re.search(r"4 joined, 1 dropped", text):
-        fail("server summary does not show 4 joined, 1 dropped", procs)
+    if not re.search(r"4 joined, 1 dropped, \d+ requests, 3 rejected", text):
+        fail("server summary does not show 4 joined, 1 dropped, 3 rejected joins", procs)
     if len(re.findall(r"client \d+ left", text)) != 3:
         fail("server did not see three clients leave", procs)
     print("examples-kv: OK")
