@@ -3,7 +3,7 @@
 
   run_test.py KV_SERVER KV_CLIENT PROVIDER
 
-1. kv-server starts (lease 2 s, bounded run) and prints its port; three
+1. kv-server starts (lease 5 s, bounded run) and prints its port; three
    malformed joins (garbage, an absurd length, a name that is no endpoint
    name) must be refused without effect.
 2. Clients A and B put and get OPS keys each, verifying every byte, then
@@ -85,7 +85,7 @@ def main():
     deadline = time.monotonic() + BOUND
     procs = []
     server = subprocess.Popen(
-        [server_exe, "--provider", provider, "--lease-ms", "2000", "--op-timeout-ms", "2000",
+        [server_exe, "--provider", provider, "--lease-ms", "5000", "--op-timeout-ms", "2000",
          "--expect", "4", "--max-seconds", str(BOUND)],
         stdout=subprocess.PIPE, text=True)
     procs.append(server)
