@@ -26,6 +26,20 @@ std::string micros(std::uint64_t ns) {
   return buf;
 }
 
+std::string percent(double f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", f * 100.0);
+  return buf;
+}
+
+// Fixed notation with enough digits to round-trip a ratio; JSON has no NaN
+// or infinity, and the ratios are always finite in [0, 1].
+std::string ratio(double f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6f", f);
+  return buf;
+}
+
 std::string json_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
@@ -50,6 +64,12 @@ void print(std::ostream& out, const DomainStats& s) {
       << micros(s.register_ns) << " registering, " << micros(s.deregister_ns) << " deregistering\n";
 }
 
+void print(std::ostream& out, const EndpointStats& s) {
+  out << "endpoint: " << s.posted << " posted, " << s.completed << " completed, " << s.failed << " failed, "
+      << s.rejected << " rejected before the wire, " << s.timeouts << " timed out, " << s.in_flight
+      << " in flight, " << s.post_retries << " post retries, " << s.reconnects << " reconnects\n";
+}
+
 void print(std::ostream& out, const PoolStats& s) {
   out << "pool " << s.name << ":\n"
       << "  objects: " << s.allocations << " allocations, " << s.releases << " releases, " << s.live_objects
@@ -59,6 +79,10 @@ void print(std::ostream& out, const PoolStats& s) {
       << " released)\n"
       << "  registrations by this pool: " << s.registrations << " (" << s.deregistrations << " undone), "
       << micros(s.register_ns) << " registering\n";
+  out << "  occupancy: " << bytes(s.arena_bytes_in_use) << " in use of " << bytes(s.arena_capacity)
+      << " in regular arenas (" << percent(s.arena_occupancy) << "); free spans " << bytes(s.free_span_bytes)
+      << ", largest " << bytes(s.largest_free_span) << " (fragmentation " << percent(s.fragmentation)
+      << "); free slab slots " << bytes(s.slab_free_bytes) << "\n";
   out << "  size classes:";
   bool any = false;
   for (const auto& c : s.size_classes) {
@@ -71,12 +95,55 @@ void print(std::ostream& out, const PoolStats& s) {
     any = true;
   }
   out << (any ? "\n" : " none\n");
+  // A pool with many dedicated arenas would drown the rest: the first few
+  // here, all of them in to_json.
+  constexpr std::size_t kArenaLines = 8;
+  for (std::size_t i = 0; i < s.arena_detail.size(); ++i) {
+    if (i == kArenaLines) {
+      out << "  (" << s.arena_detail.size() - kArenaLines << " more arenas; see to_json)\n";
+      break;
+    }
+    const auto& a = s.arena_detail[i];
+    out << "  arena " << i << (a.dedicated ? " (dedicated)" : "") << ": " << bytes(a.bytes_in_use) << " in use of "
+        << bytes(a.capacity) << ", " << bytes(a.bytes_free) << " free in " << a.free_spans << " spans (largest "
+        << bytes(a.largest_free) << ")\n";
+  }
   for (const auto& d : s.domains) print(out, d);
 }
 
 std::string to_string(const PoolStats& stats) {
   std::ostringstream o;
   print(o, stats);
+  return o.str();
+}
+
+std::string to_string(const DomainStats& stats) {
+  std::ostringstream o;
+  print(o, stats);
+  return o.str();
+}
+
+std::string to_string(const EndpointStats& stats) {
+  std::ostringstream o;
+  print(o, stats);
+  return o.str();
+}
+
+std::string to_json(const DomainStats& d) {
+  std::ostringstream o;
+  o << "{\"name\":\"" << json_escape(d.name) << "\",\"registrations\":" << d.registrations
+    << ",\"deregistrations\":" << d.deregistrations << ",\"failed_registrations\":" << d.failed_registrations
+    << ",\"live_registrations\":" << d.live_registrations << ",\"bytes_registered_total\":"
+    << d.bytes_registered_total << ",\"bytes_registered_live\":" << d.bytes_registered_live
+    << ",\"register_ns\":" << d.register_ns << ",\"deregister_ns\":" << d.deregister_ns << "}";
+  return o.str();
+}
+
+std::string to_json(const EndpointStats& s) {
+  std::ostringstream o;
+  o << "{\"posted\":" << s.posted << ",\"completed\":" << s.completed << ",\"failed\":" << s.failed
+    << ",\"rejected\":" << s.rejected << ",\"timeouts\":" << s.timeouts << ",\"post_retries\":" << s.post_retries
+    << ",\"in_flight\":" << s.in_flight << ",\"reconnects\":" << s.reconnects << "}";
   return o.str();
 }
 
@@ -88,7 +155,20 @@ std::string to_json(const PoolStats& s) {
     << ",\"dedicated_arenas\":" << s.dedicated_arenas << ",\"arenas_created\":" << s.arenas_created
     << ",\"arenas_released\":" << s.arenas_released << ",\"registrations\":" << s.registrations
     << ",\"deregistrations\":" << s.deregistrations << ",\"register_ns\":" << s.register_ns
-    << ",\"large_allocations\":" << s.large_allocations << ",\"large_live\":" << s.large_live << ",\"size_classes\":[";
+    << ",\"large_allocations\":" << s.large_allocations << ",\"large_live\":" << s.large_live
+    << ",\"arena_capacity\":" << s.arena_capacity << ",\"arena_bytes_in_use\":" << s.arena_bytes_in_use
+    << ",\"free_span_bytes\":" << s.free_span_bytes << ",\"largest_free_span\":" << s.largest_free_span
+    << ",\"slab_free_bytes\":" << s.slab_free_bytes << ",\"arena_occupancy\":" << ratio(s.arena_occupancy)
+    << ",\"fragmentation\":" << ratio(s.fragmentation) << ",\"arena_detail\":[";
+  bool first_arena = true;
+  for (const auto& a : s.arena_detail) {
+    if (!first_arena) o << ",";
+    first_arena = false;
+    o << "{\"capacity\":" << a.capacity << ",\"bytes_in_use\":" << a.bytes_in_use << ",\"bytes_free\":"
+      << a.bytes_free << ",\"largest_free\":" << a.largest_free << ",\"free_spans\":" << a.free_spans
+      << ",\"dedicated\":" << (a.dedicated ? "true" : "false") << "}";
+  }
+  o << "],\"size_classes\":[";
   bool first = true;
   for (const auto& c : s.size_classes) {
     if (!first) o << ",";
@@ -100,11 +180,7 @@ std::string to_json(const PoolStats& s) {
   for (const auto& d : s.domains) {
     if (!first) o << ",";
     first = false;
-    o << "{\"name\":\"" << json_escape(d.name) << "\",\"registrations\":" << d.registrations
-      << ",\"deregistrations\":" << d.deregistrations << ",\"failed_registrations\":" << d.failed_registrations
-      << ",\"live_registrations\":" << d.live_registrations << ",\"bytes_registered_total\":"
-      << d.bytes_registered_total << ",\"bytes_registered_live\":" << d.bytes_registered_live
-      << ",\"register_ns\":" << d.register_ns << ",\"deregister_ns\":" << d.deregister_ns << "}";
+    o << to_json(d);
   }
   o << "]}";
   return o.str();

@@ -1,14 +1,9 @@
 // regpool-demo: two processes on loopback, each with a pool on a libfabric
-// domain. The target exposes an LDO; the initiator puts into it, gets it
-// back, and sends a message, verifying every byte. Both print their pool's
-// telemetry: after warm-up (arenas registered, endpoint opened, the export
-// made) the data phase registers nothing.
+// domain; the target exposes an LDO, the initiator puts into it, gets it
+// back and sends a message, verifying every byte; both print telemetry.
+// Step by step, with its output: docs/walkthrough.md.
 //
 //   regpool-demo [--provider shm|tcp] [--rounds N]
-//
-// Manual progress: shm and tcp;ofi_rxm complete an operation only while its
-// target progresses, so the target runs the endpoint's progress thread while
-// it waits in the bootstrap.
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -59,6 +54,8 @@ struct Process {
     pc.arena_size = 16 << 20;
     pool = std::make_unique<regpool::Pool>(std::vector<std::shared_ptr<regpool::Domain>>{domain}, pc);
     regpool::EndpointConfig ec;
+    // Manual progress: shm and tcp;ofi_rxm complete an operation only while
+    // its target progresses, and the target waits in the bootstrap.
     ec.progress_thread = target;
     ep = regpool::FabricEndpoint::open(domain, ec);
   }

@@ -189,7 +189,7 @@ FabricReport fabric_report() {
   r.version = std::to_string(FI_MAJOR(v)) + "." + std::to_string(FI_MINOR(v));
   r.all = getinfo(nullptr, r.error_all);
   // The hints FabricDomain opens with: an RDM endpoint with MSG and RMA,
-  // realistic mode bits (FI_CONTEXT|FI_CONTEXT2, FACTS.md: mode ~0 changes
+  // realistic mode bits (FI_CONTEXT|FI_CONTEXT2; docs/provider-facts.md: mode ~0 changes
   // rxm's answer) and the mr_mode bits regpool honours.
   if (fi_info* hints = fi_allocinfo()) {
     hints->ep_attr->type = FI_EP_RDM;
@@ -301,7 +301,7 @@ VerbsDevice describe(ibv_device* dev) {
       GidEntry ge;
       ge.index = gi;
       ge.gid = gid_text(gid);
-      // RoCE v1 vs v2 decides which GID index a peer must use (FACTS.md:
+      // RoCE v1 vs v2 decides which GID index a peer must use (docs/provider-facts.md:
       // index 1 is RoCEv2 on rxe).
       ibv_gid_entry ent{};
       if (ibv_query_gid_ex(ctx, static_cast<std::uint32_t>(p), static_cast<std::uint32_t>(gi), &ent, 0) == 0) {
@@ -511,6 +511,9 @@ void print_text(const FabricReport& f, const VerbsReport& vr, const MemoryReport
     std::printf(" %s: %llu total, %llu free;", regpool_tools::format_size(h.page_kib * 1024).c_str(),
                 static_cast<unsigned long long>(h.total), static_cast<unsigned long long>(h.free));
   }
+  // PoolConfig::huge_page_size maps these with MAP_HUGETLB: the free count
+  // is what a pool can use, and no hugetlbfs mount is needed for that.
+  std::printf("\n  (PoolConfig::huge_page_size draws on the free pages above; no mount needed)");
   std::printf("\n  hugetlbfs mounts: %s\n",
               m.hugetlbfs_mounts.empty() ? "none" : join(m.hugetlbfs_mounts, ", ").c_str());
   std::printf("  NUMA nodes online: %s\n", m.numa_online.empty() ? "unknown" : m.numa_online.c_str());

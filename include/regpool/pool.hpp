@@ -60,6 +60,16 @@ struct PoolConfig {
   bool auto_trim = true;
   // madvise(MADV_HUGEPAGE) on arenas.
   bool transparent_huge_pages = true;
+  // Back arenas with hugetlbfs pages of this many bytes (MAP_HUGETLB; 0 =
+  // ordinary pages). Must be a size the kernel offers (a directory
+  // /sys/kernel/mm/hugepages/hugepages-<kB>kB), else the constructor throws
+  // Error(Status::unsupported). Arena sizes are rounded up to it. The pages
+  // must be reserved beforehand (vm.nr_hugepages or that directory's
+  // nr_hugepages): when they run out the constructor throws
+  // Error(Status::out_of_memory) naming how many pages are reserved and free,
+  // and later growth returns Status::out_of_memory from allocate().
+  // transparent_huge_pages is ignored for such arenas.
+  std::size_t huge_page_size = 0;
   // Bind arenas to this NUMA node (-1 = no binding). Needs the numa feature.
   int numa_node = -1;
   // Touch every page at arena creation so registration and first use do not
@@ -75,6 +85,21 @@ struct SizeClassStats {
   std::uint64_t object_size = 0;  // slot bytes (header + sections)
   std::uint64_t allocations = 0;
   std::uint64_t live = 0;
+};
+
+// One arena, as seen by Pool::stats(). "Handed out" means pages given to a
+// slab or a large object; a slab counts in full once carved, so
+// bytes_in_use subtracts the slots of carved slabs that sit in the pool's
+// central free lists (slots and large spans parked in per-thread caches
+// count as in use: only their thread can hand them out). docs/telemetry.md
+// has the details.
+struct ArenaStats {
+  std::uint64_t capacity = 0;       // bytes mapped (and registered)
+  std::uint64_t bytes_in_use = 0;   // handed-out bytes minus central free slots
+  std::uint64_t bytes_free = 0;     // bytes in free page spans
+  std::uint64_t largest_free = 0;   // largest free page span, bytes
+  std::uint64_t free_spans = 0;     // number of free page spans
+  bool dedicated = false;           // holds one object larger than arena_size
 };
 
 struct PoolStats {
@@ -98,6 +123,23 @@ struct PoolStats {
   std::uint64_t large_live = 0;
   std::array<SizeClassStats, kNumSizeClasses> size_classes{};
   std::vector<DomainStats> domains;  // one per served domain
+
+  // Arena occupancy and fragmentation (computed by walking the arenas' page
+  // spans under the pool's locks: stats() briefly stalls allocations that
+  // miss the thread caches). Regular arenas only in the aggregates below;
+  // dedicated arenas appear in `arena_detail`.
+  std::vector<ArenaStats> arena_detail;  // one per arena, oldest first
+  std::uint64_t arena_capacity = 0;      // bytes of regular arenas
+  std::uint64_t arena_bytes_in_use = 0;  // sum of their bytes_in_use
+  std::uint64_t free_span_bytes = 0;     // bytes in free page spans
+  std::uint64_t largest_free_span = 0;   // largest free span of any regular arena
+  std::uint64_t slab_free_bytes = 0;     // free slots of carved slabs (central lists)
+  // arena_bytes_in_use / arena_capacity (0 without regular arenas).
+  double arena_occupancy = 0;
+  // 1 - largest_free_span / free_span_bytes: the share of free page-span
+  // bytes that a single large allocation cannot use. 0 when the free space
+  // is one span (or there is none); near 1 when it is scattered in pieces.
+  double fragmentation = 0;
 };
 
 // The allocator. Move-only RAII owner of its arenas.

@@ -5,7 +5,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cerrno>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -35,8 +38,32 @@ void Mapping::reset() noexcept {
   size_ = 0;
 }
 
+namespace {
+
+// hugetlbfs mappings: the kernel hands out whole huge pages from the
+// reserved pool, naturally aligned, so no over-mapping and no THP advice.
+void* map_huge(std::size_t size, std::size_t page_size, bool noreserve) noexcept {
+  int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB;
+  if (noreserve) flags |= MAP_NORESERVE;
+  // MAP_HUGE_SHIFT encodes log2(page size) so sizes other than the default
+  // one can be asked for.
+  flags |= std::countr_zero(page_size) << MAP_HUGE_SHIFT;
+  return ::mmap(nullptr, size, PROT_READ | PROT_WRITE, flags, -1, 0);
+}
+
+}  // namespace
+
 Result<Mapping> Mapping::create(std::size_t size, const MapOptions& options) noexcept {
   if (size == 0) return Status::invalid_argument;
+  if (options.huge_page_size) {
+    const std::size_t hp = options.huge_page_size;
+    if (!std::has_single_bit(hp) || hp < kPageSize) return Status::invalid_argument;
+    if (size > SIZE_MAX - hp) return Status::invalid_argument;
+    size = round_up(size, hp);
+    void* p = map_huge(size, hp, options.noreserve);
+    if (p == MAP_FAILED) return errno == EINVAL ? Status::invalid_argument : Status::out_of_memory;
+    return finish(static_cast<std::byte*>(p), size, options);
+  }
   size = round_up(size, kPageSize);
   const bool align_huge = options.transparent_huge_pages && size >= kHugePageSize;
   // Over-map by one huge page and trim, so the arena starts on a 2 MiB
@@ -58,6 +85,10 @@ Result<Mapping> Mapping::create(std::size_t size, const MapOptions& options) noe
     if (tail) ::munmap(base + size, tail);
     ::madvise(base, size, MADV_HUGEPAGE);
   }
+  return finish(base, size, options);
+}
+
+Result<Mapping> Mapping::finish(std::byte* base, std::size_t size, const MapOptions& options) noexcept {
 #if REGPOOL_HAVE_NUMA
   if (options.numa_node >= 0) {
     unsigned long mask[16] = {};
@@ -85,6 +116,44 @@ Result<Mapping> Mapping::create(std::size_t size, const MapOptions& options) noe
   m.base_ = base;
   m.size_ = size;
   return m;
+}
+
+namespace {
+
+std::uint64_t read_u64(const std::string& path, bool* ok) {
+  std::ifstream f(path);
+  std::uint64_t v = 0;
+  if (!(f >> v)) {
+    *ok = false;
+    return 0;
+  }
+  return v;
+}
+
+}  // namespace
+
+HugePageInfo huge_page_info(std::size_t page_size) {
+  HugePageInfo info;
+  const std::string dir = "/sys/kernel/mm/hugepages/hugepages-" + std::to_string(page_size / 1024) + "kB/";
+  bool ok = true;
+  info.reserved = read_u64(dir + "nr_hugepages", &ok);
+  info.free = read_u64(dir + "free_hugepages", &ok);
+  info.supported = ok && page_size >= kPageSize && std::has_single_bit(page_size);
+  return info;
+}
+
+std::string huge_page_advice(std::size_t page_size, std::size_t requested) {
+  const auto info = huge_page_info(page_size);
+  const std::string kib = std::to_string(page_size / 1024);
+  const std::uint64_t need = (requested + page_size - 1) / page_size;
+  std::string s = "cannot map " + std::to_string(requested) + " bytes in hugetlbfs pages of " + kib + " KiB (" +
+                  std::to_string(need) + " pages): ";
+  if (!info.supported) return s + "the kernel offers no such page size (see /sys/kernel/mm/hugepages)";
+  s += std::to_string(info.reserved) + " reserved, " + std::to_string(info.free) +
+       " free; reserve more as root with 'echo N > /sys/kernel/mm/hugepages/hugepages-" + kib +
+       "kB/nr_hugepages' (or sysctl vm.nr_hugepages for the default size, hugepages= on the kernel command "
+       "line to reserve at boot), or leave PoolConfig::huge_page_size at 0";
+  return s;
 }
 
 std::uint64_t memlock_limit() noexcept {

@@ -20,6 +20,12 @@ struct MapOptions {
   bool prefault = false;
   // Side tables: reserve address space, let pages appear on first touch.
   bool noreserve = false;
+  // hugetlbfs page size in bytes (MAP_HUGETLB | MAP_HUGE_<size>); 0 = off.
+  // The size is rounded up to it; transparent_huge_pages is then ignored.
+  // Fails with Status::out_of_memory when the reserved pages run out (the
+  // kernel says ENOMEM) and Status::invalid_argument for a size that is not
+  // a power of two of at least one page.
+  std::size_t huge_page_size = 0;
 };
 
 // An anonymous private mapping, page aligned (2 MiB aligned when THP is
@@ -42,9 +48,22 @@ class Mapping {
   explicit operator bool() const noexcept { return base_ != nullptr; }
 
  private:
+  // NUMA binding and prefaulting of a fresh mapping; unmaps it on failure.
+  static Result<Mapping> finish(std::byte* base, std::size_t size, const MapOptions& options) noexcept;
+
   std::byte* base_ = nullptr;
   std::size_t size_ = 0;
 };
+
+// hugetlbfs pages of one size, from /sys/kernel/mm/hugepages.
+struct HugePageInfo {
+  bool supported = false;     // the kernel offers this page size
+  std::uint64_t reserved = 0; // nr_hugepages
+  std::uint64_t free = 0;     // free_hugepages
+};
+HugePageInfo huge_page_info(std::size_t page_size);
+// A sentence naming the page size, what is reserved and free, and the fix.
+std::string huge_page_advice(std::size_t page_size, std::size_t requested);
 
 // Current soft RLIMIT_MEMLOCK in bytes (UINT64_MAX when unlimited).
 std::uint64_t memlock_limit() noexcept;

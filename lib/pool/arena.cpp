@@ -12,6 +12,7 @@ Result<Arena*> Arena::create(PoolCore* pool, std::size_t bytes, bool dedicated, 
   opts.transparent_huge_pages = config.transparent_huge_pages;
   opts.numa_node = config.numa_node;
   opts.prefault = config.prefault;
+  opts.huge_page_size = config.huge_page_size;
   auto memory = platform::Mapping::create(bytes, opts);
   if (!memory) return memory.status();
   const std::size_t npages = memory->size() / platform::kPageSize;

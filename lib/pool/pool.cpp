@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cerrno>
 #include <new>
 #include <string>
 
@@ -43,6 +44,22 @@ TlsDirectory::~TlsDirectory() {
   }
 }
 
+// Arenas are multiples of 2 MiB (so THP can back them) or of the hugetlbfs
+// page size when that is larger.
+std::size_t arena_alignment(const PoolConfig& c) noexcept {
+  return std::max(platform::kHugePageSize, c.huge_page_size);
+}
+
+// PoolConfig::huge_page_size: refuse sizes the kernel does not offer before
+// mapping anything, so the error names the cause rather than "cannot map".
+void check_huge_pages(const PoolConfig& c) {
+  if (!c.huge_page_size) return;
+  if (!platform::huge_page_info(c.huge_page_size).supported)
+    throw Error(Status::unsupported, EINVAL,
+                "pool '" + c.name + "': huge_page_size " + std::to_string(c.huge_page_size) +
+                    " is not a hugetlbfs page size this kernel offers (see /sys/kernel/mm/hugepages)");
+}
+
 void shared_add(OwnerCounter& c, std::uint64_t n) noexcept { c.v.fetch_add(n, std::memory_order_relaxed); }
 
 void fold(Counters& into, const Counters& from) noexcept {
@@ -76,7 +93,8 @@ PoolCore::PoolCore(std::vector<std::shared_ptr<Domain>> domains, PoolConfig conf
                                                     "' listed twice");
   }
   if (config_.arena_size == 0) throw Error(Status::invalid_argument, 0, "pool '" + config_.name + "': arena_size is 0");
-  config_.arena_size = platform::round_up(config_.arena_size, platform::kHugePageSize);
+  check_huge_pages(config_);
+  config_.arena_size = platform::round_up(config_.arena_size, arena_alignment(config_));
   if (config_.max_bytes && config_.initial_arenas * config_.arena_size > config_.max_bytes) {
     throw Error(Status::invalid_argument, 0,
                 "pool '" + config_.name + "': initial arenas (" + std::to_string(config_.initial_arenas) + " x " +
@@ -92,6 +110,9 @@ PoolCore::PoolCore(std::vector<std::shared_ptr<Domain>> domains, PoolConfig conf
       for (Arena* a : arenas_) delete a;
       arenas_.clear();
       if (err) std::rethrow_exception(err);
+      if (config_.huge_page_size && s == Status::out_of_memory)
+        throw Error(s, ENOMEM, "pool '" + config_.name + "': " +
+                                   platform::huge_page_advice(config_.huge_page_size, config_.arena_size));
       throw Error(s, 0, "pool '" + config_.name + "': cannot map an arena of " + std::to_string(config_.arena_size) +
                             " bytes");
     }
@@ -378,7 +399,7 @@ void PoolCore::release_idle_arenas_locked(std::size_t keep) noexcept {
 
 Status PoolCore::grow_locked(std::uint64_t min_bytes, bool dedicated, std::exception_ptr* error) noexcept {
   const std::uint64_t size =
-      dedicated ? platform::round_up(min_bytes, platform::kHugePageSize) : config_.arena_size;
+      dedicated ? platform::round_up(min_bytes, arena_alignment(config_)) : config_.arena_size;
   const std::size_t count = dedicated ? 1 : std::max<std::size_t>(1, config_.growth_arenas);
   for (std::size_t i = 0; i < count; ++i) {
     if (config_.max_bytes && bytes_mapped_ + size > config_.max_bytes) return i == 0 ? Status::pool_exhausted : Status::ok;
@@ -630,7 +651,61 @@ PoolStats PoolCore::stats() const {
     s.register_ns = register_ns_;
   }
   for (const auto& d : domains_) s.domains.push_back(d->stats());
+  occupancy_stats(s);
   return s;
+}
+
+// ---------------------------------------------------------------------------
+// Arena occupancy and fragmentation (PoolStats::arena_detail and the
+// aggregates after it). Spans tile every arena, so walking span heads visits
+// each span once: O(spans) per arena, all under the pool's locks. Free slots
+// of a carved slab are counted from PageDesc::slab_central, which changes
+// under central_[cls].mutex; spans change under mutex_. Both are taken, in
+// the documented order (centrals ascending, then mutex_), so the figures are
+// one consistent snapshot. Not a fast path: allocations that miss their
+// thread cache wait for the walk.
+// ---------------------------------------------------------------------------
+void PoolCore::occupancy_stats(PoolStats& s) const {
+  std::array<std::unique_lock<std::mutex>, kNumSizeClasses> centrals;
+  for (std::size_t c = 0; c < kNumSizeClasses; ++c) centrals[c] = std::unique_lock(central_[c].mutex);
+  std::lock_guard g(mutex_);
+  s.arena_detail.clear();
+  s.arena_detail.reserve(arenas_.size());
+  for (Arena* a : arenas_) {
+    ArenaStats as;
+    as.capacity = a->size();
+    as.dedicated = a->dedicated();
+    std::uint64_t handed_out = 0;
+    std::uint64_t slab_free = 0;
+    for (std::uint32_t p = 0; p < a->npages();) {
+      const PageDesc& pd = a->page(p);
+      if (pd.npages == 0) break;  // never for a well-formed arena; do not spin
+      const std::uint64_t bytes = std::uint64_t{pd.npages} * kPage;
+      if (pd.state == PageState::free) {
+        as.bytes_free += bytes;
+        as.free_spans += 1;
+        as.largest_free = std::max(as.largest_free, bytes);
+      } else {
+        handed_out += bytes;
+        if (pd.state == PageState::slab) slab_free += std::uint64_t{pd.slab_central} * kClassSize[pd.size_class];
+      }
+      p += pd.npages;
+    }
+    as.bytes_in_use = handed_out - slab_free;
+    if (!as.dedicated) {
+      s.arena_capacity += as.capacity;
+      s.arena_bytes_in_use += as.bytes_in_use;
+      s.free_span_bytes += as.bytes_free;
+      s.largest_free_span = std::max(s.largest_free_span, as.largest_free);
+      s.slab_free_bytes += slab_free;
+    }
+    s.arena_detail.push_back(as);
+  }
+  s.arena_occupancy =
+      s.arena_capacity ? static_cast<double>(s.arena_bytes_in_use) / static_cast<double>(s.arena_capacity) : 0.0;
+  s.fragmentation = s.free_span_bytes ? 1.0 - static_cast<double>(s.largest_free_span) /
+                                                  static_cast<double>(s.free_span_bytes)
+                                      : 0.0;
 }
 
 }  // namespace detail

@@ -161,12 +161,15 @@ class PoolCore {
   void release_idle_arenas_locked(std::size_t keep) noexcept;  // caller holds mutex_
   void flush_cache(ThreadCache* tc) noexcept;
   std::uint64_t live_objects() const noexcept;
+  // PoolStats' arena occupancy and fragmentation fields (see pool.hpp).
+  void occupancy_stats(PoolStats& s) const;
 
   const std::uint64_t id_;
   PoolConfig config_;
   std::vector<std::shared_ptr<Domain>> domains_;
 
-  std::array<Central, kNumSizeClasses> central_;
+  // mutable: stats() locks them to read slab occupancy.
+  mutable std::array<Central, kNumSizeClasses> central_;
 
   mutable std::mutex mutex_;
   std::vector<Arena*> arenas_;  // guarded by mutex_ (writes also by arenas_rw_)

@@ -7,10 +7,12 @@
 
 #include <cstring>
 #include <set>
+#include <sstream>
 #include <vector>
 
 #include "regpool/host_domain.hpp"
 #include "regpool/pool.hpp"
+#include "pool/size_classes.hpp"
 #include "regpool/telemetry.hpp"
 #include "regpool_config.h"
 #include "support/fake_domain.hpp"
@@ -315,6 +317,121 @@ TEST_CASE("telemetry adds up and prints", "[pool][telemetry]") {
   const std::string json = to_json(s);
   CHECK(json.front() == '{');
   CHECK(json.find("\"live_objects\":14") != std::string::npos);
+}
+
+TEST_CASE("arena occupancy and fragmentation follow the page spans", "[pool][telemetry]") {
+  auto d = std::make_shared<FakeDomain>();
+  PoolConfig cfg = small_config(2);  // one arena of 512 pages
+  // No thread caches (freed spans go straight back to the arena) and no
+  // automatic trimming (slabs stay carved until trim()).
+  cfg.thread_cache = false;
+  cfg.auto_trim = false;
+  Pool pool({d}, cfg);
+  constexpr std::uint64_t kKiB = 1024;
+
+  auto s = pool.stats();
+  REQUIRE(s.arena_detail.size() == 1);
+  CHECK(s.arena_capacity == 2 * kMiB);
+  CHECK(s.arena_bytes_in_use == 0);
+  CHECK(s.free_span_bytes == 2 * kMiB);
+  CHECK(s.largest_free_span == 2 * kMiB);
+  CHECK(s.arena_occupancy == 0.0);
+  CHECK(s.fragmentation == 0.0);
+  CHECK(s.arena_detail[0].free_spans == 1);
+
+  // Eight 64 KiB objects (header included: exactly 16 pages each) pack
+  // toward the start of the arena.
+  std::vector<Ldo> big;
+  for (int i = 0; i < 8; ++i) big.push_back(*pool.allocate(64 * kKiB - kWireHeaderSize));
+  s = pool.stats();
+  CHECK(s.arena_bytes_in_use == 512 * kKiB);
+  CHECK(s.free_span_bytes == 1536 * kKiB);
+  CHECK(s.fragmentation == 0.0);
+  CHECK(s.arena_occupancy == Approx(0.25));
+
+  // Dropping every other one leaves four 64 KiB holes before the 1.5 MiB
+  // tail: of 1792 KiB free, only the tail (1536 KiB) serves one request.
+  for (int i = 0; i < 8; i += 2) big[static_cast<std::size_t>(i)].reset();
+  s = pool.stats();
+  CHECK(s.arena_bytes_in_use == 256 * kKiB);
+  CHECK(s.free_span_bytes == 1792 * kKiB);
+  CHECK(s.largest_free_span == 1536 * kKiB);
+  CHECK(s.arena_detail[0].free_spans == 5);
+  CHECK(s.fragmentation == Approx(1.0 - 1536.0 / 1792.0));
+  CHECK(s.arena_occupancy == Approx(0.125));
+
+  // One small object carves a whole slab of its class (best fit: the first
+  // hole); the slab's other slots are free, not in use.
+  Ldo small = *pool.allocate(40);
+  const std::uint64_t slab = detail::slab_bytes(0);
+  const std::uint64_t slots = slab / detail::kClassSize[0];
+  s = pool.stats();
+  CHECK(s.slab_free_bytes == (slots - 1) * detail::kClassSize[0]);
+  CHECK(s.arena_bytes_in_use == 256 * kKiB + slab - s.slab_free_bytes);
+  CHECK(s.free_span_bytes == 1792 * kKiB - slab);
+
+  const std::string text = to_string(s);
+  CHECK(text.find("occupancy:") != std::string::npos);
+  CHECK(text.find("fragmentation") != std::string::npos);
+  CHECK(text.find("arena 0:") != std::string::npos);
+  const std::string json = to_json(s);
+  CHECK(json.find("\"arena_bytes_in_use\":" + std::to_string(s.arena_bytes_in_use)) != std::string::npos);
+  CHECK(json.find("\"largest_free_span\":" + std::to_string(1536 * kKiB)) != std::string::npos);
+  CHECK(json.find("\"arena_detail\":[{\"capacity\":" + std::to_string(2 * kMiB)) != std::string::npos);
+
+  // Everything dropped and trimmed: one free span again.
+  small.reset();
+  big.clear();
+  pool.trim();
+  s = pool.stats();
+  CHECK(s.arena_bytes_in_use == 0);
+  CHECK(s.slab_free_bytes == 0);
+  CHECK(s.free_span_bytes == 2 * kMiB);
+  CHECK(s.fragmentation == 0.0);
+}
+
+TEST_CASE("dedicated arenas are listed but kept out of the aggregates", "[pool][telemetry]") {
+  auto d = std::make_shared<FakeDomain>();
+  Pool pool({d}, small_config(2));
+  Ldo huge = *pool.allocate(5 * kMiB);  // larger than an arena
+  const auto s = pool.stats();
+  REQUIRE(s.arena_detail.size() == 2);
+  CHECK_FALSE(s.arena_detail[0].dedicated);
+  CHECK(s.arena_detail[1].dedicated);
+  CHECK(s.arena_detail[1].capacity == 6 * kMiB);
+  CHECK(s.arena_detail[1].bytes_in_use == 5 * kMiB + 4096);  // 5 MiB + header, in pages
+  CHECK(s.arena_capacity == 2 * kMiB);
+  CHECK(s.arena_bytes_in_use == 0);
+}
+
+TEST_CASE("endpoint, domain and pool counters print and serialise every field", "[telemetry]") {
+  EndpointStats e;
+  e.posted = 101;
+  e.completed = 97;
+  e.failed = 3;
+  e.rejected = 5;
+  e.timeouts = 2;
+  e.post_retries = 7;
+  e.in_flight = 4;
+  e.reconnects = 1;
+  const std::string text = to_string(e);
+  for (const char* want : {"101 posted", "97 completed", "3 failed", "5 rejected", "2 timed out", "4 in flight",
+                           "7 post retries", "1 reconnects"})
+    CHECK(text.find(want) != std::string::npos);
+  CHECK(to_json(e) ==
+        "{\"posted\":101,\"completed\":97,\"failed\":3,\"rejected\":5,\"timeouts\":2,\"post_retries\":7,"
+        "\"in_flight\":4,\"reconnects\":1}");
+  std::ostringstream o;
+  print(o, e);
+  CHECK(o.str() == text);
+
+  DomainStats dstats;
+  dstats.name = "a\"b";
+  dstats.registrations = 9;
+  const std::string dj = to_json(dstats);
+  CHECK(dj.find("\"name\":\"a\\\"b\"") != std::string::npos);
+  CHECK(dj.find("\"registrations\":9") != std::string::npos);
+  CHECK(to_string(dstats).find("9 registrations") != std::string::npos);
 }
 
 TEST_CASE("numa binding to a node that does not exist fails at setup", "[pool][numa]") {
