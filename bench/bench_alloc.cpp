@@ -1,5 +1,5 @@
 // bench-alloc: acquiring a registered buffer, several ways, same sizes,
-// same run (DESIGN.md, "Benchmarks that tell the story").
+// same run (docs/architecture.md).
 //
 // Names begin with the method and end with the size in bytes:
 //   regpool/<size>                 Pool::allocate(data_size = size) + drop of
@@ -30,7 +30,7 @@
 // and it comes from the heap). So the steady state is mlock of resident
 // pages (page-table walk, VMA split and merge, plus munlock), not page
 // faults; the "minflt" counter (minor faults per iteration, from getrusage)
-// shows it. Faulting never-touched pages would cost more (FACTS.md: 370-530
+// shows it. Faulting never-touched pages would cost more (docs/provider-facts.md: 370-530
 // us/MiB untouched against ~135 us/MiB touched). libfabric tcp and shm pin
 // nothing: their figure is the cost of fi_mr_reg/fi_close bookkeeping.
 //

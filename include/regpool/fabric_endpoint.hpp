@@ -3,7 +3,7 @@
 // FabricDomain, with its own address vector (FI_AV_TABLE) and completion
 // queue.
 //
-// Provider behaviour this class is built around (measured, see FACTS.md):
+// Provider behaviour this class is built around (measured, see docs/provider-facts.md):
 //  - Manual progress (tcp;ofi_rxm, shm): operations aimed at a process
 //    complete only while that process calls progress() (or runs the progress
 //    thread). On tcp the first operation to a peer answers -FI_EAGAIN until

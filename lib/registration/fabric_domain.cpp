@@ -52,7 +52,7 @@ InfoPtr make_hints(const FabricConfig& config, const Attempt& a) {
   hints->ep_attr->type = FI_EP_RDM;
   hints->caps = kBaseCaps | (a.atomics ? FI_ATOMIC : 0);
   // Realistic mode bits: the transport can supply contexts. mode = ~0 would
-  // make rxm pick FI_BUFFERED_RECV (FACTS.md).
+  // make rxm pick FI_BUFFERED_RECV (docs/provider-facts.md).
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->domain_attr->mr_mode = kBaseMrMode | (a.virt_addr ? FI_MR_VIRT_ADDR : 0);
   hints->domain_attr->threading = a.thread_safe ? FI_THREAD_SAFE : FI_THREAD_DOMAIN;
@@ -212,7 +212,7 @@ FabricDomain::~FabricDomain() { close_all(); }
 std::string FabricDomain::name() const { return "fabric:" + provider_; }
 
 bool FabricDomain::pins_memory() const noexcept {
-  // Software providers keep a key table and pin nothing (FACTS.md: RSS and
+  // Software providers keep a key table and pin nothing (docs/provider-facts.md: RSS and
   // VmLck unchanged). Layered names are judged by their core provider, so
   // "verbs;ofi_rxm" pins and "tcp;ofi_rxm" does not.
   const std::string_view core = core_provider(provider_);

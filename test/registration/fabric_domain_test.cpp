@@ -78,7 +78,7 @@ TEST_CASE("fabric domain opens a provider by name", "[fabric]") {
   CHECK(d->name() == "fabric:" + rdm_name(prov));
   CHECK(d->stats().name == d->name());
   CHECK(d->remote_capable());
-  // Software providers keep a key table and pin nothing (FACTS.md).
+  // Software providers keep a key table and pin nothing (docs/provider-facts.md).
   CHECK_FALSE(d->pins_memory());
   REQUIRE(d->info() != nullptr);
   CHECK(d->fabric() != nullptr);
@@ -140,7 +140,7 @@ TEST_CASE("fabric domain address mode as the provider returns it", "[fabric]") {
 
 TEST_CASE("fabric domain reports atomics as returned", "[fabric]") {
   SECTION("has_atomics() exactly when fi_getinfo offers FI_ATOMIC") {
-    // Asked directly, not through FabricDomain: shm has FI_ATOMIC (FACTS.md),
+    // Asked directly, not through FabricDomain: shm has FI_ATOMIC (docs/provider-facts.md),
     // and rxm 1.17 offers its own software atomics when they are asked for.
     const std::string prov = GENERATE(as<std::string>{}, "shm", "tcp");
     INFO("provider " << prov);

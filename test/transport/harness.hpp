@@ -142,7 +142,7 @@ inline const std::vector<std::string>& backends() {
 // What differs between backends, as properties the tests ask for (never
 // "if backend == ...": a new backend states its properties here).
 // The provider checks keys and rights itself (a forged reference fails
-// remotely); shm checks nothing (FACTS.md).
+// remotely); shm checks nothing (docs/provider-facts.md).
 inline bool checks_remote_keys(const std::string& backend) { return backend != "shm"; }
 // fetch_add/compare_swap run on the NIC/provider rather than emulated.
 inline bool expects_native_atomics(const std::string& backend) { return backend == "shm" || backend == "verbs"; }

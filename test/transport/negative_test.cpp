@@ -83,7 +83,7 @@ TEST_CASE("bounds and rights are enforced before the wire", "[fabric]") {
 
         // A forged reference (read-only key claimed read-write) passes our
         // checks by construction. tcp and verbs check the key's rights and
-        // fail the write; shm checks nothing (FACTS.md), so it is not
+        // fail the write; shm checks nothing (docs/provider-facts.md), so it is not
         // attempted there.
         if (rpt::checks_remote_keys(prov)) {
           RemoteRef forged = ro;
