@@ -12,6 +12,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -99,6 +100,30 @@ TEST_CASE("mpi bootstrap: a second bootstrap has its own communicator", "[mpi]")
     REQUIRE(all[static_cast<std::size_t>(r)].size() == 1);
     CHECK(all[static_cast<std::size_t>(r)][0] == static_cast<std::byte>(r));
   }
+}
+
+TEST_CASE("mpi bootstrap: ranks that do not join make allgather time out, not hang", "[mpi]") {
+  auto late = regpool::mpi_bootstrap();
+  const std::byte mine[] = {static_cast<std::byte>(late->rank() + 1)};
+  if (late->rank() == 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      (void)late->allgather(mine, 300ms);
+      FAIL("allgather returned although the other ranks had not joined");
+    } catch (const regpool::Error& e) {
+      CHECK(e.status() == Status::timeout);
+    }
+    CHECK(std::chrono::steady_clock::now() - t0 < 20s);
+    // That bootstrap is now unusable, and says so at once.
+    try {
+      (void)late->allgather(mine, 30s);
+      FAIL("an abandoned bootstrap ran another collective");
+    } catch (const regpool::Error& e) {
+      CHECK(e.status() == Status::timeout);
+    }
+  }
+  // The other ranks never join `late`; they wait here until rank 0 gave up.
+  g_boot->barrier(60s);
 }
 
 TEST_CASE("mpi bootstrap: shm endpoints found through it put, get and send verified bytes", "[mpi]") {
