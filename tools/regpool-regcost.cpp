@@ -80,13 +80,21 @@ using regpool_tools::json_number;
 using regpool_tools::Summary;
 using regpool_tools::UsageError;
 
+// Two default runs. Quick (no options): 4 KiB..16 MiB, 3 repetitions, about
+// 8 MiB timed per repetition: enough to show the crossover on a host domain
+// in well under 30 s. --full: 4 KiB..1 GiB, 5 repetitions, 32 MiB per
+// repetition (minutes: the fresh-memory state faults in every byte of every
+// operation). --max, --sizes and --reps override either.
 constexpr std::uint64_t kDefaultMin = std::uint64_t{4} << 10;
-constexpr std::uint64_t kDefaultMax = std::uint64_t{1} << 30;
-constexpr int kDefaultReps = 5;
-// Each repetition times about this many bytes (at least one operation, at
-// most kMaxInner), so small sizes are averaged over enough operations to rise
+constexpr std::uint64_t kQuickMax = std::uint64_t{16} << 20;
+constexpr int kQuickReps = 3;
+constexpr std::uint64_t kQuickInnerBytes = std::uint64_t{8} << 20;
+constexpr std::uint64_t kFullMax = std::uint64_t{1} << 30;
+constexpr int kFullReps = 5;
+constexpr std::uint64_t kFullInnerBytes = std::uint64_t{32} << 20;
+// Each repetition times about inner_bytes (at least one operation, at most
+// kMaxInner), so small sizes are averaged over enough operations to rise
 // above the clock's resolution while a 1 GiB repetition stays one operation.
-constexpr std::uint64_t kInnerBytes = std::uint64_t{32} << 20;
 constexpr std::uint64_t kMaxInner = 64;
 
 enum Method : int { kRegDereg = 0, kReg, kDereg, kMemcpy, kPool, kMethodCount };
@@ -113,12 +121,15 @@ void usage(std::FILE* to) {
       "                                  127.0.0.1); these SIMULATE registration\n"
       "                    fabric:NAME   any libfabric provider by name\n"
       "                    verbs[:DEV]   ibv_reg_mr on a verbs device (default: first)\n"
+      "  --full          the long sweep: --max 1G, --reps 5, 32 MiB timed per\n"
+      "                  repetition (minutes); default: a quick run, --max 16M,\n"
+      "                  --reps 3, 8 MiB per repetition (seconds)\n"
       "  --min SIZE      smallest size (default 4K); sizes double up to --max\n"
-      "  --max SIZE      largest size (default 1G)\n"
+      "  --max SIZE      largest size (default 16M; 1G with --full)\n"
       "  --sizes LIST    explicit comma-separated sizes instead of --min/--max\n"
       "                  (suffixes K, M, G; binary)\n"
       "  --reps N        repetitions per size and method; medians are over these\n"
-      "                  (default 5, 1..1000)\n"
+      "                  (default 3; 5 with --full; 1..1000)\n"
       "  --memory LIST   touched, fresh or touched,fresh (default both)\n"
       "  --thp           advise transparent huge pages on the measured buffers\n"
       "                  (default: plain pages, like malloc'd memory)\n"
@@ -131,7 +142,8 @@ void usage(std::FILE* to) {
       "                  made inside the Soft-RoCE guest, which has no gnuplot) and\n"
       "                  print, convert or --plot it; sizes, reps and memory states\n"
       "                  come from the file\n"
-      "  --progress      progress line on stderr even when it is not a terminal\n"
+      "  --progress      progress on stderr even when it is not a terminal (there:\n"
+      "                  one line per domain, memory state and size)\n"
       "  --no-progress   no progress line, even on a terminal (e.g. in the qemu guest,\n"
       "                  whose console merges stderr into the output)\n"
       "  -h, --help      this text\n"
@@ -234,7 +246,9 @@ struct DomainSpec {
 
 struct Options {
   std::vector<std::uint64_t> sizes;
-  int reps = kDefaultReps;
+  int reps = kQuickReps;
+  bool full = false;
+  std::uint64_t inner_bytes = kQuickInnerBytes;
   std::vector<DomainSpec> domains;
   std::vector<MemState> states{kTouched, kFresh};
   bool thp = false;
@@ -319,8 +333,10 @@ std::vector<MemState> parse_states(const std::string& text) {
 
 Options parse_args(int argc, char** argv, bool& help) {
   Options o;
-  std::uint64_t min = kDefaultMin, max = kDefaultMax;
+  std::uint64_t min = kDefaultMin, max = 0;
+  bool max_given = false;  // else the quick or the --full default
   bool range_given = false;
+  bool reps_given = false;
   std::string sizes_text, domains_text;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -336,11 +352,15 @@ Options parse_args(int argc, char** argv, bool& help) {
       range_given = true;
     } else if (is_option(a, "--max")) {
       max = regpool_tools::parse_size(option_value(argc, argv, i, "--max"), "--max");
+      max_given = true;
       range_given = true;
     } else if (is_option(a, "--sizes")) {
       sizes_text = option_value(argc, argv, i, "--sizes");
     } else if (is_option(a, "--reps")) {
       o.reps = static_cast<int>(regpool_tools::parse_uint(option_value(argc, argv, i, "--reps"), "--reps", 1, 1000));
+      reps_given = true;
+    } else if (a == "--full") {
+      o.full = true;
     } else if (is_option(a, "--memory")) {
       o.states = parse_states(option_value(argc, argv, i, "--memory"));
     } else if (a == "--thp") {
@@ -369,6 +389,9 @@ Options parse_args(int argc, char** argv, bool& help) {
       throw UsageError("unknown argument '" + a + "'");
     }
   }
+  if (!max_given) max = std::max(min, o.full ? kFullMax : kQuickMax);
+  if (!reps_given) o.reps = o.full ? kFullReps : kQuickReps;
+  o.inner_bytes = o.full ? kFullInnerBytes : kQuickInnerBytes;
   if (o.csv && o.json) throw UsageError("--csv and --json both want stdout; give one of them a file (--json=FILE)");
   if (!sizes_text.empty()) {
     if (range_given) throw UsageError("--sizes and --min/--max are exclusive");
@@ -428,22 +451,29 @@ regpool::platform::Mapping map_or_throw(std::size_t size, bool thp, bool prefaul
   return std::move(*m);
 }
 
+// On a terminal: one line rewritten in place. Elsewhere (a log, a pipe,
+// CI): one plain line per step, so the log shows how far a run got.
 class Progress {
  public:
-  explicit Progress(bool on) : on_(on) {}
+  Progress(bool on, bool tty) : on_(on), tty_(tty) {}
   void show(const std::string& what) {
     if (!on_) return;
-    std::fprintf(stderr, "\r\033[Kregpool-regcost: %s", what.c_str());
+    if (tty_) {
+      std::fprintf(stderr, "\r\033[Kregpool-regcost: %s", what.c_str());
+    } else {
+      std::fprintf(stderr, "regpool-regcost: %s\n", what.c_str());
+    }
     std::fflush(stderr);
   }
   void done() {
-    if (!on_) return;
+    if (!on_ || !tty_) return;
     std::fprintf(stderr, "\r\033[K");
     std::fflush(stderr);
   }
 
  private:
   bool on_;
+  bool tty_;
 };
 
 // Per-operation means of one repetition for the three registration methods.
@@ -644,7 +674,7 @@ DomainResult measure_domain(const DomainSpec& spec, const Options& o, std::byte*
       progress.show(res.name + " " + kStateLabel[state] + " " + format_size(size));
       SizeRow row;
       row.size = size;
-      const std::uint64_t inner = std::clamp<std::uint64_t>(kInnerBytes / size, 1, kMaxInner);
+      const std::uint64_t inner = std::clamp<std::uint64_t>(o.inner_bytes / size, 1, kMaxInner);
       std::array<std::vector<double>, kMethodCount> samples;
       std::string pool_err = res.pool_error.empty() ? "" : "pool unavailable: " + res.pool_error;
       for (int rep = 0; rep < o.reps; ++rep) {
@@ -1168,7 +1198,8 @@ int main(int argc, char** argv) {
     auto touched = map_or_throw(max, o.thp, true);
     auto bounce = map_or_throw(max, true, true);
     std::memset(bounce.data(), 0x5a, max);
-    Progress progress(!o.no_progress && (o.progress || ::isatty(2)));
+    const bool tty = ::isatty(2) != 0;
+    Progress progress(!o.no_progress && (o.progress || tty), tty);
     for (const auto& spec : o.domains) {
       results.push_back(measure_domain(spec, o, touched.data(), bounce.data(), progress));
     }

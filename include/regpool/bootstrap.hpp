@@ -6,8 +6,9 @@
 //  - TcpBootstrap: a small TCP rendezvous for tools and tests. Rank 0
 //    listens; ranks 1..N-1 connect to it; each allgather sends every blob to
 //    rank 0, which returns all of them to everyone (a star: N is small).
-//  - mpi_bootstrap(): the same over MPI_Allgatherv, for jobs that MPI
-//    already started across nodes. Available when built with -Dmpi=enabled.
+//  - mpi_bootstrap(): the same over MPI_Iallgatherv, for jobs that MPI
+//    already started across nodes. Built whenever Meson finds an MPI
+//    (option -Dmpi=auto|enabled|disabled; see docs/install.md).
 //
 // Everything here is setup: failures throw regpool::Error (Status::timeout,
 // peer_unreachable, malformed, access_denied, invalid_argument, unsupported)
@@ -136,9 +137,13 @@ class TcpBootstrap final : public Bootstrap {
 
 // True when the library was built with the MPI adapter.
 bool mpi_bootstrap_available() noexcept;
-// A Bootstrap over MPI_COMM_WORLD (MPI_Init is called if nobody has yet;
-// then MPI_Finalize is left to the application). Throws Error with
-// Status::unsupported when built without MPI.
+// A Bootstrap over a duplicate of MPI_COMM_WORLD. If MPI is not initialized
+// yet, this initializes it (MPI_THREAD_SERIALIZED) and registers an atexit
+// handler that calls MPI_Finalize unless the application already has (a rank
+// that exits without it fails the whole mpirun job); an application that
+// initialized MPI itself also finalizes it itself. allgather honours its
+// timeout (Status::timeout when a rank does not join; that bootstrap is then
+// unusable). Throws Error with Status::unsupported when built without MPI.
 std::unique_ptr<Bootstrap> mpi_bootstrap();
 
 }  // namespace regpool

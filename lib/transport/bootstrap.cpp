@@ -757,7 +757,7 @@ std::vector<std::vector<std::byte>> TcpBootstrap::allgather(std::span<const std:
 bool mpi_bootstrap_available() noexcept { return false; }
 std::unique_ptr<Bootstrap> mpi_bootstrap() {
   throw Error(Status::unsupported, 0,
-              "bootstrap: regpool was built without MPI (install libopenmpi-dev and configure with -Dmpi=enabled)");
+              "bootstrap: regpool was built without MPI (install libopenmpi-dev and reconfigure; -Dmpi=enabled makes a missing MPI an error)");
 }
 #endif
 

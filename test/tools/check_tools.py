@@ -155,6 +155,22 @@ def mode_regcost(tool, readme):
             f.write(out.splitlines()[0] + "\n\"x\",0,touched,4096,teleport,1,1,1,1,1,2,,\n")
         rc, _, err = run([tool, "--from-csv", saved])
         check(rc == 1 and "teleport" in err, f"--from-csv names a bad line (got {rc}: {err})")
+    # Defaults: a quick run (4 KiB..16 MiB, 3 reps) unless --full (1 GiB, 5
+    # reps); --max and --reps override either. Only the cheap touched state
+    # of shm is measured here. --progress without a terminal: plain lines.
+    quick = [4096 << i for i in range(13)]
+    rc, out, err = run([tool, "--domain", "shm", "--memory", "touched", "--json"])
+    check(rc == 0, f"regcost default run exits 0 ({err})")
+    d = json.loads(out)
+    check(d["sizes"] == quick and d["reps"] == 3, f"quick default: 4K..16M, 3 reps (got {d['sizes']}, {d['reps']})")
+    rc, out, err = run([tool, "--full", "--max", "64K", "--domain", "shm", "--memory", "touched", "--json",
+                        "--progress"])
+    check(rc == 0, f"regcost --full --max 64K exits 0 ({err})")
+    d = json.loads(out)
+    check(d["sizes"] == [4096 << i for i in range(5)] and d["reps"] == 5, "--full: 5 reps, --max still applies")
+    lines = [l for l in err.splitlines() if l.startswith("regpool-regcost: ")]
+    check(len(lines) == 5 and "\033" not in err and "\r" not in err,
+          f"--progress without a terminal: one plain line per size (got {err!r})")
     # Table.
     rc, out, _ = run(base + ["--domain", "shm", "--memory", "fresh"])
     check(rc == 0 and "crossover" in out and "SIMULATED" in out and "fresh" in out, "regcost table")
