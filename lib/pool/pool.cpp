@@ -254,8 +254,12 @@ Result<ControlBlock*> PoolCore::allocate_large(std::uint64_t bytes) noexcept {
   for (int attempt = 0; attempt < 2 && !first; ++attempt) {
     for (Arena* a : arenas_) {
       if (a->dedicated() != dedicated) continue;
-      // An idle dedicated arena is reused only when it is not wildly larger.
-      if (dedicated && (!a->idle() || a->size() - capacity > capacity / 4)) continue;
+      // An idle dedicated arena is reused only when it is not wildly larger:
+      // slack within a quarter of the object, or within the 2 MiB rounding
+      // of a fresh dedicated arena (which must always fit its own object).
+      if (dedicated && (!a->idle() || a->size() - capacity > std::max<std::uint64_t>(capacity / 4,
+                                                                                    platform::kHugePageSize)))
+        continue;
       first = a->allocate_span(npages, PageState::large);
       if (first) {
         arena = a;
