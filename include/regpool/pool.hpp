@@ -56,7 +56,15 @@ struct PoolConfig {
   std::size_t retain_idle_arenas = 1;
   // Idle dedicated arenas (objects larger than arena_size) kept for reuse.
   std::size_t retain_idle_dedicated = 0;
-  // Release idle arenas beyond the retention counts as soon as they go idle.
+  // Release idle arenas beyond the retention counts without waiting for
+  // trim(). An arena that goes idle (its last object dropped) is only noted
+  // at the drop; it is deregistered and unmapped by the next allocation
+  // that takes the slow path (a thread-cache refill, a large object, a
+  // growth; after that allocation, so it can reuse the idle arena instead),
+  // by trim(), or when the pool is destroyed. A drop therefore never waits
+  // for a deregistration (ibv_dereg_mr of a 64 MiB arena takes
+  // milliseconds), and deregistration never runs under a lock that
+  // allocation or free need. Until then PoolStats::idle_arenas counts it.
   bool auto_trim = true;
   // madvise(MADV_HUGEPAGE) on arenas.
   bool transparent_huge_pages = true;
@@ -112,6 +120,10 @@ struct PoolStats {
   std::uint64_t bytes_mapped = 0;   // all arenas
   std::uint64_t arenas = 0;
   std::uint64_t dedicated_arenas = 0;
+  // Arenas holding no object: retained ones, and (auto_trim) those waiting
+  // for the next release point. bytes_mapped also counts arenas being
+  // deregistered at this moment.
+  std::uint64_t idle_arenas = 0;
   std::uint64_t arenas_created = 0;
   std::uint64_t arenas_released = 0;
   // Registrations this pool made (arenas x domains); after warm-up these
@@ -144,9 +156,14 @@ struct PoolStats {
 
 // The allocator. Move-only RAII owner of its arenas.
 // Thread-safety: allocate(), Ldo drops, stats() and trim() may run from any
-// threads concurrently. Destroying the pool must not race with other calls;
-// objects still alive at destruction keep the arenas (and registrations)
-// alive until their last handle drops.
+// threads concurrently. Destroying the pool must not race with other calls
+// on it (nor with Ldo::clone() of its objects, which allocates from it), but
+// may race with drops and copies of its objects on other threads, and with
+// those threads exiting: each such drop is either counted before the pool
+// closes or sees it closed. Objects still alive at destruction keep the
+// arenas (and registrations) alive until their last handle drops; the last
+// drop then deregisters and unmaps them. Ldo::clone() after destruction
+// returns Status::closed.
 class Pool {
  public:
   // Maps and registers the initial arenas. Throws Error (setup path).
@@ -162,8 +179,10 @@ class Pool {
     return allocate(LdoShape{data_size, meta_size, 0, 0});
   }
 
-  // Returns idle arenas beyond retain_idle_arenas to the OS (deregistering
-  // them) after flushing the calling thread's cache. Returns bytes unmapped.
+  // Returns idle arenas beyond retain_idle_arenas (and
+  // retain_idle_dedicated) to the OS, deregistering them after the pool's
+  // locks are dropped, once the calling thread's cache has been flushed.
+  // Returns the bytes unmapped.
   std::size_t trim() noexcept;
 
   PoolStats stats() const;

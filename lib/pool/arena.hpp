@@ -1,6 +1,7 @@
 #pragma once
 // Layer 3: an arena is one large mapping, registered once with every domain
-// its pool serves and deregistered only when the arena is released. It hands
+// its pool serves and deregistered only when the arena is released (never
+// while the pool's locks are held: see pool_core.hpp). It hands
 // out page spans (best fit, coalescing on free); the pool turns spans into
 // slabs of small objects or into large objects.
 //
@@ -88,6 +89,10 @@ class Arena {
   const Registration& registration(std::size_t domain_index) const noexcept { return registrations_[domain_index]; }
   std::uint64_t register_ns() const noexcept { return register_ns_; }
   std::uint32_t npages() const noexcept { return npages_; }
+
+  // Links arenas taken out of their pool and waiting to be deregistered
+  // after the pool's locks are dropped (no allocation needed to collect them).
+  Arena* next_released = nullptr;
 
  private:
   static constexpr std::size_t kGranuleBytes = 64;

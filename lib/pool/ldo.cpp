@@ -26,8 +26,7 @@ void destroy(ControlBlock* cb) noexcept {
     destroy_user(static_cast<UserBlock*>(cb));
     return;
   }
-  PoolCore* pool = cb->arena->pool();
-  if (!pool->free_cached(cb)) pool->free(cb);
+  cb->arena->pool()->free(cb);
 }
 
 }  // namespace detail

@@ -1,7 +1,12 @@
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <new>
 #include <string>
+#include <thread>
 
 #include "pool/pool_core.hpp"
 
@@ -62,6 +67,22 @@ void check_huge_pages(const PoolConfig& c) {
 
 void shared_add(OwnerCounter& c, std::uint64_t n) noexcept { c.v.fetch_add(n, std::memory_order_relaxed); }
 
+// The heavy half of the asymmetric fence close() needs (the light half is a
+// compiler barrier in PoolCore::free). Private expedited membarrier (Linux
+// 4.14) interrupts only the CPUs running this process's threads, about a
+// microsecond; registering for it is per process and idempotent. The
+// global command is the older, slower fallback. Returns 0 when neither is
+// available: the pool then runs without thread caches.
+int asymmetric_fence_command() noexcept {
+  const long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  if (cmds < 0) return 0;
+  if ((cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
+      syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0)
+    return MEMBARRIER_CMD_PRIVATE_EXPEDITED;
+  if (cmds & MEMBARRIER_CMD_GLOBAL) return MEMBARRIER_CMD_GLOBAL;
+  return 0;
+}
+
 void fold(Counters& into, const Counters& from) noexcept {
   for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
     shared_add(into.allocs[c], from.allocs[c].get());
@@ -101,6 +122,8 @@ PoolCore::PoolCore(std::vector<std::shared_ptr<Domain>> domains, PoolConfig conf
                     std::to_string(config_.arena_size) + " bytes) exceed max_bytes " +
                     std::to_string(config_.max_bytes));
   }
+  fence_cmd_ = asymmetric_fence_command();
+  caches_enabled_ = config_.thread_cache && fence_cmd_ != 0;
   registry_->core = this;
   std::lock_guard g(mutex_);
   for (std::size_t i = 0; i < config_.initial_arenas; ++i) {
@@ -126,7 +149,7 @@ PoolCore::~PoolCore() {
 
 ThreadCache* PoolCore::thread_cache_slow() noexcept {
   TlsFast& f = tls_fast;
-  if (!config_.thread_cache || f.dead) return nullptr;
+  if (!caches_enabled_ || f.dead) return nullptr;
   TlsDirectory& d = tls_dir;
   for (auto& e : d.entries) {
     if (e.id == id_) {
@@ -157,6 +180,12 @@ ThreadCache* PoolCore::thread_cache_slow() noexcept {
   }
   {
     std::lock_guard g(registry_->mutex);
+    // A closed pool takes no new caches: close() would never see them.
+    if (!registry_->core) {
+      d.entries.pop_back();
+      delete tc;
+      return nullptr;
+    }
     registry_->caches.push_back(*tc);
   }
   f.last_id = id_;
@@ -252,21 +281,25 @@ Result<ControlBlock*> PoolCore::allocate_small(std::size_t cls) noexcept {
   return &cb;
 }
 
-Result<ControlBlock*> PoolCore::allocate_large(std::uint64_t bytes) noexcept {
-  const std::uint64_t capacity = platform::round_up(bytes, kPage);
+ControlBlock* PoolCore::allocate_span_cached(std::uint64_t bytes) noexcept {
   ThreadCache* tc = thread_cache();
-  if (tc) {
-    // Accept a cached span with at most 25% slack.
-    for (auto& slot : tc->spans) {
-      ControlBlock* cb = slot;
-      if (cb && cb->capacity >= capacity && cb->capacity - capacity <= capacity / 4) {
-        slot = nullptr;
-        tc->counters.large_allocs.add(1);
-        tc->counters.large_bytes_alloc.add(cb->capacity);
-        return cb;
-      }
+  if (!tc) return nullptr;
+  const std::uint64_t capacity = platform::round_up(bytes, kPage);
+  // Accept a cached span with at most 25% slack.
+  for (auto& slot : tc->spans) {
+    ControlBlock* cb = slot;
+    if (cb && cb->capacity >= capacity && cb->capacity - capacity <= capacity / 4) {
+      slot = nullptr;
+      tc->counters.large_allocs.add(1);
+      tc->counters.large_bytes_alloc.add(cb->capacity);
+      return cb;
     }
   }
+  return nullptr;
+}
+
+Result<ControlBlock*> PoolCore::allocate_large(std::uint64_t bytes) noexcept {
+  const std::uint64_t capacity = platform::round_up(bytes, kPage);
   const bool dedicated = capacity > config_.arena_size;
   std::lock_guard g(mutex_);
   const auto npages = static_cast<std::uint32_t>(capacity / kPage);
@@ -275,8 +308,12 @@ Result<ControlBlock*> PoolCore::allocate_large(std::uint64_t bytes) noexcept {
   for (int attempt = 0; attempt < 2 && !first; ++attempt) {
     for (Arena* a : arenas_) {
       if (a->dedicated() != dedicated) continue;
-      // An idle dedicated arena is reused only when it is not wildly larger.
-      if (dedicated && (!a->idle() || a->size() - capacity > capacity / 4)) continue;
+      // An idle dedicated arena is reused only when it is not wildly larger:
+      // slack within a quarter of the object, or within the 2 MiB rounding
+      // of a fresh dedicated arena (which must always fit its own object).
+      if (dedicated && (!a->idle() || a->size() - capacity > std::max<std::uint64_t>(capacity / 4,
+                                                                                    platform::kHugePageSize)))
+        continue;
       first = a->allocate_span(npages, PageState::large);
       if (first) {
         arena = a;
@@ -310,20 +347,9 @@ Result<ControlBlock*> PoolCore::allocate(const LdoShape& shape) noexcept {
     failed_allocations_.fetch_add(1, std::memory_order_relaxed);
     return total > kMaxObjectBytes ? Status::invalid_argument : Status::pool_exhausted;
   }
-  ControlBlock* cb = nullptr;
-  if (total <= kMaxSmallObject) {
-    const std::size_t cls = class_of(total);
-    cb = allocate_cached(cls);
-    if (!cb) {
-      auto r = allocate_small(cls);
-      if (!r) {
-        failed_allocations_.fetch_add(1, std::memory_order_relaxed);
-        return r;
-      }
-      cb = *r;
-    }
-  } else {
-    auto r = allocate_large(total);
+  ControlBlock* cb = total <= kMaxSmallObject ? allocate_cached(class_of(total)) : allocate_span_cached(total);
+  if (!cb) {
+    auto r = allocate_slow(total);
     if (!r) {
       failed_allocations_.fetch_add(1, std::memory_order_relaxed);
       return r;
@@ -336,6 +362,23 @@ Result<ControlBlock*> PoolCore::allocate(const LdoShape& shape) noexcept {
   cb->data_size = shape.data_size;
   write_wire_header(base_of(cb), shape.type_id, shape.meta_size, shape.data_size);
   return cb;
+}
+
+Result<ControlBlock*> PoolCore::allocate_slow(std::uint64_t total) noexcept {
+  // Only Ldo::clone() can get here after close (Pool::allocate needs the
+  // Pool); the arenas then belong to the objects still alive.
+  if (detached_.load(std::memory_order_acquire)) return Status::closed;
+  auto attempt = [&] { return total <= kMaxSmallObject ? allocate_small(class_of(total)) : allocate_large(total); };
+  auto r = attempt();
+  // Idle arenas are released here, after the allocation (which may reuse
+  // one instead of registering a new arena) and with no lock held. At the
+  // cap, releasing them may make room: try once more.
+  if (release_pending_.load(std::memory_order_relaxed)) [[unlikely]] {
+    const bool retry = !r && r.status() == Status::pool_exhausted;
+    release_idle_arenas(config_.retain_idle_arenas);
+    if (retry) r = attempt();
+  }
+  return r;
 }
 
 void PoolCore::push_central(std::size_t cls, FreeList& from, std::uint32_t count) noexcept {
@@ -370,31 +413,64 @@ void PoolCore::maybe_release_slab_locked(std::size_t cls, ControlBlock* any_slot
 
 void PoolCore::free_span_locked(Arena* arena, std::uint32_t first) noexcept {
   arena->free_span(first);
-  if (config_.auto_trim && arena->idle()) release_idle_arenas_locked(config_.retain_idle_arenas);
+  // Releasing the arena now would deregister it under the locks our caller
+  // holds (and inside an Ldo drop): only note it for the next release point.
+  if (config_.auto_trim && arena->idle() && idle_beyond_retention_locked(config_.retain_idle_arenas))
+    release_pending_.store(true, std::memory_order_relaxed);
 }
 
-void PoolCore::release_idle_arenas_locked(std::size_t keep) noexcept {
-  // Dedicated arenas have their own (usually zero) retention: keeping a
-  // huge idle mapping registered only pays off if the same size returns.
-  for (bool dedicated : {true, false}) {
-    const std::size_t retain = dedicated ? config_.retain_idle_dedicated : keep;
-    std::size_t idle = 0;
-    for (Arena* a : arenas_) idle += (a->idle() && a->dedicated() == dedicated) ? 1 : 0;
-    // Newest first, so the oldest arenas (and their warm pages) stay.
-    for (std::size_t i = arenas_.size(); i-- > 0 && idle > retain;) {
-      Arena* a = arenas_[i];
-      if (!a->idle() || a->dedicated() != dedicated) continue;
-      {
-        std::unique_lock w(arenas_rw_);
-        arenas_.erase(arenas_.begin() + static_cast<std::ptrdiff_t>(i));
+bool PoolCore::idle_beyond_retention_locked(std::size_t keep) const noexcept {
+  std::size_t idle_regular = 0;
+  std::size_t idle_dedicated = 0;
+  for (const Arena* a : arenas_)
+    if (a->idle()) ++(a->dedicated() ? idle_dedicated : idle_regular);
+  return idle_regular > keep || idle_dedicated > config_.retain_idle_dedicated;
+}
+
+std::size_t PoolCore::release_idle_arenas(std::size_t keep) noexcept {
+  Arena* doomed = nullptr;
+  std::uint64_t count = 0;
+  {
+    std::lock_guard g(mutex_);
+    release_pending_.store(false, std::memory_order_relaxed);
+    // Dedicated arenas have their own (usually zero) retention: keeping a
+    // huge idle mapping registered only pays off if the same size returns.
+    for (bool dedicated : {true, false}) {
+      const std::size_t retain = dedicated ? config_.retain_idle_dedicated : keep;
+      std::size_t idle = 0;
+      for (Arena* a : arenas_) idle += (a->idle() && a->dedicated() == dedicated) ? 1 : 0;
+      // Newest first, so the oldest arenas (and their warm pages) stay.
+      for (std::size_t i = arenas_.size(); i-- > 0 && idle > retain;) {
+        Arena* a = arenas_[i];
+        if (!a->idle() || a->dedicated() != dedicated) continue;
+        {
+          std::unique_lock w(arenas_rw_);
+          arenas_.erase(arenas_.begin() + static_cast<std::ptrdiff_t>(i));
+        }
+        // Idle and out of arenas_: no object, free list, thread cache or
+        // address lookup refers to it any more, so it can go unlocked.
+        a->next_released = doomed;
+        doomed = a;
+        ++count;
+        --idle;
       }
-      bytes_mapped_ -= a->size();
-      arenas_released_ += 1;
-      deregistrations_ += domains_.size();
-      delete a;
-      --idle;
     }
   }
+  if (!doomed) return 0;
+  std::size_t bytes = 0;
+  while (doomed) {
+    Arena* next = doomed->next_released;
+    bytes += doomed->size();
+    delete doomed;  // deregisters, then unmaps
+    doomed = next;
+  }
+  // Counted once done, so stats never show a deregistration that has not
+  // happened, and the cap keeps counting the bytes until they are unmapped.
+  std::lock_guard g(mutex_);
+  bytes_mapped_ -= bytes;
+  arenas_released_ += count;
+  deregistrations_ += count * domains_.size();
+  return bytes;
 }
 
 Status PoolCore::grow_locked(std::uint64_t min_bytes, bool dedicated, std::exception_ptr* error) noexcept {
@@ -426,28 +502,37 @@ void PoolCore::free_large_locked(ControlBlock* cb) noexcept {
   free_span_locked(cb->arena, cb->span_page);
 }
 
-void PoolCore::free(ControlBlock* cb) noexcept {
-  if (detached_.load(std::memory_order_acquire)) {
+void PoolCore::free_without_fast_cache(ControlBlock* cb) noexcept {
+  // Looking up (or registering) the cache may take the registry lock, so it
+  // happens before the cache is marked busy: close() waits for busy caches
+  // while holding that lock. The object being dropped is live, so the core
+  // cannot be deleted meanwhile.
+  ThreadCache* tc = thread_cache();
+  if (!tc) {
+    free_uncached(cb);
+    return;
+  }
+  tc->busy.store(1, std::memory_order_relaxed);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  free_busy(cb, tc);
+}
+
+void PoolCore::free_busy(ControlBlock* cb, ThreadCache* tc) noexcept {
+  // tc is marked busy; every path below clears it once the pool's state no
+  // longer depends on this drop. The locks taken here are held briefly
+  // (no registration work happens under them), which bounds close()'s wait.
+  if (detached_.load(std::memory_order_relaxed)) {
+    tc->busy.store(0, std::memory_order_release);
     free_detached(cb);
     return;
   }
-  ThreadCache* tc = thread_cache();
   if (cb->kind == BlockKind::slab_slot) {
     const std::size_t cls = cb->size_class;
-    if (tc) {
-      auto& bin = tc->bins[cls];
-      bin.list.push_front(*cb);
-      tc->counters.frees[cls].add(1);
-      if (bin.list.size() > bin.limit) push_central(cls, bin.list, bin.limit / 2);
-      return;
-    }
-    std::lock_guard g(central_[cls].mutex);
-    push_central_locked(cls, cb);
-    shared_add(shared_counters_.frees[cls], 1);
-    maybe_release_slab_locked(cls, cb);
-    return;
-  }
-  if (tc && cb->capacity <= kSpanCacheMaxObject && !cb->arena->dedicated()) {
+    auto& bin = tc->bins[cls];
+    bin.list.push_front(*cb);
+    tc->counters.frees[cls].add(1);
+    if (bin.list.size() > bin.limit) push_central(cls, bin.list, bin.limit / 2);
+  } else if (cb->capacity <= kSpanCacheMaxObject && !cb->arena->dedicated()) {
     tc->counters.large_frees.add(1);
     tc->counters.large_bytes_free.add(cb->capacity);
     ControlBlock* evict = cb;
@@ -458,31 +543,53 @@ void PoolCore::free(ControlBlock* cb) noexcept {
         break;
       }
     }
-    if (!evict) return;
-    // Full: keep the newest, return the oldest to its arena.
-    evict = tc->spans[0];
-    std::copy(tc->spans.begin() + 1, tc->spans.end(), tc->spans.begin());
-    tc->spans.back() = cb;
-    // The evicted span was already counted as freed when it was cached.
+    if (evict) {
+      // Full: keep the newest, return the oldest to its arena.
+      evict = tc->spans[0];
+      std::copy(tc->spans.begin() + 1, tc->spans.end(), tc->spans.begin());
+      tc->spans.back() = cb;
+      // The evicted span was already counted as freed when it was cached.
+      std::lock_guard g(mutex_);
+      free_span_locked(evict->arena, evict->span_page);
+    }
+  } else {
     std::lock_guard g(mutex_);
-    free_span_locked(evict->arena, evict->span_page);
+    free_large_locked(cb);
+  }
+  tc->busy.store(0, std::memory_order_release);
+}
+
+void PoolCore::free_uncached(ControlBlock* cb) noexcept {
+  // No cache to mark busy: announce the drop on a shared counter instead.
+  // seq_cst on both sides (here and in close) makes one of them see the other.
+  uncached_frees_.fetch_add(1, std::memory_order_seq_cst);
+  if (detached_.load(std::memory_order_seq_cst)) {
+    uncached_frees_.fetch_sub(1, std::memory_order_release);
+    free_detached(cb);
     return;
   }
-  std::lock_guard g(mutex_);
-  free_large_locked(cb);
+  if (cb->kind == BlockKind::slab_slot) {
+    const std::size_t cls = cb->size_class;
+    std::lock_guard g(central_[cls].mutex);
+    push_central_locked(cls, cb);
+    shared_add(shared_counters_.frees[cls], 1);
+    maybe_release_slab_locked(cls, cb);
+  } else {
+    std::lock_guard g(mutex_);
+    free_large_locked(cb);
+  }
+  uncached_frees_.fetch_sub(1, std::memory_order_release);
 }
 
 void PoolCore::free_detached(ControlBlock* cb) noexcept {
+  // The object's bytes stay where they are (its arena goes with the core);
+  // only count, so the last drop can delete the core.
+  (void)cb;
   bool last = false;
   {
     std::lock_guard g(mutex_);
-    if (cb->kind == BlockKind::slab_slot) {
-      shared_add(shared_counters_.frees[cb->size_class], 1);
-    } else {
-      shared_add(shared_counters_.large_frees, 1);
-      shared_add(shared_counters_.large_bytes_free, cb->capacity);
-    }
-    last = --detached_live_ == 0;
+    ++detached_frees_;
+    last = close_done_ && detached_frees_ == live_at_close_;
   }
   if (last) delete this;
 }
@@ -508,11 +615,6 @@ void PoolCore::retire_cache(ThreadCache* tc) noexcept {
 }
 
 std::size_t PoolCore::trim() noexcept {
-  std::uint64_t before = 0;
-  {
-    std::lock_guard g(mutex_);
-    before = bytes_mapped_;
-  }
   if (ThreadCache* tc = thread_cache()) flush_cache(tc);
   for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
     std::lock_guard gc(central_[c].mutex);
@@ -537,9 +639,7 @@ std::size_t PoolCore::trim() noexcept {
       }
     }
   }
-  std::lock_guard g(mutex_);
-  release_idle_arenas_locked(config_.retain_idle_arenas);
-  return static_cast<std::size_t>(before - bytes_mapped_);
+  return release_idle_arenas(config_.retain_idle_arenas);
 }
 
 std::uint64_t PoolCore::live_objects() const noexcept {
@@ -560,10 +660,24 @@ std::uint64_t PoolCore::live_objects() const noexcept {
 
 void PoolCore::close() noexcept {
   std::uint64_t live = 0;
+  bool fenced = true;
   {
     std::lock_guard g(registry_->mutex);
-    // Other threads' caches hold only free objects: fold their counters and
-    // forget them. Those threads will find the registry closed at exit.
+    registry_->core = nullptr;  // no thread registers a cache from now on
+    detached_.store(true, std::memory_order_seq_cst);
+    // A drop marks its cache busy and then reads detached_ with no fence of
+    // its own; the fence here makes each such drop either visible as busy
+    // below or see detached_ (and go to free_detached, which only counts).
+    if (!registry_->caches.empty()) fenced = syscall(SYS_membarrier, fence_cmd_, 0, 0) == 0;
+    // Drops already past their check finish their work (a few list
+    // operations under the pool's short-held locks); wait for them so their
+    // counts are in before live objects are counted.
+    for (ThreadCache& tc : registry_->caches)
+      while (tc.busy.load(std::memory_order_acquire)) std::this_thread::yield();
+    while (uncached_frees_.load(std::memory_order_seq_cst)) std::this_thread::yield();
+    // Other threads' caches hold only free objects and no drop touches them
+    // any more: fold their counters and forget them. Those threads find the
+    // registry closed when they exit.
     while (!registry_->caches.empty()) {
       ThreadCache& tc = registry_->caches.front();
       registry_->caches.pop_front();
@@ -572,18 +686,22 @@ void PoolCore::close() noexcept {
       tc.spans.fill(nullptr);
       tc.core = nullptr;
     }
-    registry_->core = nullptr;
     live = live_objects();
   }
-  if (live == 0) {
-    delete this;
-    return;
-  }
+  // Without the fence (membarrier failing after it was set up: not seen in
+  // practice) a drop could still be writing into a cache: keep the core
+  // and its arenas for ever rather than risk freeing them under it.
+  if (!fenced) return;
+  bool last = false;
   {
     std::lock_guard g(mutex_);
-    detached_live_ = live;
+    live_at_close_ = live;
+    close_done_ = true;
+    last = detached_frees_ == live;
   }
-  detached_.store(true, std::memory_order_release);
+  // Deregistration happens here (no lock held) or at the last drop of an
+  // object that outlived the pool.
+  if (last) delete this;
 }
 
 ControlBlock* PoolCore::block_at(const void* base) const noexcept {
@@ -643,7 +761,10 @@ PoolStats PoolCore::stats() const {
     std::lock_guard g(mutex_);
     s.bytes_mapped = bytes_mapped_;
     s.arenas = arenas_.size();
-    for (Arena* a : arenas_) s.dedicated_arenas += a->dedicated() ? 1 : 0;
+    for (Arena* a : arenas_) {
+      s.dedicated_arenas += a->dedicated() ? 1 : 0;
+      s.idle_arenas += a->idle() ? 1 : 0;
+    }
     s.arenas_created = arenas_created_;
     s.arenas_released = arenas_released_;
     s.registrations = registrations_;

@@ -7,6 +7,20 @@
 //   mutex_            (arenas, spans, large objects)
 //   arenas_rw_        (arena list for address lookups; held briefly)
 // The fast path (thread cache hit) takes no lock at all.
+//
+// Arena release: an arena that goes idle is only noted (release_pending_);
+// it is taken out of the pool under mutex_ and deregistered and unmapped
+// after every lock is dropped, by the next allocation slow path, trim() or
+// close. A drop never deregisters (it may run while the caller holds its
+// own locks, and ibv_dereg_mr of a big arena takes milliseconds).
+//
+// Close against concurrent drops: a drop marks its thread cache busy
+// (plain store), then reads detached_. close() sets detached_, runs an
+// asymmetric fence (membarrier: every running thread executes a full
+// barrier) and waits until no cache is busy and no uncached drop is in
+// flight. So each drop either finished before close counts the live
+// objects (and is counted) or sees detached_ and takes free_detached(),
+// which only counts. The fast path pays two plain stores and no fence.
 
 #include <array>
 #include <atomic>
@@ -52,6 +66,9 @@ struct ThreadCache {
     std::uint32_t limit = 0;
   };
   PoolCore* core = nullptr;
+  // Non-zero while the owning thread is inside a drop of this pool's
+  // objects; written by the owner only, read by close().
+  std::atomic<std::uint32_t> busy{0};
   std::array<Bin, kNumSizeClasses> bins;
   std::array<ControlBlock*, kSpanCacheEntries> spans{};
   Counters counters;
@@ -86,11 +103,11 @@ class PoolCore {
   ~PoolCore();
 
   Result<ControlBlock*> allocate(const LdoShape& shape) noexcept;
-  void free(ControlBlock* cb) noexcept;
 
   // Fast paths, inline so a cache hit is a handful of instructions with no
-  // lock and no atomic RMW. They decline (nullptr / false) whenever anything
-  // needs the slow path: empty or full bin, large object, closing pool.
+  // lock and no atomic RMW. allocate_cached declines (nullptr) when the bin
+  // is empty (always so once the pool has closed: close empties the bins
+  // and later drops bypass them).
   ControlBlock* allocate_cached(std::size_t cls) noexcept {
     ThreadCache* tc = thread_cache();
     if (!tc) return nullptr;
@@ -101,16 +118,32 @@ class PoolCore {
     tc->counters.allocs[cls].add(1);
     return &cb;
   }
-  bool free_cached(ControlBlock* cb) noexcept {
-    if (cb->kind != BlockKind::slab_slot || detached_.load(std::memory_order_acquire)) return false;
-    ThreadCache* tc = thread_cache();
-    if (!tc) return false;
-    auto& bin = tc->bins[cb->size_class];
-    if (bin.list.size() >= bin.limit) return false;
-    bin.list.push_front(*cb);
-    tc->counters.frees[cb->size_class].add(1);
-    return true;
+  // The drop of a pool object (its last reference). Never deregisters and
+  // never waits for anything but the pool's short-held locks.
+  void free(ControlBlock* cb) noexcept {
+    const TlsFast& f = tls_fast;
+    ThreadCache* tc = f.last_id == id_ ? f.last : nullptr;
+    if (!tc) [[unlikely]] {
+      free_without_fast_cache(cb);
+      return;
+    }
+    // busy before detached_: close() pairs its store of detached_ and an
+    // asymmetric fence with this (see the locking notes above); a compiler
+    // barrier is all this side needs.
+    tc->busy.store(1, std::memory_order_relaxed);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    if (cb->kind == BlockKind::slab_slot && !detached_.load(std::memory_order_relaxed)) [[likely]] {
+      auto& bin = tc->bins[cb->size_class];
+      if (bin.list.size() < bin.limit) [[likely]] {
+        bin.list.push_front(*cb);
+        tc->counters.frees[cb->size_class].add(1);
+        tc->busy.store(0, std::memory_order_release);
+        return;
+      }
+    }
+    free_busy(cb, tc);
   }
+  bool closed() const noexcept { return detached_.load(std::memory_order_acquire); }
   std::size_t trim() noexcept;
   PoolStats stats() const;
   // Called by Pool's destructor; deletes the core now or when the last
@@ -144,8 +177,18 @@ class PoolCore {
     return thread_cache_slow();
   }
   [[gnu::noinline]] ThreadCache* thread_cache_slow() noexcept;
+  // Allocation slow path (empty cache bin, large objects): allocates, then
+  // releases idle arenas if some are pending, after its locks are dropped.
+  [[gnu::noinline]] Result<ControlBlock*> allocate_slow(std::uint64_t total) noexcept;
+  // A recently freed span of about this size from the thread's cache, or nullptr.
+  ControlBlock* allocate_span_cached(std::uint64_t bytes) noexcept;
   Result<ControlBlock*> allocate_small(std::size_t cls) noexcept;
-  Result<ControlBlock*> allocate_large(std::uint64_t bytes) noexcept;
+  Result<ControlBlock*> allocate_large(std::uint64_t bytes) noexcept;  // no span cache
+  // Drop paths: the cache is marked busy (free_busy clears it), or there is
+  // no cache for this pool in tls_fast (look one up, or go uncached).
+  [[gnu::noinline]] void free_busy(ControlBlock* cb, ThreadCache* tc) noexcept;
+  [[gnu::noinline]] void free_without_fast_cache(ControlBlock* cb) noexcept;
+  void free_uncached(ControlBlock* cb) noexcept;
   // Central list refill for class c: carve a slab. Caller holds central_[c].
   Status carve_slab(std::size_t cls) noexcept;
   void push_central(std::size_t cls, FreeList& from, std::uint32_t count) noexcept;  // locks central
@@ -158,7 +201,12 @@ class PoolCore {
   Status grow_locked(std::uint64_t min_bytes, bool dedicated, std::exception_ptr* error = nullptr) noexcept;
   void free_span_locked(Arena* arena, std::uint32_t first) noexcept;  // caller holds mutex_
   void free_detached(ControlBlock* cb) noexcept;
-  void release_idle_arenas_locked(std::size_t keep) noexcept;  // caller holds mutex_
+  // True when more arenas are idle than the retention counts keep.
+  bool idle_beyond_retention_locked(std::size_t keep) const noexcept;  // caller holds mutex_
+  // Takes idle arenas beyond `keep` (and retain_idle_dedicated) out of the
+  // pool under mutex_, then deregisters and unmaps them with no lock held.
+  // Returns the bytes unmapped. Caller holds no pool lock.
+  std::size_t release_idle_arenas(std::size_t keep) noexcept;
   void flush_cache(ThreadCache* tc) noexcept;
   std::uint64_t live_objects() const noexcept;
   // PoolStats' arena occupancy and fragmentation fields (see pool.hpp).
@@ -186,9 +234,26 @@ class PoolCore {
   Counters shared_counters_;
   std::atomic<std::uint64_t> failed_allocations_{0};
 
+  // Set (under mutex_) when an arena went idle beyond the retention counts,
+  // cleared by the release pass that takes such arenas out. Arenas being
+  // deregistered right now are out of arenas_ but still in bytes_mapped_.
+  std::atomic<bool> release_pending_{false};
+
   std::shared_ptr<CacheRegistry> registry_;
+  // Thread caches need close()'s asymmetric fence; without membarrier the
+  // pool runs uncached (correct, slower).
+  int fence_cmd_ = 0;  // membarrier command, 0 = none
+  bool caches_enabled_ = true;
   std::atomic<bool> detached_{false};
-  std::uint64_t detached_live_ = 0;  // guarded by mutex_
+  // Drops without a busy-marked cache that are between their check of
+  // detached_ and the end of their work (close waits for zero).
+  std::atomic<std::uint32_t> uncached_frees_{0};
+  // After close: objects still live when close counted them, and drops
+  // seen since detached_ was set. Both guarded by mutex_; the core is
+  // deleted when close is done and the two are equal.
+  bool close_done_ = false;
+  std::uint64_t live_at_close_ = 0;
+  std::uint64_t detached_frees_ = 0;
 };
 
 }  // namespace regpool::detail

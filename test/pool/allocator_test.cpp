@@ -169,10 +169,28 @@ TEST_CASE("objects larger than an arena get a dedicated arena, released when idl
     CHECK(s.dedicated_arenas == 1);
     CHECK(s.arenas == 2);
   }
+  // auto_trim releases it at the next allocation slow path, not in the drop.
+  CHECK(pool.stats().idle_arenas == 2);
+  CHECK(pool.allocate(100000).ok());
   const auto s = pool.stats();
   CHECK(s.dedicated_arenas == 0);
   CHECK(s.arenas_released == 1);
   CHECK(d->stats().live_registrations == 1);
+}
+
+TEST_CASE("an object just over the arena size fits the dedicated arena made for it", "[pool][dedicated]") {
+  // A fresh dedicated arena is rounded up to 2 MiB: for 3 MiB that is 4 MiB,
+  // more slack than a quarter of the object, which the reuse rule refused.
+  auto d = std::make_shared<FakeDomain>();
+  Pool pool({d}, small_config(2));
+  for (std::uint64_t size : {3 * kMiB, 2 * kMiB + 1, 5 * kMiB}) {
+    auto big = pool.allocate(size);
+    REQUIRE(big.ok());
+    CHECK(big->capacity() >= size);
+    CHECK(pool.stats().dedicated_arenas == 1);
+  }
+  // Each dropped dedicated arena was reused or released: none piles up.
+  CHECK(pool.stats().arenas <= 3);
 }
 
 TEST_CASE("registration failure while growing is a status, and the pool stays usable", "[pool][registration]") {
