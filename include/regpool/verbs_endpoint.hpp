@@ -21,12 +21,29 @@
 // (remote access errors take the target's QP there too). The failed op
 // completes with its cause, every later op on that QP with peer_unreachable
 // (flushed), and the peer is marked broken. reconnect(peer) moves the QP to
-// ERROR, drains its flushed completions, RESETs it and re-runs RESET -> INIT
-// -> RTR -> RTS with a new PSN and a new epoch. The peer must reconnect too:
-// it does so by itself when its progress() sees the REQ with the new epoch
-// (it resets its own QP, failing what it still had in flight to us with
-// peer_unreachable). A peer that does not progress leaves the reconnecting
-// side's posts answering would_block until post_timeout.
+// ERROR and returns; the QP's old work requests then come back flushed
+// through progress (each op's slot, and with it its LDO reference, is
+// released then; the base has already answered the ops with
+// peer_unreachable), and once the last one is back progress RESETs the QP
+// and re-runs RESET -> INIT -> RTR -> RTS with a new PSN and a new epoch.
+// Until then posts to the peer answer would_block, which the base retries
+// while progressing. Nothing of this is waited for under the endpoint's
+// mutex; old work requests that never come back (not expected: a QP in
+// ERROR flushes everything) are answered after 2 s. The peer must reconnect
+// too: it does so by itself when its progress() sees the REQ with the new
+// epoch (it resets its own QP the same way, failing what it still had in
+// flight to us with peer_unreachable, and answers once that is done). A peer
+// that does not progress leaves the reconnecting side's posts answering
+// would_block until post_timeout. remove_peer likewise moves the QP to
+// ERROR at once and destroys it once its work requests are back.
+//
+// Soft-RoCE (rxe) runs a QP's send queue inside ibv_post_send, in the
+// caller's thread: a post queued behind a large transfer on the same QP can
+// itself take 60-800 ms (measured with a 32 MiB write in the qemu guest),
+// and it runs with the endpoint's mutex held, since backend calls are
+// serialised. Hardware HCAs only ring a doorbell there. Resets post their
+// marker after moving the QP to ERROR, so they never send data inside
+// ibv_post_send.
 //
 // Statuses from work completions: IBV_WC_REM_ACCESS_ERR (wrong or revoked
 // key, range outside the key, missing right) -> bad_key; RETRY_EXC_ERR and
@@ -174,7 +191,12 @@ class VerbsEndpoint final : public Endpoint {
   std::uint32_t new_conn(const void* remote_name);
   int qp_to_init(Conn& c) noexcept;
   int qp_to_rts(Conn& c) noexcept;
-  int reset_conn(std::uint32_t ci) noexcept;
+  // A reset never waits (the endpoint's mutex is held): begin_reset moves
+  // the QP to ERROR and posts a marker; finish_reset runs from progress once
+  // the old WRs came back flushed (or at once when none are out). `after` is
+  // a Conn::AfterReset.
+  void begin_reset(std::uint32_t ci, int after) noexcept;
+  void finish_reset(std::uint32_t ci) noexcept;
   void send_ctrl(Conn& c, std::uint8_t type, std::uint32_t epoch) noexcept;
   std::uint32_t conn_by_id(std::uint64_t endpoint_id) const noexcept;
   std::uint32_t conn_by_qpn(std::uint32_t qpn) const noexcept;
@@ -182,6 +204,7 @@ class VerbsEndpoint final : public Endpoint {
   Status post_rc(const OpDesc& op) noexcept;
   std::size_t poll_cq(std::size_t max) noexcept;
   void handle_wc(const ibv_wc& wc) noexcept;
+  void handle_send_wc(std::uint32_t ci, std::uint64_t seq, const ibv_wc& wc) noexcept;
   void handle_ctrl(std::uint32_t k, std::uint32_t byte_len) noexcept;
   void retire(std::uint32_t ci, std::uint64_t seq) noexcept;
   void conn_failed(std::uint32_t ci) noexcept;

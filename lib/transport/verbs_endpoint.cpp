@@ -11,7 +11,6 @@
 #include <cstring>
 #include <random>
 #include <string>
-#include <thread>
 
 namespace regpool {
 namespace {
@@ -50,8 +49,12 @@ constexpr std::size_t kCtrlRecvs = 32;
 constexpr std::size_t kCtrlSends = 32;
 constexpr std::uint32_t kQkey = 0x11111111;
 constexpr auto kRetransmit = std::chrono::milliseconds(50);
-// Bound on draining a QP before a reset.
-constexpr auto kInternalWait = std::chrono::milliseconds(2000);
+// A connection being reset (see begin_reset) normally ends as soon as
+// progress reaps the flushed completions of its old WRs; if some never come
+// back (a marker could not be posted behind an unsignalled tail), the reset
+// is finished anyway after this long and what is left is answered with
+// peer_unreachable.
+constexpr auto kResetBound = std::chrono::milliseconds(2000);
 
 // ---- wr_id layout: tag (4 bits) | sequence (36 bits) | index (24 bits) ----
 enum Tag : std::uint64_t { kTagOp = 1, kTagFence = 2, kTagInternal = 3, kTagUdSend = 4, kTagUdRecv = 5, kTagRecv = 6 };
@@ -88,7 +91,13 @@ std::uint32_t random_psn(std::mt19937_64& rng) noexcept { return static_cast<std
 // ----------------------------------------------------------------- state
 
 struct VerbsEndpoint::Conn {
-  enum class State : std::uint8_t { init, connecting, connected, error };
+  // resetting: the QP is in ERROR and its old WRs are still coming back
+  // flushed (begin_reset); nothing new is posted until finish_reset.
+  enum class State : std::uint8_t { init, connecting, connected, error, resetting };
+  // What finish_reset does once the old WRs are back: stay in INIT (or
+  // answer a stashed REQ), connect anew (reconnect), or destroy the QP
+  // (remove_peer). Ordered: a later request only ever escalates.
+  enum class AfterReset : std::uint8_t { nothing, reconnect, close };
   bool used = false;
   bool inserted = false;  // the user inserted this peer (else accepted from a REQ)
   WireName remote{};
@@ -101,6 +110,22 @@ struct VerbsEndpoint::Conn {
   std::uint32_t epoch = 0;         // ours, bumped by reconnect
   std::uint32_t remote_epoch = 0;  // the peer's last seen
   MonoClock::time_point next_req{};
+  // Reset bookkeeping (State::resetting).
+  AfterReset after_reset = AfterReset::nothing;
+  std::uint64_t reset_seq = 0;  // last WR of the old connection
+  MonoClock::time_point reset_deadline{};
+  // A peer's REQ that arrived while resetting: answered by finish_reset.
+  bool req_stashed = false;
+  std::uint32_t stash_qpn = 0;
+  std::uint32_t stash_psn = 0;
+  std::uint32_t stash_epoch = 0;
+  // WRs with a lower sequence belong to an earlier connection of this QP;
+  // a late completion of one is stale.
+  std::uint64_t first_seq = 1;
+
+  // remove_peer let go of it: the QP is kept only until its old WRs are
+  // back, and a peer connecting again gets a new connection.
+  bool closing() const noexcept { return state == State::resetting && after_reset == AfterReset::close; }
   // Send queue bookkeeping: every WR gets seq = ++wr_seq; an RC send queue
   // completes in order, so a completion for seq S retires everything <= S.
   std::uint64_t wr_seq = 0;
@@ -165,8 +190,6 @@ struct VerbsEndpoint::Impl {
   std::vector<std::uint64_t> atomic_words;
   Registration atomic_reg;
   std::vector<bool> send_busy;
-  // Set while a QP is drained before a reset (see reset_conn).
-  bool draining = false;
 };
 
 // ----------------------------------------------------------------- setup
@@ -441,12 +464,27 @@ int VerbsEndpoint::qp_to_rts(Conn& c) noexcept {
   return 0;
 }
 
-int VerbsEndpoint::reset_conn(std::uint32_t ci) noexcept {
+void VerbsEndpoint::begin_reset(std::uint32_t ci, int after) noexcept {
   Impl& m = *impl_;
   Conn& c = m.conns[ci];
-  // A signalled marker behind everything posted: its (flushed) completion
+  const auto then = static_cast<Conn::AfterReset>(after);
+  if (c.state == Conn::State::resetting) {
+    c.after_reset = std::max(c.after_reset, then);
+    return;
+  }
+  c.state = Conn::State::resetting;
+  c.after_reset = then;
+  // ERROR first: a QP moved straight to RESET drops its WRs without
+  // completions, and their slots would never be given back. In ERROR every
+  // WR still queued completes flushed, without touching the wire.
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  (void)ibv_modify_qp(c.qp, &a, IBV_QP_STATE);
+  // A signalled marker behind everything posted: its flushed completion
   // retires every WR before it, including unsignalled ones that completed
-  // without a CQE, so the drain below ends as soon as the CQ catches up.
+  // without a CQE. Posted after the move to ERROR, so it is flushed at once
+  // instead of queueing behind a large transfer (on rxe, ibv_post_send runs
+  // the send queue in the calling thread).
   if (c.wr_seq != c.retired_seq) {
     ibv_send_wr wr{};
     ibv_send_wr* bad = nullptr;
@@ -460,29 +498,31 @@ int VerbsEndpoint::reset_conn(std::uint32_t ci) noexcept {
       c.fence_outstanding = true;
     }
   }
-  // ERROR first: a QP moved straight to RESET drops its WRs without
-  // completions, and their slots would never be given back.
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_ERR;
-  (void)ibv_modify_qp(c.qp, &a, IBV_QP_STATE);
-  m.draining = true;
-  const auto deadline = MonoClock::now() + kInternalWait;
-  while (c.retired_seq < c.wr_seq && MonoClock::now() < deadline) {
-    if (poll_cq(32) == 0) std::this_thread::yield();
-  }
-  m.draining = false;
+  c.reset_seq = c.wr_seq;
+  c.reset_deadline = MonoClock::now() + kResetBound;
+  // Nothing is waited for here (the endpoint's mutex is held): handle_wc
+  // finishes the reset when the marker comes back, housekeeping after
+  // kResetBound at the latest.
+  if (c.retired_seq >= c.reset_seq) finish_reset(ci);
+}
+
+void VerbsEndpoint::finish_reset(std::uint32_t ci) noexcept {
+  Impl& m = *impl_;
+  Conn& c = m.conns[ci];
+  const bool close = c.after_reset == Conn::AfterReset::close;
   // Window binds/invalidates that did not come back: the QP is in ERROR
-  // (about to be reset), so the window cannot grant access any more.
+  // (about to be reset or destroyed), so the window cannot grant access any
+  // more. Closing, every window bound on the QP goes with it.
   for (std::size_t slot = 0; slot < m.exposed.size(); ++slot) {
     Exposed& x = m.exposed[slot];
-    if (x.live && x.window && x.conn == ci && x.pending != Exposed::Pending::none) {
+    if (x.live && x.window && x.conn == ci && (close || x.pending != Exposed::Pending::none)) {
       const int pending = static_cast<int>(x.pending);
       finish_window(slot);
       settle_window(slot, pending);
     }
   }
   // Whatever did not come back is answered here; a late CQE for it is
-  // recognised as stale by its sequence number.
+  // recognised as stale by its sequence number (first_seq).
   for (std::uint32_t i = 0; i < m.slots.size(); ++i) {
     SlotState& s = m.slots[i];
     if (s.live && s.conn == ci) {
@@ -490,18 +530,50 @@ int VerbsEndpoint::reset_conn(std::uint32_t ci) noexcept {
       complete(i, Status::peer_unreachable, 0);
     }
   }
+  if (close) {
+    (void)ibv_destroy_qp(c.qp);
+    (void)ibv_destroy_ah(c.ah);
+    c = Conn{};
+    return;
+  }
   c.retired_seq = c.wr_seq;
+  c.first_seq = c.wr_seq + 1;
   c.ring_count = 0;
   c.ring_head = 0;
   c.unsignaled_run = 0;
   c.fence_outstanding = false;
-  a = ibv_qp_attr{};
+  const bool reconnect = c.after_reset == Conn::AfterReset::reconnect;
+  c.after_reset = Conn::AfterReset::nothing;
+  ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RESET;
   int rc = ibv_modify_qp(c.qp, &a, IBV_QP_STATE);
   if (rc == 0) rc = qp_to_init(c);
   c.local_psn = random_psn(m.rng);
-  if (rc != 0) c.state = Conn::State::error;
-  return rc;
+  if (rc != 0) {
+    c.state = Conn::State::error;
+    c.req_stashed = false;
+    return;
+  }
+  if (reconnect) ++c.epoch;  // a new epoch tells the peer to reset its side too
+  if (c.req_stashed) {
+    // The peer reset its side and asked (its REQ came while ours drained):
+    // follow it. It is then connected to this QP, so no REQ of ours.
+    c.req_stashed = false;
+    c.remote_qpn = c.stash_qpn;
+    c.remote_psn = c.stash_psn;
+    c.remote_epoch = c.stash_epoch;
+    if (qp_to_rts(c) != 0) {
+      c.state = Conn::State::error;
+      return;
+    }
+    send_ctrl(c, kRep, c.stash_epoch);
+    return;
+  }
+  if (reconnect) {
+    c.state = Conn::State::connecting;
+    c.next_req = MonoClock::now() + kRetransmit;
+    send_ctrl(c, kReq, c.epoch);
+  }
 }
 
 void VerbsEndpoint::send_ctrl(Conn& c, std::uint8_t type, std::uint32_t epoch) noexcept {
@@ -542,7 +614,7 @@ void VerbsEndpoint::send_ctrl(Conn& c, std::uint8_t type, std::uint32_t epoch) n
 std::uint32_t VerbsEndpoint::conn_by_id(std::uint64_t endpoint_id) const noexcept {
   for (std::uint32_t i = 0; i < impl_->conns.size(); ++i) {
     const Conn& c = impl_->conns[i];
-    if (c.used && c.remote.endpoint_id == endpoint_id) return i;
+    if (c.used && !c.closing() && c.remote.endpoint_id == endpoint_id) return i;
   }
   return kNone;
 }
@@ -580,35 +652,31 @@ std::uint64_t VerbsEndpoint::do_insert_peer(std::span<const std::byte> name) {
 
 void VerbsEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
   Impl& m = *impl_;
-  if (handle >= m.conns.size() || !m.conns[handle].used) return;
+  if (handle >= m.conns.size() || !m.conns[handle].used || m.conns[handle].closing()) return;
   const auto ci = static_cast<std::uint32_t>(handle);
-  Conn& c = m.conns[ci];
-  if (c.wr_seq != c.retired_seq) (void)reset_conn(ci);
+  // Windows bound on the QP without a bind or invalidate in flight go now
+  // (deallocating revokes); the others end when that WR comes back flushed.
   for (std::size_t slot = 0; slot < m.exposed.size(); ++slot) {
     Exposed& x = m.exposed[slot];
-    if (x.live && x.window && x.conn == ci) {
-      const int pending = static_cast<int>(x.pending);
-      finish_window(slot);
-      settle_window(slot, pending);
-    }
+    if (x.live && x.window && x.conn == ci && x.pending == Exposed::Pending::none) finish_window(slot);
   }
-  (void)ibv_destroy_qp(c.qp);
-  (void)ibv_destroy_ah(c.ah);
-  c = Conn{};
+  // The QP goes to ERROR; it is destroyed once its old WRs are back
+  // (at once when none are out), by progress, not waited for here.
+  begin_reset(ci, static_cast<int>(Conn::AfterReset::close));
 }
 
 Result<std::uint64_t> VerbsEndpoint::do_reconnect(PeerId /*peer*/, std::uint64_t handle,
                                                   std::span<const std::byte> /*name*/) noexcept {
   Impl& m = *impl_;
-  if (handle >= m.conns.size() || !m.conns[handle].used) return Status::invalid_argument;
+  if (handle >= m.conns.size() || !m.conns[handle].used || m.conns[handle].closing()) {
+    return Status::invalid_argument;
+  }
   const auto ci = static_cast<std::uint32_t>(handle);
-  if (reset_conn(ci) != 0) return Status::transport_error;
-  Conn& c = m.conns[ci];
-  // A new epoch tells the peer to reset its side too (top comment).
-  ++c.epoch;
-  c.state = Conn::State::connecting;
-  c.next_req = MonoClock::now() + kRetransmit;
-  send_ctrl(c, kReq, c.epoch);
+  // ERROR now; RESET -> INIT and a REQ with a new epoch once the old WRs
+  // are back (finish_reset, from progress). Until then posts answer
+  // would_block, which the base retries while progressing.
+  begin_reset(ci, static_cast<int>(Conn::AfterReset::reconnect));
+  if (m.conns[ci].state == Conn::State::error) return Status::transport_error;
   return handle;
 }
 
@@ -628,9 +696,6 @@ void VerbsEndpoint::handle_ctrl(std::uint32_t k, std::uint32_t byte_len) noexcep
   (void)ibv_post_recv(m.ud, &wr, &bad);
   if (!sane || msg.magic != kCtrlMagic || msg.dst_id != m.endpoint_id) return;
   if (verbs_wire::check_name(msg.src, domain_->port_info().ethernet) != nullptr) return;
-  // While draining a QP we cannot reset another QP underneath the caller;
-  // dropping is fine, REQs are retransmitted.
-  if (m.draining) return;
 
   std::uint32_t ci = conn_by_id(msg.src.endpoint_id);
   if (msg.type == kReq) {
@@ -642,12 +707,25 @@ void VerbsEndpoint::handle_ctrl(std::uint32_t k, std::uint32_t byte_len) noexcep
       }
     }
     Conn& c = m.conns[ci];
+    const auto stash = [&] {
+      c.req_stashed = true;
+      c.stash_qpn = msg.qpn;
+      c.stash_psn = msg.psn;
+      c.stash_epoch = msg.epoch;
+    };
+    if (c.state == Conn::State::resetting) {
+      stash();  // answered when the reset ends (the latest REQ wins)
+      return;
+    }
     const bool fresh = c.state != Conn::State::connected || c.remote_epoch != msg.epoch || c.remote_qpn != msg.qpn;
     if (fresh) {
       // A new epoch from a connected peer means it reset its QP: reset ours
-      // (our in-flight ops to it fail with peer_unreachable) and follow.
+      // (our in-flight ops to it fail with peer_unreachable) and follow once
+      // our old WRs are back (finish_reset answers the stashed REQ).
       if (c.state != Conn::State::init && c.state != Conn::State::connecting) {
-        if (reset_conn(ci) != 0) return;
+        stash();
+        begin_reset(ci, static_cast<int>(Conn::AfterReset::nothing));
+        return;
       }
       c.remote_qpn = msg.qpn;
       c.remote_psn = msg.psn;
@@ -679,7 +757,8 @@ Status VerbsEndpoint::post_rc(const OpDesc& op) noexcept {
     mark_peer_broken(op.peer);
     return Status::peer_unreachable;
   }
-  if (c.state != Conn::State::connected) return Status::would_block;  // handshake still running
+  // Handshake or reset still running.
+  if (c.state != Conn::State::connected) return Status::would_block;
   if (op.remote && op.remote->key > 0xffffffffu) return Status::invalid_argument;
 
   ibv_sge sge{};
@@ -797,8 +876,8 @@ void VerbsEndpoint::conn_failed(std::uint32_t ci) noexcept {
   Impl& m = *impl_;
   Conn& c = m.conns[ci];
   if (c.state == Conn::State::connected) c.state = Conn::State::error;
-  // During our own reset the flushes are expected; the caller decides.
-  if (!m.draining) mark_peer_broken(peer_for_handle(ci));
+  // During a reset the flushes are expected: the reset decides.
+  if (c.state != Conn::State::resetting) mark_peer_broken(peer_for_handle(ci));
 }
 
 void VerbsEndpoint::retire(std::uint32_t ci, std::uint64_t seq) noexcept {
@@ -856,7 +935,22 @@ void VerbsEndpoint::handle_wc(const ibv_wc& wc) noexcept {
   Conn& c = m.conns[ci];
   // Expand the 36-bit sequence of the wr_id against the QP's counter.
   std::uint64_t seq = (c.wr_seq & ~kSeqMask) | seq_of(wc.wr_id);
-  if (seq > c.wr_seq) seq -= kSeqMask + 1;
+  if (seq > c.wr_seq) {
+    if (c.wr_seq <= kSeqMask) return;  // never posted on this QP: stale
+    seq -= kSeqMask + 1;
+  }
+  // A late completion from before a reset that was finished by its bound.
+  if (seq < c.first_seq) return;
+  handle_send_wc(ci, seq, wc);
+  // The old connection's last WR is back: the reset can end.
+  if (c.state == Conn::State::resetting && c.retired_seq >= c.reset_seq) finish_reset(ci);
+}
+
+void VerbsEndpoint::handle_send_wc(std::uint32_t ci, std::uint64_t seq, const ibv_wc& wc) noexcept {
+  Impl& m = *impl_;
+  Conn& c = m.conns[ci];
+  const Tag tag = tag_of(wc.wr_id);
+  const std::uint32_t index = index_of(wc.wr_id);
   retire(ci, seq);
   const Status st = status_from_wc(wc.status);
   if (st != Status::ok) conn_failed(ci);
@@ -908,6 +1002,10 @@ void VerbsEndpoint::housekeeping() noexcept {
   for (std::uint32_t ci = 0; ci < m.conns.size(); ++ci) {
     Conn& c = m.conns[ci];
     if (!c.used) continue;
+    if (c.state == Conn::State::resetting && now >= c.reset_deadline) {
+      finish_reset(ci);  // some old WRs never came back: answer them now
+      continue;
+    }
     if (c.state == Conn::State::connecting && now >= c.next_req) {
       c.next_req = now + kRetransmit;
       send_ctrl(c, kReq, c.epoch);
@@ -1029,7 +1127,9 @@ Result<ExposureInfo> VerbsEndpoint::do_expose_to(const Slice& slice, RemoteAcces
   const auto ci = static_cast<std::uint32_t>(peer_handle);
   // Binding needs the connection up; the base retries (progressing, without
   // the mutex) until post_timeout.
-  if (m.conns[ci].state == Conn::State::connecting) return Status::would_block;
+  if (m.conns[ci].state == Conn::State::connecting || m.conns[ci].state == Conn::State::resetting) {
+    return Status::would_block;
+  }
   Conn& c = m.conns[ci];
   if (c.state != Conn::State::connected) return Status::peer_unreachable;
   if (c.wr_seq - c.retired_seq + 1 > m.sq_depth) return Status::would_block;
