@@ -44,6 +44,16 @@
 //   Result<std::uint64_t> do_reconnect(peer, handle, name)
 //                                           re-establish a broken peer; the
 //                                           default removes and re-inserts.
+//   milliseconds reconnect_settle() const   optional: how long a removed
+//                                           peer must stay out of the
+//                                           address table before it may be
+//                                           inserted again (default 0). When
+//                                           non-zero, reconnect() removes the
+//                                           peer and returns at once; posts
+//                                           to it answer would_block (retried
+//                                           by the base without the mutex)
+//                                           until the time has passed, then
+//                                           the base re-inserts it.
 //   Status do_put / do_get / do_send / do_recv / do_atomic(const OpDesc&)
 //                                           post one operation. Return
 //                                           - ok: posted; the backend owns
@@ -506,6 +516,7 @@ class Endpoint {
   virtual std::vector<std::byte> do_name() const = 0;
   virtual std::uint64_t do_insert_peer(std::span<const std::byte> name) = 0;
   virtual void do_remove_peer(std::uint64_t handle) noexcept = 0;
+  virtual std::chrono::milliseconds reconnect_settle() const noexcept { return std::chrono::milliseconds{0}; }
   virtual Result<std::uint64_t> do_reconnect(PeerId peer, std::uint64_t handle,
                                              std::span<const std::byte> name) noexcept;
   virtual Status do_put(const OpDesc& op) noexcept = 0;
@@ -547,6 +558,10 @@ class Endpoint {
   struct Peer {
     bool used = false;
     bool broken = false;
+    // Removed by reconnect() and waiting out reconnect_settle() before it is
+    // inserted again: `handle` is stale meanwhile.
+    bool settling = false;
+    Clock::time_point settle_until{};
     std::uint64_t handle = 0;
     std::vector<std::byte> name;
   };
@@ -567,6 +582,9 @@ class Endpoint {
   void revoke_exposure(std::uint64_t exposure_id, Slice& slice) noexcept;
   void progress_thread_main() noexcept;
   Status reject(Status st) noexcept;
+  // ok when `peer` (used, not broken) may be posted to; would_block while it
+  // waits out reconnect_settle(); re-inserts it once that has passed.
+  Status peer_ready_locked(PeerId peer) noexcept;
   Result<Exposure> expose_impl(const Slice& slice, RemoteAccess access, PeerId peer) noexcept;
 
   EndpointConfig config_;

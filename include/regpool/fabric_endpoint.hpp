@@ -142,8 +142,7 @@ class FabricEndpoint final : public Endpoint {
   std::vector<std::byte> do_name() const override;
   std::uint64_t do_insert_peer(std::span<const std::byte> name) override;
   void do_remove_peer(std::uint64_t handle) noexcept override;
-  Result<std::uint64_t> do_reconnect(PeerId peer, std::uint64_t handle,
-                                     std::span<const std::byte> name) noexcept override;
+  std::chrono::milliseconds reconnect_settle() const noexcept override;
   Status do_put(const OpDesc& op) noexcept override;
   Status do_get(const OpDesc& op) noexcept override;
   Status do_send(const OpDesc& op) noexcept override;

@@ -246,7 +246,8 @@ PeerId Endpoint::insert_peer(std::span<const std::byte> name) {
 void Endpoint::remove_peer(PeerId peer) noexcept {
   Lock g(*this);
   if (peer >= peers_.size() || !peers_[peer].used) return;
-  do_remove_peer(peers_[peer].handle);
+  if (!peers_[peer].settling) do_remove_peer(peers_[peer].handle);
+  peers_[peer].settling = false;
   peers_[peer].used = false;
   peers_[peer].broken = false;
   peers_[peer].name.clear();
@@ -289,6 +290,20 @@ Status Endpoint::reconnect(PeerId peer) noexcept {
     }
   }
   Peer& p = peers_[peer];
+  const auto settle = reconnect_settle();
+  if (settle.count() > 0) {
+    // The backend needs the old address gone for a while before it may be
+    // inserted again (rxm: until progress has seen the old connection's
+    // shutdown). Waiting here would hold the mutex that progress needs, so
+    // the peer re-enters the address table on the first post after the
+    // settle time (peer_ready_locked) and posts meanwhile retry.
+    if (!p.settling) do_remove_peer(p.handle);
+    p.settling = true;
+    p.settle_until = Clock::now() + settle;
+    p.broken = false;
+    reconnects_.fetch_add(1, std::memory_order_relaxed);
+    return Status::ok;
+  }
   auto r = do_reconnect(peer, p.handle, p.name);
   if (!r) {
     p.broken = true;
@@ -323,7 +338,12 @@ Result<Exposure> Endpoint::expose_impl(const Slice& slice, RemoteAccess access, 
       if (peer >= peers_.size() || !peers_[peer].used) return Status::invalid_argument;
       if (peers_[peer].broken) return Status::peer_unreachable;
     }
-    info = peer == kAnyPeer ? do_expose(slice, access) : do_expose_to(slice, access, peer, peers_[peer].handle);
+    if (peer != kAnyPeer) {
+      const Status ready = peer_ready_locked(peer);
+      info = ready == Status::ok ? do_expose_to(slice, access, peer, peers_[peer].handle) : Result<ExposureInfo>(ready);
+    } else {
+      info = do_expose(slice, access);
+    }
     if (info || info.status() != Status::would_block) break;
     // Not now (verbs: the connection is still being set up): progress and
     // retry like a post, without the mutex while backing off.
@@ -478,6 +498,23 @@ Result<Token> Endpoint::compare_swap(PeerId peer, const RemoteRef& remote, std::
   return submit(OpKind::compare_swap, peer, nullptr, &remote, remote_offset, 8, desired, expected, std::move(cb));
 }
 
+Status Endpoint::peer_ready_locked(PeerId peer) noexcept {
+  Peer& p = peers_[peer];
+  if (!p.settling) return Status::ok;
+  if (Clock::now() < p.settle_until) return Status::would_block;
+  p.settling = false;
+  try {
+    p.handle = do_insert_peer(p.name);
+    return Status::ok;
+  } catch (const Error& e) {
+    p.broken = true;
+    return e.status() == Status::ok ? Status::transport_error : e.status();
+  } catch (...) {
+    p.broken = true;
+    return Status::transport_error;
+  }
+}
+
 Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
                                std::uint64_t remote_offset, std::uint64_t length, std::uint64_t operand,
                                std::uint64_t compare, Callback&& cb) noexcept {
@@ -549,7 +586,11 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
   Status st = Status::ok;
   Clock::time_point retry_until{};
   for (std::uint32_t attempt = 0;; ++attempt) {
-    st = post_once(s);
+    st = needs_peer(kind) ? peer_ready_locked(peer) : Status::ok;
+    if (st == Status::ok) {
+      if (needs_peer(kind)) s.desc.peer_handle = peers_[peer].handle;
+      st = post_once(s);
+    }
     if (st != Status::would_block) break;
     retries_.fetch_add(1, std::memory_order_relaxed);
     // The provider wants progress first (connection setup, full queues).
@@ -701,7 +742,7 @@ void Endpoint::mark_peer_broken(PeerId peer) noexcept {
 
 PeerId Endpoint::peer_for_handle(std::uint64_t handle) const noexcept {
   for (std::size_t i = 0; i < peers_.size(); ++i) {
-    if (peers_[i].used && peers_[i].handle == handle) return static_cast<PeerId>(i);
+    if (peers_[i].used && !peers_[i].settling && peers_[i].handle == handle) return static_cast<PeerId>(i);
   }
   return kAnyPeer;
 }

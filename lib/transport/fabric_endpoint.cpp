@@ -406,24 +406,13 @@ void FabricEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
   p = PeerAddr{};
 }
 
-Result<std::uint64_t> FabricEndpoint::do_reconnect(PeerId /*peer*/, std::uint64_t handle,
-                                                   std::span<const std::byte> name) noexcept {
-  do_remove_peer(handle);
-  // rxm frees a peer's connection only once its progress has seen the
-  // shutdown the other side sent; an address inserted again before that
-  // is bound to the dead connection and every later op fails ENOTCONN
-  // (measured: 3 of 5 immediate reconnects after a rejected key). Progress
-  // for a bounded moment first; completions it reaps are reported as usual.
-  const auto until = std::chrono::steady_clock::now() + kReconnectSettle;
-  while (std::chrono::steady_clock::now() < until) (void)do_poll(32);
-  try {
-    return do_insert_peer(name);
-  } catch (const Error& e) {
-    return e.status() == Status::ok ? Status::transport_error : e.status();
-  } catch (...) {
-    return Status::transport_error;
-  }
-}
+// rxm frees a peer's connection only once its progress has seen the
+// shutdown the other side sent; an address inserted again before that is
+// bound to the dead connection and every later op fails ENOTCONN (measured:
+// 3 of 5 immediate reconnects after a rejected key). The base keeps the peer
+// out of the address table this long while progress runs, without holding
+// its mutex (see Endpoint::reconnect).
+std::chrono::milliseconds FabricEndpoint::reconnect_settle() const noexcept { return kReconnectSettle; }
 
 void* FabricEndpoint::local_desc(const OpDesc& op) noexcept {
   auto r = op.local->ldo().region(*domain_);
