@@ -1,6 +1,7 @@
 #pragma once
 // Umbrella header: the whole public API of regpool.
 
+#include "regpool/config.hpp"
 #include "regpool/bootstrap.hpp"
 #include "regpool/domain.hpp"
 #include "regpool/endpoint.hpp"
@@ -12,15 +13,11 @@
 #include "regpool/remote_ref.hpp"
 #include "regpool/slice.hpp"
 #include "regpool/telemetry.hpp"
-#if __has_include("regpool/fabric_domain.hpp")
+#if REGPOOL_HAVE_FABRIC
 #include "regpool/fabric_domain.hpp"
-#endif
-#if __has_include("regpool/fabric_endpoint.hpp")
 #include "regpool/fabric_endpoint.hpp"
 #endif
-#if __has_include("regpool/verbs_domain.hpp")
+#if REGPOOL_HAVE_VERBS
 #include "regpool/verbs_domain.hpp"
-#endif
-#if __has_include("regpool/verbs_endpoint.hpp")
 #include "regpool/verbs_endpoint.hpp"
 #endif
