@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "transport/fabric_wire.hpp"
+#include "support/guard_page.hpp"
 #include "transport/harness.hpp"
 
 using namespace std::chrono_literals;
@@ -66,31 +67,6 @@ std::size_t data_len_of(const std::vector<std::byte>& n) {
   return static_cast<std::size_t>(n[4]) | (static_cast<std::size_t>(n[5]) << 8);
 }
 
-// A copy of `blob` that ends exactly where an unmapped page begins: any read
-// past its last byte faults.
-class AtGuardPage {
- public:
-  explicit AtGuardPage(std::span<const std::byte> blob) {
-    page_ = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-    void* p = ::mmap(nullptr, 2 * page_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::runtime_error("mmap");
-    base_ = static_cast<std::byte*>(p);
-    if (::mprotect(base_ + page_, page_, PROT_NONE) != 0) throw std::runtime_error("mprotect");
-    start_ = base_ + page_ - blob.size();
-    std::memcpy(start_, blob.data(), blob.size());
-    size_ = blob.size();
-  }
-  ~AtGuardPage() { ::munmap(base_, 2 * page_); }
-  AtGuardPage(const AtGuardPage&) = delete;
-  AtGuardPage& operator=(const AtGuardPage&) = delete;
-  std::span<const std::byte> bytes() const { return {start_, size_}; }
-
- private:
-  std::size_t page_ = 0;
-  std::byte* base_ = nullptr;
-  std::byte* start_ = nullptr;
-  std::size_t size_ = 0;
-};
 
 struct NameCase {
   std::string label;
@@ -182,7 +158,7 @@ TEST_CASE("malformed peer names are refused, naming the field, without a crash",
     INFO("case: " << nc.label);
     // Every case sits right before a PROT_NONE page: a parser or provider
     // reading one byte too far faults here instead of passing by luck.
-    AtGuardPage g(nc.name);
+    rpt::AtGuardPage g(nc.name);
     const Refusal r = try_insert(*a.ep, g.bytes());
     INFO("message: " << r.what);
     REQUIRE(r.thrown);
@@ -197,7 +173,7 @@ TEST_CASE("malformed peer names are refused, naming the field, without a crash",
   }
   CHECK(a.ep->peer_count() == 0);
   // The checks refuse nothing real: the genuine name, also at a page end.
-  AtGuardPage g(good);
+  rpt::AtGuardPage g(good);
   const auto peer = a.ep->insert_peer(g.bytes());
   CHECK(a.ep->usable(peer));
   CHECK(a.ep->peer_count() == 1);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "support/guard_page.hpp"
 #include "transport/harness.hpp"
 #include "transport/verbs_wire.hpp"
 
@@ -23,30 +24,6 @@ namespace vw = regpool::verbs_wire;
 
 namespace {
 
-// `blob` copied so that it ends where an unmapped page begins.
-class AtGuardPage {
- public:
-  explicit AtGuardPage(std::span<const std::byte> blob) {
-    page_ = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-    void* p = ::mmap(nullptr, 2 * page_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::runtime_error("mmap");
-    base_ = static_cast<std::byte*>(p);
-    if (::mprotect(base_ + page_, page_, PROT_NONE) != 0) throw std::runtime_error("mprotect");
-    start_ = base_ + page_ - blob.size();
-    if (!blob.empty()) std::memcpy(start_, blob.data(), blob.size());
-    size_ = blob.size();
-  }
-  ~AtGuardPage() { ::munmap(base_, 2 * page_); }
-  AtGuardPage(const AtGuardPage&) = delete;
-  AtGuardPage& operator=(const AtGuardPage&) = delete;
-  std::span<const std::byte> bytes() const { return {start_, size_}; }
-
- private:
-  std::size_t page_ = 0;
-  std::byte* base_ = nullptr;
-  std::byte* start_ = nullptr;
-  std::size_t size_ = 0;
-};
 
 std::vector<std::byte> bytes_of(const vw::WireName& w) {
   const auto* p = reinterpret_cast<const std::byte*>(&w);
@@ -97,7 +74,7 @@ TEST_CASE("malformed verbs names are refused, naming the field", "[verbs]") {
     vw::WireName w = good;
     c.mutate(w);
     const auto blob = bytes_of(w);
-    AtGuardPage g(blob);
+    rpt::AtGuardPage g(blob);
     std::string what;
     Status st = Status::ok;
     try {
@@ -114,7 +91,7 @@ TEST_CASE("malformed verbs names are refused, naming the field", "[verbs]") {
     INFO("length " << n);
     std::vector<std::byte> blob(good_bytes.begin(), good_bytes.end());
     blob.resize(n);
-    AtGuardPage g(blob);
+    rpt::AtGuardPage g(blob);
     Status st = Status::ok;
     std::string what;
     try {
@@ -129,7 +106,7 @@ TEST_CASE("malformed verbs names are refused, naming the field", "[verbs]") {
   CHECK(a.ep->peer_count() == 0);
 
   // The genuine name, also at a page end, connects and carries a put.
-  AtGuardPage g(good_bytes);
+  rpt::AtGuardPage g(good_bytes);
   const auto peer = a.ep->insert_peer(g.bytes());
   auto target = b.alloc(64);
   auto e = b.ep->expose(rpt::slice_or_die(Slice::data(target)), RemoteAccess::read_write);
