@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <fstream>
+#include <iterator>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -49,6 +51,21 @@ std::vector<std::string> connecting_backends() {
     if (b == "tcp" || b == "verbs") out.push_back(b);
   }
   return out;
+}
+
+// True once /proc says `pid` is stopped (state T), false after `limit`.
+bool wait_stopped(pid_t pid, std::chrono::milliseconds limit) {
+  const auto until = Clock::now() + limit;
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  while (Clock::now() < until) {
+    std::ifstream f(path);
+    std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    // pid (comm) state ...: the state follows the last ')'.
+    const auto close = stat.rfind(')');
+    if (close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'T') return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
 }
 
 double ms_since(Clock::time_point t0) {
@@ -443,6 +460,10 @@ TEST_CASE("op_timeout scales with the transfer; a dead peer still times out", "[
   // A peer that stops answering: a small op gets about op_timeout.
   std::this_thread::sleep_for(100ms);
   REQUIRE(::kill(kid.pid, SIGSTOP) == 0);
+  // kill() returns before the stop takes effect on every thread of the
+  // target; a put posted in that gap is answered (seen under TSan, which
+  // slows the stop down). Wait until the kernel reports the process stopped.
+  REQUIRE(wait_stopped(kid.pid, 5s));
   auto small = rpt::slice_or_die(Slice::data(src, 0, 8));
   const auto t1 = Clock::now();
   const Completion d = rpt::wait_ok(*s.ep, s.ep->put(small, peer, ref, 0), 10s);
