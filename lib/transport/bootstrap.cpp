@@ -19,6 +19,7 @@
 
 #include "transport/bootstrap_wire.hpp"
 #include "transport/hmac.hpp"
+#include "transport/wire_le.hpp"
 
 namespace regpool {
 namespace {
@@ -436,8 +437,7 @@ void TcpBootstrap::accept_all(Clock::time_point deadline) {
   // Judges a complete hello and queues the verdict.
   auto judge = [&](Pending& p) {
     p.hello_done = true;
-    const std::uint16_t version =
-        static_cast<std::uint16_t>(std::to_integer<unsigned>(p.in[4]) | std::to_integer<unsigned>(p.in[5]) << 8);
+    const std::uint16_t version = le::get_u16(p.in.data() + 4);
     bw::Verdict v;
     std::string reason;
     std::string why;

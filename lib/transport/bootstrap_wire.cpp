@@ -4,34 +4,19 @@
 #include <cstdio>
 #include <cstring>
 
+#include "transport/wire_le.hpp"
+
 namespace regpool::bootwire {
 namespace {
 
 using detail::HmacSha256;
 
-void put_u16(std::byte* p, std::uint16_t v) noexcept {
-  p[0] = static_cast<std::byte>(v & 0xff);
-  p[1] = static_cast<std::byte>(v >> 8);
-}
-void put_u32(std::byte* p, std::uint32_t v) noexcept {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
-}
-void put_u64(std::byte* p, std::uint64_t v) noexcept {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
-}
-std::uint16_t get_u16(const std::byte* p) noexcept {
-  return static_cast<std::uint16_t>(std::to_integer<unsigned>(p[0]) | std::to_integer<unsigned>(p[1]) << 8);
-}
-std::uint32_t get_u32(const std::byte* p) noexcept {
-  std::uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= std::uint32_t{std::to_integer<std::uint8_t>(p[i])} << (8 * i);
-  return v;
-}
-std::uint64_t get_u64(const std::byte* p) noexcept {
-  std::uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= std::uint64_t{std::to_integer<std::uint8_t>(p[i])} << (8 * i);
-  return v;
-}
+using le::get_u16;
+using le::get_u32;
+using le::get_u64;
+using le::put_u16;
+using le::put_u32;
+using le::put_u64;
 
 std::string hex32(std::uint32_t v) {
   char buf[16];

@@ -1,6 +1,7 @@
 #include "regpool/fabric_endpoint.hpp"
 
 #include "transport/fabric_wire.hpp"
+#include "transport/wire_le.hpp"
 
 #include <rdma/fabric.h>
 #include <rdma/fi_atomic.h>
@@ -96,11 +97,6 @@ Status status_from_fi(int err) noexcept {
     case EOPNOTSUPP: return Status::unsupported;
     default: return Status::transport_error;
   }
-}
-
-void put_u16(std::byte* p, std::size_t v) noexcept {
-  p[0] = static_cast<std::byte>(v & 0xff);
-  p[1] = static_cast<std::byte>((v >> 8) & 0xff);
 }
 
 std::vector<std::byte> endpoint_name(fid_ep* ep) {
@@ -281,8 +277,8 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   name_[1] = std::byte{'P'};
   name_[2] = std::byte{kNameVersion};
   name_[3] = std::byte{emulated_atomics_ ? kNameHasCtrl : std::uint8_t{0}};
-  put_u16(&name_[4], data_name.size());
-  put_u16(&name_[6], ctrl_name_.size());
+  le::put_u16(&name_[4], static_cast<std::uint16_t>(data_name.size()));
+  le::put_u16(&name_[6], static_cast<std::uint16_t>(ctrl_name_.size()));
   name_.insert(name_.end(), data_name.begin(), data_name.end());
   name_.insert(name_.end(), ctrl_name_.begin(), ctrl_name_.end());
 }

@@ -21,6 +21,8 @@
 #include <string_view>
 #include <type_traits>
 
+#include "transport/wire_le.hpp"
+
 namespace regpool::fabric_wire {
 
 // How the local provider spells addresses (from fi_info::addr_format).
@@ -53,9 +55,7 @@ constexpr std::uint16_t kAfInet6 = 10;  // AF_INET6 on Linux
 inline const char* check_address(std::span<const std::byte> a, const AddrRules& r) noexcept {
   if (a.empty()) return "address length (0)";
   if (a.size() > kMaxProviderAddr) return "address length (above the largest provider address)";
-  auto u16 = [&](std::size_t at) {
-    return static_cast<std::uint16_t>(static_cast<unsigned>(a[at]) | (static_cast<unsigned>(a[at + 1]) << 8));
-  };
+  auto u16 = [&](std::size_t at) { return le::get_u16(a.data() + at); };
   switch (r.kind) {
     case AddrKind::sockaddr_in: {
       if (a.size() != 16) return "address length (not a sockaddr_in)";
@@ -117,8 +117,8 @@ inline const char* parse_name(std::span<const std::byte> name, const AddrRules& 
   if (name[2] != std::byte{kNameVersion}) return "name version";
   const auto flags = static_cast<std::uint8_t>(name[3]);
   if ((flags & ~kNameHasCtrl) != 0) return "name flags (unknown bits)";
-  const std::size_t data_len = static_cast<std::size_t>(name[4]) | (static_cast<std::size_t>(name[5]) << 8);
-  const std::size_t ctrl_len = static_cast<std::size_t>(name[6]) | (static_cast<std::size_t>(name[7]) << 8);
+  const std::size_t data_len = le::get_u16(name.data() + 4);
+  const std::size_t ctrl_len = le::get_u16(name.data() + 6);
   const bool has_ctrl = (flags & kNameHasCtrl) != 0;
   if (kNameHeader + data_len + ctrl_len != name.size()) return "name length (fields do not add up)";
   if (has_ctrl != (ctrl_len > 0)) return "control address length (disagrees with the flags)";
