@@ -79,6 +79,11 @@ void print(std::ostream& out, const PoolStats& s) {
       << " released)\n"
       << "  registrations by this pool: " << s.registrations << " (" << s.deregistrations << " undone), "
       << micros(s.register_ns) << " registering\n";
+  if (s.zeroed_allocations) {
+    out << "  zeroing: " << s.zeroed_allocations << " allocations zeroed, " << bytes(s.zero_memset_bytes)
+        << " by memset, " << bytes(s.zero_madvise_bytes) << " by madvise, " << bytes(s.zero_fresh_bytes)
+        << " fresh (no work)\n";
+  }
   out << "  occupancy: " << bytes(s.arena_bytes_in_use) << " in use of " << bytes(s.arena_capacity)
       << " in regular arenas (" << percent(s.arena_occupancy) << "); free spans " << bytes(s.free_span_bytes)
       << ", largest " << bytes(s.largest_free_span) << " (fragmentation " << percent(s.fragmentation)
@@ -156,6 +161,8 @@ std::string to_json(const PoolStats& s) {
     << ",\"arenas_released\":" << s.arenas_released << ",\"registrations\":" << s.registrations
     << ",\"deregistrations\":" << s.deregistrations << ",\"register_ns\":" << s.register_ns
     << ",\"large_allocations\":" << s.large_allocations << ",\"large_live\":" << s.large_live
+    << ",\"zeroed_allocations\":" << s.zeroed_allocations << ",\"zero_memset_bytes\":" << s.zero_memset_bytes
+    << ",\"zero_madvise_bytes\":" << s.zero_madvise_bytes << ",\"zero_fresh_bytes\":" << s.zero_fresh_bytes
     << ",\"arena_capacity\":" << s.arena_capacity << ",\"arena_bytes_in_use\":" << s.arena_bytes_in_use
     << ",\"free_span_bytes\":" << s.free_span_bytes << ",\"largest_free_span\":" << s.largest_free_span
     << ",\"slab_free_bytes\":" << s.slab_free_bytes << ",\"arena_occupancy\":" << ratio(s.arena_occupancy)

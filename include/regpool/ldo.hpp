@@ -50,14 +50,24 @@ constexpr std::uint64_t data_offset_for(std::uint64_t meta_size) noexcept {
   return kWireHeaderSize + ((meta_size + 7) & ~std::uint64_t{7});
 }
 
+// Whether a new object's bytes are cleared (see PoolConfig::zero_on_allocate
+// for what exactly is covered and how).
+enum class Zeroing : std::uint8_t {
+  pool_default = 0,  // as PoolConfig::zero_on_allocate says
+  zeroed,            // every byte after the wire header reads as zero
+  uninitialized,     // may hold an earlier object's bytes (the fast path)
+};
+
 // What to allocate. capacity (0 = exact) reserves room for later resize():
 // it bounds data_offset_for(meta_size) + data_size - kWireHeaderSize, i.e.
-// padded meta plus data.
+// padded meta plus data. zeroing overrides the pool's default for this one
+// allocation, in either direction.
 struct LdoShape {
   std::uint64_t data_size = 0;
   std::uint64_t meta_size = 0;
   std::uint32_t type_id = 0;
   std::uint64_t capacity = 0;
+  Zeroing zeroing = Zeroing::pool_default;
 };
 
 // What a transport needs to use an object with one domain.

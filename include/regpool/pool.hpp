@@ -87,6 +87,39 @@ struct PoolConfig {
   bool thread_cache = true;
   // Rights granted by the arena registrations.
   Access access = Access::all;
+  // Zero on allocate: the default for allocations whose LdoShape::zeroing
+  // is Zeroing::pool_default (a shape can override it either way). When
+  // zeroing applies, every byte of the new object after its wire header
+  // reads as zero when allocate() returns: the meta section, its padding,
+  // the data section and the rest of the capacity that resize() may grow
+  // into. The wire header (kWireHeaderSize bytes) is not user data: the
+  // pool writes it on every allocation. Without zeroing an object may hold
+  // any earlier object's bytes, which a peer given read access to it (e.g.
+  // the target of a put exposed read-write) can read.
+  // Bytes are cleared by the allocating thread before allocate() returns,
+  // never on free: memset for small objects, madvise(MADV_DONTNEED) for
+  // large spans where that is allowed (zero_madvise_min), and nothing for
+  // pages no object has used since the arena was mapped (they are still
+  // the kernel's zero pages). Only what this process and the network write
+  // into objects it handed out is accounted for: a peer that writes outside
+  // its exposure on a provider that enforces nothing (shm; see
+  // docs/bad-input.md) can change any arena byte at any time.
+  bool zero_on_allocate = false;
+  // Zeroing of at least this many bytes of a large span gives its whole
+  // pages back to the kernel with madvise(MADV_DONTNEED) (the next touch of
+  // each page then maps a fresh zero page) instead of writing zeros; the
+  // partial first page is still memset. Only done where it is safe: no
+  // served domain pins memory (Domain::pins_memory(): a pinned registration
+  // such as ibv_reg_mr keeps the old pages, so the NIC and the CPU would
+  // see different memory), no hugetlbfs pages (huge_page_size == 0: a
+  // freed huge page goes back to the reserved pool and a later fault could
+  // find none) and no prefault (the point of prefault is no page faults
+  // later). Falls back to memset if madvise fails. 0 (the default) = always
+  // memset: MADV_DONTNEED only defers the clearing to the page faults of
+  // the next touch, which bench-zeroing measured at 2x to 300x the cost of
+  // memset once the object is written (docs/allocation.md). Worth setting
+  // (e.g. 256 KiB) for large objects that are mostly left untouched.
+  std::size_t zero_madvise_min = 0;
 };
 
 struct SizeClassStats {
@@ -133,6 +166,11 @@ struct PoolStats {
   std::uint64_t register_ns = 0;
   std::uint64_t large_allocations = 0;
   std::uint64_t large_live = 0;
+  // Zero on allocate (PoolConfig::zero_on_allocate, LdoShape::zeroing).
+  std::uint64_t zeroed_allocations = 0;  // allocations that were zeroed
+  std::uint64_t zero_memset_bytes = 0;   // bytes cleared with memset
+  std::uint64_t zero_madvise_bytes = 0;  // bytes given back with MADV_DONTNEED
+  std::uint64_t zero_fresh_bytes = 0;    // bytes never used since mapped: no work
   std::array<SizeClassStats, kNumSizeClasses> size_classes{};
   std::vector<DomainStats> domains;  // one per served domain
 

@@ -1,5 +1,6 @@
 #include "pool/arena.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <new>
 
@@ -77,7 +78,8 @@ void Arena::set_span(std::uint32_t first, std::uint32_t n, PageState state) noex
   l.state = state;
 }
 
-std::optional<std::uint32_t> Arena::allocate_span(std::uint32_t n, PageState state) noexcept {
+std::optional<std::uint32_t> Arena::allocate_span(std::uint32_t n, PageState state,
+                                                  std::uint32_t* dirty_pages) noexcept {
   if (n == 0 || n > npages_) return std::nullopt;
   // Best fit: the smallest free span that holds n pages.
   auto it = free_spans_.lower_bound(n, [](const PageDesc& d, std::uint32_t k) { return d.npages < k; });
@@ -98,6 +100,8 @@ std::optional<std::uint32_t> Arena::allocate_span(std::uint32_t n, PageState sta
   pages_[first].slab_slots = 0;
   pages_[first].slab_central = 0;
   used_pages_ += n;
+  if (dirty_pages) *dirty_pages = touched_pages_ > first ? std::min(touched_pages_ - first, n) : 0;
+  touched_pages_ = std::max(touched_pages_, first + n);
   return first;
 }
 

@@ -80,8 +80,12 @@ class Arena {
   }
   PageDesc& page(std::uint32_t index) noexcept { return pages_[index]; }
 
-  // Best-fit span of n pages; returns its first page.
-  std::optional<std::uint32_t> allocate_span(std::uint32_t n, PageState state) noexcept;
+  // Best-fit span of n pages; returns its first page. *dirty_pages (when
+  // given) receives how many of the span's leading pages may hold earlier
+  // contents; the pages after them have never been handed out since the
+  // arena was mapped, so they still read as zero.
+  std::optional<std::uint32_t> allocate_span(std::uint32_t n, PageState state,
+                                             std::uint32_t* dirty_pages = nullptr) noexcept;
   // Frees the span starting at `first`, coalescing with free neighbours;
   // returns the first page of the resulting free span.
   std::uint32_t free_span(std::uint32_t first) noexcept;
@@ -107,6 +111,12 @@ class Arena {
   ControlBlock* blocks_ = nullptr;
   std::uint32_t npages_ = 0;
   std::uint32_t used_pages_ = 0;
+  // Pages at or above this index have never been handed out (as a slab or
+  // a large object) since the arena was mapped: still zero-fill-on-demand
+  // (or prefaulted with zeros). Best fit takes the low end of a free span,
+  // so a high-water mark tracks this exactly enough: a span straddling it
+  // is dirty only below it.
+  std::uint32_t touched_pages_ = 0;
   bool dedicated_ = false;
   std::uint64_t register_ns_ = 0;
   SpanTree free_spans_;

@@ -34,7 +34,10 @@ struct alignas(64) ControlBlock {
   std::atomic<std::uint32_t> refs{0};
   BlockKind kind = BlockKind::slab_slot;
   std::uint8_t size_class = 0;
-  std::uint16_t reserved = 0;
+  // Slab slots: kFreshSlot while the slot has never been handed out since
+  // its slab was carved from pages no object had used (so its bytes are
+  // still the kernel's zeros); cleared by every allocation.
+  std::uint16_t flags = 0;
   std::uint32_t span_page = 0;  // first page of the slab or span holding it
   std::uint32_t type_id = 0;
   std::uint64_t capacity = 0;   // bytes from the header on that the object owns
@@ -45,6 +48,8 @@ struct alignas(64) ControlBlock {
   FreeHook hook;                // free lists: central, per-thread
 };
 static_assert(sizeof(ControlBlock) == 64, "one cache line per control block");
+
+inline constexpr std::uint16_t kFreshSlot = 1;
 
 using FreeList = bi::list<ControlBlock, bi::member_hook<ControlBlock, FreeHook, &ControlBlock::hook>,
                           bi::constant_time_size<true>>;

@@ -1,9 +1,11 @@
 #include <linux/membarrier.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <new>
 #include <string>
 #include <thread>
@@ -92,6 +94,10 @@ void fold(Counters& into, const Counters& from) noexcept {
   shared_add(into.large_frees, from.large_frees.get());
   shared_add(into.large_bytes_alloc, from.large_bytes_alloc.get());
   shared_add(into.large_bytes_free, from.large_bytes_free.get());
+  shared_add(into.zeroed, from.zeroed.get());
+  shared_add(into.zero_memset, from.zero_memset.get());
+  shared_add(into.zero_madvise, from.zero_madvise.get());
+  shared_add(into.zero_fresh, from.zero_fresh.get());
 }
 
 }  // namespace
@@ -122,6 +128,13 @@ PoolCore::PoolCore(std::vector<std::shared_ptr<Domain>> domains, PoolConfig conf
                     std::to_string(config_.arena_size) + " bytes) exceed max_bytes " +
                     std::to_string(config_.max_bytes));
   }
+  // Giving pages back with MADV_DONTNEED is only sound where nothing holds
+  // on to the old pages: a pinned registration (ibv_reg_mr, mlock) would
+  // keep them (and madvise refuses mlocked ranges anyway), a hugetlbfs
+  // page would go back to the reserved pool, and prefault asked for no
+  // page faults after setup.
+  madvise_zero_ = config_.zero_madvise_min != 0 && config_.huge_page_size == 0 && !config_.prefault &&
+                  std::none_of(domains_.begin(), domains_.end(), [](const auto& d) { return d->pins_memory(); });
   fence_cmd_ = asymmetric_fence_command();
   caches_enabled_ = config_.thread_cache && fence_cmd_ != 0;
   registry_->core = this;
@@ -208,10 +221,11 @@ Status PoolCore::carve_slab(std::size_t cls) noexcept {
   std::lock_guard g(mutex_);
   Arena* arena = nullptr;
   std::optional<std::uint32_t> first;
+  std::uint32_t dirty_pages = npages;
   for (int attempt = 0; attempt < 2 && !first; ++attempt) {
     for (Arena* a : arenas_) {
       if (a->dedicated()) continue;
-      first = a->allocate_span(npages, PageState::slab);
+      first = a->allocate_span(npages, PageState::slab, &dirty_pages);
       if (first) {
         arena = a;
         break;
@@ -230,9 +244,13 @@ Status PoolCore::carve_slab(std::size_t cls) noexcept {
   pd.slab_slots = slots;
   pd.slab_central = slots;
   const std::size_t start = std::size_t{*first} * kPage;
+  // Slots that begin past the span's dirty pages lie wholly in pages no
+  // object has used: zero on allocate can skip them (once).
+  const std::size_t clean_from = std::size_t{dirty_pages} * kPage;
   FreeList& list = central_[cls].list;
   for (std::uint32_t i = 0; i < slots; ++i) {
     ControlBlock* cb = new (arena->block_at(start + i * size)) ControlBlock();
+    cb->flags = std::size_t{i} * size >= clean_from ? kFreshSlot : 0;
     cb->kind = BlockKind::slab_slot;
     cb->size_class = static_cast<std::uint8_t>(cls);
     cb->span_page = *first;
@@ -298,13 +316,14 @@ ControlBlock* PoolCore::allocate_span_cached(std::uint64_t bytes) noexcept {
   return nullptr;
 }
 
-Result<ControlBlock*> PoolCore::allocate_large(std::uint64_t bytes) noexcept {
+Result<ControlBlock*> PoolCore::allocate_large(std::uint64_t bytes, std::uint64_t* dirty) noexcept {
   const std::uint64_t capacity = platform::round_up(bytes, kPage);
   const bool dedicated = capacity > config_.arena_size;
   std::lock_guard g(mutex_);
   const auto npages = static_cast<std::uint32_t>(capacity / kPage);
   Arena* arena = nullptr;
   std::optional<std::uint32_t> first;
+  std::uint32_t dirty_pages = npages;
   for (int attempt = 0; attempt < 2 && !first; ++attempt) {
     for (Arena* a : arenas_) {
       if (a->dedicated() != dedicated) continue;
@@ -314,7 +333,7 @@ Result<ControlBlock*> PoolCore::allocate_large(std::uint64_t bytes) noexcept {
       if (dedicated && (!a->idle() || a->size() - capacity > std::max<std::uint64_t>(capacity / 4,
                                                                                     platform::kHugePageSize)))
         continue;
-      first = a->allocate_span(npages, PageState::large);
+      first = a->allocate_span(npages, PageState::large, &dirty_pages);
       if (first) {
         arena = a;
         break;
@@ -331,6 +350,7 @@ Result<ControlBlock*> PoolCore::allocate_large(std::uint64_t bytes) noexcept {
   cb->span_page = *first;
   cb->capacity = std::uint64_t{arena->page(*first).npages} * kPage;
   cb->arena = arena;
+  *dirty = std::uint64_t{dirty_pages} * kPage;
   shared_add(shared_counters_.large_allocs, 1);
   shared_add(shared_counters_.large_bytes_alloc, cb->capacity);
   return cb;
@@ -347,15 +367,24 @@ Result<ControlBlock*> PoolCore::allocate(const LdoShape& shape) noexcept {
     failed_allocations_.fetch_add(1, std::memory_order_relaxed);
     return total > kMaxObjectBytes ? Status::invalid_argument : Status::pool_exhausted;
   }
-  ControlBlock* cb = total <= kMaxSmallObject ? allocate_cached(class_of(total)) : allocate_span_cached(total);
+  const bool small = total <= kMaxSmallObject;
+  // Bytes from the object's start that may hold an earlier object's
+  // contents: all of a span from the thread's span cache.
+  std::uint64_t dirty = UINT64_MAX;
+  ControlBlock* cb = small ? allocate_cached(class_of(total)) : allocate_span_cached(total);
   if (!cb) {
-    auto r = allocate_slow(total);
+    auto r = allocate_slow(total, &dirty);
     if (!r) {
       failed_allocations_.fetch_add(1, std::memory_order_relaxed);
       return r;
     }
     cb = *r;
   }
+  const bool zero = shape.zeroing == Zeroing::zeroed ||
+                    (shape.zeroing == Zeroing::pool_default && config_.zero_on_allocate);
+  if (zero) [[unlikely]]
+    zero_object(cb, small && (cb->flags & kFreshSlot) ? 0 : dirty);
+  cb->flags = 0;  // handed out: no longer fresh
   cb->refs.store(1, std::memory_order_relaxed);
   cb->type_id = shape.type_id;
   cb->meta_size = shape.meta_size;
@@ -364,11 +393,49 @@ Result<ControlBlock*> PoolCore::allocate(const LdoShape& shape) noexcept {
   return cb;
 }
 
-Result<ControlBlock*> PoolCore::allocate_slow(std::uint64_t total) noexcept {
+void PoolCore::zero_object(ControlBlock* cb, std::uint64_t dirty) noexcept {
+  std::byte* const base = base_of(cb);
+  const std::uint64_t end = std::min(dirty, cb->capacity);
+  std::uint64_t begin = kWireHeaderSize;
+  std::uint64_t memset_bytes = 0;
+  std::uint64_t madvise_bytes = 0;
+  if (end > begin && madvise_zero_ && cb->kind == BlockKind::span && end - begin >= config_.zero_madvise_min) {
+    // Spans start on a page, so their whole pages are [kPage, end rounded
+    // down); the header's page keeps its header and is cleared by hand.
+    const std::uint64_t whole_end = end / kPage * kPage;
+    if (whole_end > kPage && ::madvise(base + kPage, whole_end - kPage, MADV_DONTNEED) == 0) {
+      madvise_bytes = whole_end - kPage;
+      std::memset(base + begin, 0, kPage - begin);
+      std::memset(base + whole_end, 0, end - whole_end);
+      memset_bytes = (kPage - begin) + (end - whole_end);
+      begin = end;
+    }
+  }
+  if (end > begin) {
+    std::memset(base + begin, 0, end - begin);
+    memset_bytes += end - begin;
+  }
+  const std::uint64_t fresh = cb->capacity - std::max<std::uint64_t>(end, kWireHeaderSize);
+  if (ThreadCache* tc = thread_cache()) {
+    tc->counters.zeroed.add(1);
+    tc->counters.zero_memset.add(memset_bytes);
+    tc->counters.zero_madvise.add(madvise_bytes);
+    tc->counters.zero_fresh.add(fresh);
+  } else {
+    shared_add(shared_counters_.zeroed, 1);
+    shared_add(shared_counters_.zero_memset, memset_bytes);
+    shared_add(shared_counters_.zero_madvise, madvise_bytes);
+    shared_add(shared_counters_.zero_fresh, fresh);
+  }
+}
+
+Result<ControlBlock*> PoolCore::allocate_slow(std::uint64_t total, std::uint64_t* dirty) noexcept {
   // Only Ldo::clone() can get here after close (Pool::allocate needs the
   // Pool); the arenas then belong to the objects still alive.
   if (detached_.load(std::memory_order_acquire)) return Status::closed;
-  auto attempt = [&] { return total <= kMaxSmallObject ? allocate_small(class_of(total)) : allocate_large(total); };
+  auto attempt = [&] {
+    return total <= kMaxSmallObject ? allocate_small(class_of(total)) : allocate_large(total, dirty);
+  };
   auto r = attempt();
   // Idle arenas are released here, after the allocation (which may reuse
   // one instead of registering a new arena) and with no lock held. At the
@@ -729,6 +796,10 @@ PoolStats PoolCore::stats() const {
     sum.large_frees.add(k.large_frees.get());
     sum.large_bytes_alloc.add(k.large_bytes_alloc.get());
     sum.large_bytes_free.add(k.large_bytes_free.get());
+    sum.zeroed.add(k.zeroed.get());
+    sum.zero_memset.add(k.zero_memset.get());
+    sum.zero_madvise.add(k.zero_madvise.get());
+    sum.zero_fresh.add(k.zero_fresh.get());
   };
   {
     std::lock_guard g(registry_->mutex);
@@ -756,6 +827,10 @@ PoolStats PoolCore::stats() const {
   const auto lb = sum.large_bytes_alloc.get();
   const auto lf = sum.large_bytes_free.get();
   s.bytes_in_use += lb > lf ? lb - lf : 0;
+  s.zeroed_allocations = sum.zeroed.get();
+  s.zero_memset_bytes = sum.zero_memset.get();
+  s.zero_madvise_bytes = sum.zero_madvise.get();
+  s.zero_fresh_bytes = sum.zero_fresh.get();
   s.failed_allocations = failed_allocations_.load(std::memory_order_relaxed);
   {
     std::lock_guard g(mutex_);

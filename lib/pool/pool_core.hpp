@@ -51,6 +51,8 @@ struct Counters {
   std::array<OwnerCounter, kNumSizeClasses> allocs;
   std::array<OwnerCounter, kNumSizeClasses> frees;
   OwnerCounter large_allocs, large_frees, large_bytes_alloc, large_bytes_free;
+  // Zero on allocate (PoolStats::zero*).
+  OwnerCounter zeroed, zero_memset, zero_madvise, zero_fresh;
 };
 
 class PoolCore;
@@ -179,11 +181,17 @@ class PoolCore {
   [[gnu::noinline]] ThreadCache* thread_cache_slow() noexcept;
   // Allocation slow path (empty cache bin, large objects): allocates, then
   // releases idle arenas if some are pending, after its locks are dropped.
-  [[gnu::noinline]] Result<ControlBlock*> allocate_slow(std::uint64_t total) noexcept;
+  // *dirty receives how many bytes from the object's start may hold
+  // earlier contents (large objects; slab slots carry kFreshSlot instead).
+  [[gnu::noinline]] Result<ControlBlock*> allocate_slow(std::uint64_t total, std::uint64_t* dirty) noexcept;
   // A recently freed span of about this size from the thread's cache, or nullptr.
   ControlBlock* allocate_span_cached(std::uint64_t bytes) noexcept;
   Result<ControlBlock*> allocate_small(std::size_t cls) noexcept;
-  Result<ControlBlock*> allocate_large(std::uint64_t bytes) noexcept;  // no span cache
+  Result<ControlBlock*> allocate_large(std::uint64_t bytes, std::uint64_t* dirty) noexcept;  // no span cache
+  // Clears bytes [kWireHeaderSize, dirty) of a freshly allocated object
+  // (the rest of its capacity is known zero) and counts the work. Called
+  // with no lock held: the object belongs to the caller alone.
+  [[gnu::noinline]] void zero_object(ControlBlock* cb, std::uint64_t dirty) noexcept;
   // Drop paths: the cache is marked busy (free_busy clears it), or there is
   // no cache for this pool in tls_fast (look one up, or go uncached).
   [[gnu::noinline]] void free_busy(ControlBlock* cb, ThreadCache* tc) noexcept;
@@ -244,6 +252,9 @@ class PoolCore {
   // pool runs uncached (correct, slower).
   int fence_cmd_ = 0;  // membarrier command, 0 = none
   bool caches_enabled_ = true;
+  // Zeroing may use madvise(MADV_DONTNEED): no served domain pins memory,
+  // no hugetlbfs pages, no prefault (PoolConfig::zero_madvise_min).
+  bool madvise_zero_ = false;
   std::atomic<bool> detached_{false};
   // Drops without a busy-marked cache that are between their check of
   // detached_ and the end of their work (close waits for zero).
