@@ -191,6 +191,49 @@ int run_with_pages(NrGuard& guard) {
   // Pool and objects gone: every page is back.
   std::uint64_t free_end = 0;
   CHECK(read_u64(kFreePath, &free_end) && free_end == free_now);
+
+  // Zero on allocate with hugetlbfs arenas: memset, never MADV_DONTNEED
+  // (which would hand the page back to the reserved pool, to be faulted
+  // again later, when none may be left), even though this domain pins
+  // nothing and the span is large enough.
+  {
+    auto soft = std::make_shared<test::FakeDomain>();
+    soft->set_pins_memory(false);
+    PoolConfig c = huge_config(2 * kHuge);
+    c.zero_on_allocate = true;
+    c.zero_madvise_min = 4096;
+    Pool pool({soft}, c);
+    // A first object of 511 pages puts the next one's whole pages on the
+    // second huge page exactly, so madvise would find them aligned (and
+    // succeed) if the pool tried it.
+    auto head = pool.allocate(LdoShape{.data_size = 511 * 4096 - kWireHeaderSize, .zeroing = Zeroing::uninitialized});
+    CHECK(head.ok());
+    const std::uint64_t size = kHuge + 4096 - kWireHeaderSize;  // pages 511..1023
+    std::byte* old_base = nullptr;
+    {
+      auto dirty = pool.allocate(LdoShape{.data_size = size, .zeroing = Zeroing::uninitialized});
+      CHECK(dirty.ok());
+      if (!dirty.ok()) return 1;
+      std::memset(dirty->base() + kWireHeaderSize, 0x6b, dirty->capacity());
+      old_base = dirty->base();
+      CHECK(reinterpret_cast<std::uintptr_t>(old_base + 4096) % kHuge == 0);
+    }
+    std::uint64_t free_dirty = 0;
+    CHECK(read_u64(kFreePath, &free_dirty));
+    auto r = pool.allocate(size);
+    CHECK(r.ok());
+    if (!r.ok()) return 1;
+    CHECK(r->base() == old_base);  // the dirtied bytes came back
+    bool zero = true;
+    for (std::uint64_t i = 0; i < r->capacity(); ++i) zero = zero && r->base()[kWireHeaderSize + i] == std::byte{0};
+    CHECK(zero);
+    const PoolStats s = pool.stats();
+    CHECK(s.zeroed_allocations == 1);
+    CHECK(s.zero_madvise_bytes == 0);
+    CHECK(s.zero_memset_bytes == r->capacity());
+    std::uint64_t free_zeroed = 0;
+    CHECK(read_u64(kFreePath, &free_zeroed) && free_zeroed == free_dirty);  // no page went back
+  }
   return failures ? 1 : 0;
 }
 

@@ -20,6 +20,10 @@ class FakeDomain final : public Domain {
 
   std::string name() const override { return name_; }
   AddressMode address_mode() const noexcept override { return mode_; }
+  // Pins by default, like a NIC; false makes it look like a software
+  // provider (pools may then give pages back with MADV_DONTNEED).
+  bool pins_memory() const noexcept override { return pins_; }
+  void set_pins_memory(bool pins) { pins_ = pins; }
 
   // The next `n` registrations fail with Status::registration_failed and
   // provider code -1234.
@@ -64,6 +68,7 @@ class FakeDomain final : public Domain {
  private:
   std::string name_;
   AddressMode mode_;
+  bool pins_ = true;
   std::atomic<int> fail_{0};
   std::atomic<std::uint64_t> calls_{0};
   std::atomic<std::uint64_t> next_key_{100};
