@@ -116,7 +116,7 @@ struct PoolConfig {
   // find none) and no prefault (the point of prefault is no page faults
   // later). Falls back to memset if madvise fails. 0 (the default) = always
   // memset: MADV_DONTNEED only defers the clearing to the page faults of
-  // the next touch, which bench-zeroing measured at 2x to 300x the cost of
+  // the next touch, which bench-zeroing measured at 2x to 500x the cost of
   // memset once the object is written (docs/allocation.md). Worth setting
   // (e.g. 256 KiB) for large objects that are mostly left untouched.
   std::size_t zero_madvise_min = 0;
