@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -206,6 +207,41 @@ TEST_CASE("clients join, talk, leave; a killed client dies within the bound and 
   CHECK(srv.hellos.size() == 3);
 
   // Everyone is gone: after one more poll nothing is left in the endpoint.
+  srv.step();
+  CHECK(srv.listener->members() == 0);
+  CHECK(srv.stack.ep->peer_count() == 0);
+  ::alarm(0);
+}
+
+TEST_CASE("many clients join and leave at once", "[membership]") {
+  const std::string backend = GENERATE(from_range(rpt::backends()));
+  ::alarm(150);
+  INFO("backend " << backend);
+  Server srv(backend);
+  const std::uint16_t port = srv.listener->port();
+  constexpr int kClients = 6;
+  std::vector<rpt::ChildGuard> kids;
+  for (int i = 0; i < kClients; ++i) {
+    kids.push_back(rpt::spawn([&, i] { return client_main(backend, port, 100 + static_cast<std::uint64_t>(i), true); }, 90));
+  }
+  REQUIRE(srv.run_until(
+      [&] {
+        for (int i = 0; i < kClients; ++i) {
+          if (!srv.find(PeerEventKind::left, 100 + static_cast<std::uint64_t>(i))) return false;
+        }
+        return true;
+      },
+      90s));
+  for (auto& k : kids) CHECK(rpt::reap(k, 10s) == 0);
+  CHECK(srv.hellos.size() == kClients);
+  // Every incarnation got its own epoch.
+  std::vector<std::uint64_t> epochs;
+  for (const auto& e : srv.events) {
+    if (e.ev.kind == PeerEventKind::joined) epochs.push_back(e.ev.epoch);
+  }
+  std::sort(epochs.begin(), epochs.end());
+  CHECK(epochs.size() == kClients);
+  CHECK(std::adjacent_find(epochs.begin(), epochs.end()) == epochs.end());
   srv.step();
   CHECK(srv.listener->members() == 0);
   CHECK(srv.stack.ep->peer_count() == 0);
