@@ -5,6 +5,7 @@
 // nothing can hang.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -466,6 +467,58 @@ TEST_CASE("the server leaving is an event at the client", "[membership]") {
   CHECK(ev->peer == server);
   CHECK_FALSE(conn->connected());
   CHECK_FALSE(client.ep->usable(server));
+  conn->poll();
+  CHECK(client.ep->peer_count() == 0);
+  ::alarm(0);
+}
+
+TEST_CASE("a killed server is reported died at the client within the bound", "[membership]") {
+  const std::string backend = GENERATE(from_range(rpt::backends()));
+  ::alarm(60);
+  INFO("backend " << backend);
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  auto server = rpt::spawn(
+      [&] {
+        ::close(fds[0]);
+        rpt::Stack s(backend);
+        regpool::Listener l(*s.ep, listener_config());
+        const std::uint16_t port = l.port();
+        RPT_CHECK(::write(fds[1], &port, sizeof port) == static_cast<ssize_t>(sizeof port));
+        for (;;) {
+          l.poll(5ms);
+          s.ep->progress();
+        }
+        return 0;
+      },
+      50);
+  ::close(fds[1]);
+  std::uint16_t port = 0;
+  pollfd p{fds[0], POLLIN, 0};
+  REQUIRE(::poll(&p, 1, 30000) == 1);
+  REQUIRE(::read(fds[0], &port, sizeof port) == static_cast<ssize_t>(sizeof port));
+  ::close(fds[0]);
+
+  rpt::Stack client(backend);
+  auto conn = regpool::connect(*client.ep, connect_config(port, 41));
+  const regpool::PeerId srv = conn->server();
+  REQUIRE(::kill(server.pid, SIGKILL) == 0);
+  const auto killed = Clock::now();
+  std::optional<PeerEvent> ev;
+  while (!ev && Clock::now() - killed < 10s) {
+    conn->poll(20ms);
+    ev = conn->next_event();
+  }
+  REQUIRE(ev.has_value());
+  CHECK(ev->kind == PeerEventKind::died);
+  CHECK(ev->peer == srv);
+  CHECK(ev->epoch == conn->epoch());
+  CHECK(Clock::now() - killed < 5s);
+  CHECK_FALSE(conn->connected());
+  regpool::Ldo msg = client.alloc(8);
+  CHECK(client.ep->send(srv, rpt::slice_or_die(regpool::Slice::data(msg))).status() ==
+        regpool::Status::peer_unreachable);
+  CHECK(rpt::reap(server, 5s) == 128 + SIGKILL);
   conn->poll();
   CHECK(client.ep->peer_count() == 0);
   ::alarm(0);
