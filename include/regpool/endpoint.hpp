@@ -450,6 +450,12 @@ class Endpoint {
   // Re-establish a broken peer (after peer_unreachable). Fails ops still in
   // flight to it with peer_unreachable. Returns ok or the cause.
   Status reconnect(PeerId peer) noexcept;
+  // The peer is gone (membership: it left or died). Marks it broken, so
+  // posts to it answer peer_unreachable, and completes every operation in
+  // flight to it with `status` now instead of at its timeout. The slots'
+  // LDO references go when the backend lets go of the operations (cancel)
+  // or when the endpoint closes. Unknown peers are ignored.
+  void fail_peer(PeerId peer, Status status = Status::peer_unreachable) noexcept;
 
   // --- properties ---
   Backend backend() const noexcept { return backend_kind(); }
@@ -570,6 +576,7 @@ class Endpoint {
                        std::uint64_t remote_offset, std::uint64_t length, std::uint64_t operand,
                        std::uint64_t compare, Callback&& cb) noexcept;
   Status post_once(Slot& s) noexcept;
+  void fail_ops_locked(PeerId peer, Status status) noexcept;
   Clock::time_point deadline_for(OpKind kind, std::uint64_t length, Clock::time_point now) const noexcept;
   // Unlock, then destroy what was released under the mutex (bounded
   // batches, re-locking between them).

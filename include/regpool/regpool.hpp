@@ -8,6 +8,7 @@
 #include "regpool/error.hpp"
 #include "regpool/host_domain.hpp"
 #include "regpool/ldo.hpp"
+#include "regpool/membership.hpp"
 #include "regpool/memory_resource.hpp"
 #include "regpool/pool.hpp"
 #include "regpool/remote_ref.hpp"

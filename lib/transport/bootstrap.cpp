@@ -19,6 +19,7 @@
 
 #include "transport/bootstrap_wire.hpp"
 #include "transport/hmac.hpp"
+#include "transport/tcp_socket.hpp"
 #include "transport/wire_le.hpp"
 
 namespace regpool {
@@ -36,127 +37,36 @@ constexpr std::size_t kMaxPendingHandshakes = 64;
 constexpr int kMaxHandshakeAttempts = 5;
 constexpr std::size_t kReadChunk = 64 * 1024;
 
-[[noreturn]] void fail(Status st, int err, const std::string& what) {
-  throw Error(st, err, "bootstrap: " + what + (err ? std::string(": ") + std::strerror(err) : std::string()));
-}
+const tcp::Io io{"bootstrap"};
+
+[[noreturn]] void fail(Status st, int err, const std::string& what) { io.fail(st, err, what); }
 
 // A refusal by rank 0 (or of rank 0): the message says it all; errno's text
 // ("Permission denied", "Address already in use") would only mislead.
 [[noreturn]] void refuse(Status st, int code, const std::string& what) { throw Error(st, code, "bootstrap: " + what); }
 
-int remaining_ms(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left + 1, 1 << 30));
-}
+using tcp::remaining_ms;
+using tcp::key_bytes;
 
 std::string ms_text(std::chrono::milliseconds ms) { return std::to_string(ms.count()) + " ms"; }
 
-// Wait until fd is ready for `events` or the deadline passes.
-void wait_fd(int fd, short events, Clock::time_point deadline, const std::string& what) {
-  for (;;) {
-    pollfd p{fd, events, 0};
-    const int rc = ::poll(&p, 1, remaining_ms(deadline));
-    if (rc > 0) {
-      if ((p.revents & (POLLERR | POLLNVAL)) != 0 && (p.revents & events) == 0) {
-        fail(Status::peer_unreachable, ECONNRESET, what + ": connection failed");
-      }
-      return;
-    }
-    if (rc == 0) fail(Status::timeout, ETIMEDOUT, what + ": timed out");
-    if (errno != EINTR) fail(Status::transport_error, errno, what + ": poll");
-  }
-}
-
 void write_all(int fd, std::span<const std::byte> data, Clock::time_point deadline, const std::string& what) {
-  while (!data.empty()) {
-    wait_fd(fd, POLLOUT, deadline, what);
-    const ssize_t w = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w > 0) {
-      data = data.subspan(static_cast<std::size_t>(w));
-    } else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      fail(Status::peer_unreachable, errno, what + ": send failed");
-    }
-  }
+  io.write_all(fd, data, deadline, what);
 }
-
 void read_all(int fd, std::span<std::byte> data, Clock::time_point deadline, const std::string& what) {
-  while (!data.empty()) {
-    wait_fd(fd, POLLIN, deadline, what);
-    const ssize_t r = ::recv(fd, data.data(), data.size(), MSG_DONTWAIT);
-    if (r > 0) {
-      data = data.subspan(static_cast<std::size_t>(r));
-    } else if (r == 0) {
-      fail(Status::peer_unreachable, ECONNRESET, what + ": the peer closed the connection");
-    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      fail(Status::peer_unreachable, errno, what + ": receive failed");
-    }
-  }
+  io.read_all(fd, data, deadline, what);
 }
-
-// One frame from fd into `reader`, bounded by the deadline.
 void read_frame(int fd, bw::FrameReader& reader, Clock::time_point deadline, const std::string& who) {
-  std::vector<std::byte> buf(kReadChunk);
-  while (reader.state() == bw::FrameReader::State::header || reader.state() == bw::FrameReader::State::payload) {
-    wait_fd(fd, POLLIN, deadline,
-            "waiting for " + who + " (" + std::to_string(reader.received()) + " payload bytes received so far)");
-    const ssize_t r = ::recv(fd, buf.data(), std::min(buf.size(), reader.wanted()), MSG_DONTWAIT);
-    if (r > 0) {
-      (void)reader.feed({buf.data(), static_cast<std::size_t>(r)});
-    } else if (r == 0) {
-      fail(Status::peer_unreachable, ECONNRESET, who + " closed its connection");
-    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      fail(Status::peer_unreachable, errno, "receive from " + who + " failed");
-    }
-  }
-  if (reader.state() == bw::FrameReader::State::failed) fail(Status::malformed, EPROTO, who + " sent a " + reader.error());
+  io.read_frame(fd, reader, deadline, who);
 }
-
 void send_frame(int fd, std::uint32_t seq, std::span<const std::byte> blob, Clock::time_point deadline,
                 const std::string& who) {
-  const auto head = bw::encode(bw::FrameHeader{seq, blob.size()});
-  write_all(fd, head, deadline, "sending to " + who);
-  write_all(fd, blob, deadline, "sending to " + who);
+  io.send_frame(fd, seq, blob, deadline, who);
 }
-
-sockaddr_in resolve(const std::string& host, std::uint16_t port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) == 1) return a;
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
-  if (rc != 0 || !res) fail(Status::invalid_argument, 0, "cannot resolve '" + host + "': " + gai_strerror(rc));
-  a.sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
-  ::freeaddrinfo(res);
-  return a;
-}
-
-std::string addr_text(const sockaddr_in& a) {
-  char ip[INET_ADDRSTRLEN] = "?";
-  (void)::inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
-  return std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
-}
-
-int make_socket() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) fail(Status::transport_error, errno, "socket");
-  const int one = 1;
-  (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  return fd;
-}
-
-bw::Nonce fresh_nonce() {
-  bw::Nonce n;
-  if (!detail::random_bytes(n)) fail(Status::transport_error, errno, "no random bytes for a nonce (getrandom)");
-  return n;
-}
-
-std::span<const std::byte> key_bytes(const std::string& k) noexcept {
-  return {reinterpret_cast<const std::byte*>(k.data()), k.size()};
-}
+sockaddr_in resolve(const std::string& host, std::uint16_t port) { return tcp::resolve(host, port, "bootstrap"); }
+using tcp::addr_text;
+int make_socket() { return tcp::make_socket("bootstrap"); }
+bw::Nonce fresh_nonce() { return tcp::fresh_nonce("bootstrap"); }
 
 // Rank 0 closed the connection before its verdict: worth another attempt.
 struct Retry {
@@ -186,22 +96,8 @@ TcpBootstrap::TcpBootstrap(const TcpBootstrapConfig& config) : config_(config) {
       accepted_ = true;
       return;
     }
-    listen_fd_ = make_socket();
-    const int one = 1;
-    (void)::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    // A deep backlog: connections wait there while rank 0 is not in a
-    // collective, and a flood of them must not push out the real ranks.
-    if (::bind(listen_fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 ||
-        ::listen(listen_fd_, SOMAXCONN) != 0) {
-      const int err = errno;
-      ::close(listen_fd_);
-      listen_fd_ = -1;
-      fail(Status::transport_error, err, "rank 0 cannot listen on " + config_.host + ":" + std::to_string(config_.port));
-    }
-    sockaddr_in bound{};
-    socklen_t len = sizeof bound;
-    (void)::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &len);
-    port_ = ntohs(bound.sin_port);
+    listen_fd_ = tcp::listen_on(addr, port_, "bootstrap",
+                                "rank 0 cannot listen on " + config_.host + ":" + std::to_string(config_.port));
     return;
   }
   if (config_.port == 0) fail(Status::invalid_argument, 0, "ranks other than 0 need rank 0's port");
@@ -242,28 +138,9 @@ void TcpBootstrap::connect_to_root() {
   for (;;) {
     const int fd = make_socket();
     try {
-      // Non-blocking connect, so an unreachable host cannot outlast the bound.
-      if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
-        if (errno != EINPROGRESS) fail(Status::peer_unreachable, errno, "connect");
-        wait_fd(fd, POLLOUT, deadline, me + " connecting to " + root);
-        int err = 0;
-        socklen_t len = sizeof err;
-        (void)::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-        if (err != 0) {
-          errno = err;
-          fail(Status::peer_unreachable, err, "connect");
-        }
-      }
-      // Retrying against a local port nobody listens on can end in a TCP
-      // self-connect (our ephemeral port equals the target): that is
-      // "refused", not rank 0.
-      sockaddr_in self{}, peer{};
-      socklen_t sl = sizeof self, pl = sizeof peer;
-      if (::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &sl) == 0 &&
-          ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) == 0 && self.sin_port == peer.sin_port &&
-          self.sin_addr.s_addr == peer.sin_addr.s_addr) {
-        fail(Status::peer_unreachable, ECONNREFUSED, "connect");
-      }
+      // Non-blocking connect, so an unreachable host cannot outlast the
+      // bound; a TCP self-connect counts as "refused", not rank 0.
+      tcp::connect_to(fd, addr, deadline, "bootstrap", me + " connecting to " + root);
       // Handshake. Rank 0 sends its challenge when it accepts, in its
       // first collective: wait for it up to the bound.
       std::array<std::byte, bw::kChallengeSize> cb;
@@ -388,19 +265,7 @@ struct Pending {
   bool gone = false;    // to be removed from the list
 };
 
-bool flush(Pending& p) {
-  while (p.out_off < p.out_len) {
-    const ssize_t w = ::send(p.fd, p.out.data() + p.out_off, p.out_len - p.out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w > 0) {
-      p.out_off += static_cast<std::size_t>(w);
-    } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      return true;
-    } else if (!(w < 0 && errno == EINTR)) {
-      return false;
-    }
-  }
-  return true;
-}
+bool flush(Pending& p) { return tcp::send_some(p.fd, std::span<const std::byte>(p.out.data(), p.out_len), p.out_off); }
 
 }  // namespace
 

@@ -280,15 +280,8 @@ Status Endpoint::reconnect(PeerId peer) noexcept {
   if (!usable()) return Status::closed;
   if (peer >= peers_.size() || !peers_[peer].used) return Status::invalid_argument;
   // Operations still out to the old connection will never be answered by
-  // it: give their owners an answer now (their slots stay with the backend
-  // until it lets go of them).
-  for (std::size_t i = 0; i < config_.max_in_flight; ++i) {
-    Slot& s = slots_[i];
-    if (s.backend_owned && !s.completed && s.desc.kind != OpKind::recv && s.desc.peer == peer) {
-      finish_locked(s, static_cast<std::uint32_t>(i), Status::peer_unreachable, 0, 0, kAnyPeer);
-      do_cancel(s.desc);
-    }
-  }
+  // it: give their owners an answer now.
+  fail_ops_locked(peer, Status::peer_unreachable);
   Peer& p = peers_[peer];
   const auto settle = reconnect_settle();
   if (settle.count() > 0) {
@@ -313,6 +306,25 @@ Status Endpoint::reconnect(PeerId peer) noexcept {
   p.broken = false;
   reconnects_.fetch_add(1, std::memory_order_relaxed);
   return Status::ok;
+}
+
+void Endpoint::fail_ops_locked(PeerId peer, Status status) noexcept {
+  // Their slots (and LDO references) stay with the backend until it lets go
+  // of them (do_cancel, or the endpoint closing).
+  for (std::size_t i = 0; i < config_.max_in_flight; ++i) {
+    Slot& s = slots_[i];
+    if (s.backend_owned && !s.completed && s.desc.kind != OpKind::recv && s.desc.peer == peer) {
+      finish_locked(s, static_cast<std::uint32_t>(i), status, 0, 0, kAnyPeer);
+      do_cancel(s.desc);
+    }
+  }
+}
+
+void Endpoint::fail_peer(PeerId peer, Status status) noexcept {
+  Lock g(*this);
+  if (peer >= peers_.size() || !peers_[peer].used) return;
+  peers_[peer].broken = true;
+  fail_ops_locked(peer, status == Status::ok ? Status::peer_unreachable : status);
 }
 
 Result<Exposure> Endpoint::expose(const Slice& slice, RemoteAccess access) noexcept {
