@@ -45,7 +45,7 @@ class Domain;
 // One registered byte range. Move-only; the destructor deregisters.
 // Thread-safety: a const Registration may be read from any thread; moving or
 // destroying it must not race with readers.
-class Registration {
+class REGPOOL_API Registration {
  public:
   Registration() noexcept = default;
   Registration(Registration&& o) noexcept { *this = std::move(o); }
@@ -114,7 +114,7 @@ struct DomainStats {
 // std::make_shared (or the backend's open()) because every Registration keeps
 // its domain alive. Thread-safety: register_memory / try_register / stats may
 // be called from any thread concurrently.
-class Domain : public std::enable_shared_from_this<Domain> {
+class REGPOOL_API Domain : public std::enable_shared_from_this<Domain> {
  public:
   virtual ~Domain() = default;
   Domain(const Domain&) = delete;

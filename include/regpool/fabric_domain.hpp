@@ -58,8 +58,7 @@ struct FabricConfig {
 };
 
 // Thread-safety: as Domain; attach/detach_endpoint are internally locked.
-// The fi_info and fid pointers stay valid for the domain's lifetime.
-class FabricDomain final : public Domain {
+class REGPOOL_API FabricDomain final : public Domain {
  public:
   explicit FabricDomain(const FabricConfig& config);  // throws Error
   ~FabricDomain() override;

@@ -113,7 +113,7 @@ struct FabricControlStats {
   std::uint64_t replies_dropped = 0;  // replies given up (requester unreachable, buffers busy)
 };
 
-class FabricEndpoint final : public Endpoint {
+class REGPOOL_API FabricEndpoint final : public Endpoint {
  public:
   // Setup: throws Error with the provider's code.
   FabricEndpoint(std::shared_ptr<FabricDomain> domain, const EndpointConfig& config = {},
@@ -189,10 +189,10 @@ class FabricEndpoint final : public Endpoint {
   void count_reply_peers() noexcept;
   std::size_t poll_data(std::size_t max) noexcept;
   std::size_t poll_ctrl() noexcept;
-  void serve_request(const fabric_wire::CtrlMsg& req) noexcept;
-  void handle_reply(const fabric_wire::CtrlMsg& rep) noexcept;
+  REGPOOL_LOCAL void serve_request(const fabric_wire::CtrlMsg& req) noexcept;
+  REGPOOL_LOCAL void handle_reply(const fabric_wire::CtrlMsg& rep) noexcept;
   void drop_reply(std::size_t r) noexcept;
-  fabric_wire::AddrRules addr_rules() const noexcept;
+  REGPOOL_LOCAL fabric_wire::AddrRules addr_rules() const noexcept;
   Status post_ctrl_recv(std::size_t k) noexcept;
   void flush_pending_replies() noexcept;
   void finish_emulated(std::uint32_t index) noexcept;

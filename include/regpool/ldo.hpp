@@ -35,7 +35,7 @@ inline constexpr std::size_t kWireHeaderSize = 24;
 
 // Decoded wire header. encode/decode do the little-endian conversion so the
 // header means the same on every host.
-struct WireHeader {
+struct REGPOOL_API WireHeader {
   std::uint32_t type_id = 0;
   std::uint32_t flags = 0;
   std::uint64_t meta_size = 0;
@@ -94,7 +94,7 @@ struct UserMemory {
 // from any threads concurrently; the object's bytes are shared, so
 // concurrent writes to them are the application's to order. One handle
 // object must not be mutated from two threads at once (like shared_ptr).
-class Ldo {
+class REGPOOL_API Ldo {
  public:
   Ldo() noexcept = default;
   Ldo(const Ldo& o) noexcept;

@@ -164,7 +164,7 @@ struct PoolStats {
 // arenas (and registrations) alive until their last handle drops; the last
 // drop then deregisters and unmaps them. Ldo::clone() after destruction
 // returns Status::closed.
-class Pool {
+class REGPOOL_API Pool {
  public:
   // Maps and registers the initial arenas. Throws Error (setup path).
   explicit Pool(std::vector<std::shared_ptr<Domain>> domains, PoolConfig config = {});

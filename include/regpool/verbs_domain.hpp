@@ -66,7 +66,7 @@ struct VerbsPortInfo {
   std::uint64_t max_msg_size = 0;
 };
 
-class VerbsDomain final : public Domain {
+class REGPOOL_API VerbsDomain final : public Domain {
  public:
   explicit VerbsDomain(const VerbsConfig& config = {});  // throws Error
   ~VerbsDomain() override;
@@ -110,7 +110,8 @@ class VerbsDomain final : public Domain {
   std::uint32_t max_qp_rd_atom_ = 0;
 };
 
-// Access flags ibv_reg_mr gets for `access` (exposed for tests and benches).
-int verbs_access_flags(Access access, bool memory_windows) noexcept;
+// Access flags ibv_reg_mr gets for `access`: part of the native escape hatch
+// above, for code registering with ibv_reg_mr on native_pd() itself.
+REGPOOL_API int verbs_access_flags(Access access, bool memory_windows) noexcept;
 
 }  // namespace regpool
