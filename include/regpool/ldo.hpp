@@ -28,6 +28,7 @@ namespace regpool {
 
 namespace detail {
 struct ControlBlock;
+struct LdoAccess;  // the library's own way in (lib/pool/access.hpp)
 }
 class Pool;
 
@@ -144,7 +145,10 @@ class REGPOOL_API Ldo {
   // Status::unsupported when the pool does not serve that domain.
   Result<DomainRegion> region(Domain& domain) const noexcept;
 
-  // Library-internal.
+ private:
+  // Library-internal (reached through detail::LdoAccess): adopt a reference,
+  // look at or give up the control block.
+  friend struct detail::LdoAccess;
   explicit Ldo(detail::ControlBlock* adopted) noexcept : cb_(adopted) {}
   detail::ControlBlock* control_block() const noexcept { return cb_; }
   detail::ControlBlock* release_control_block() noexcept {
@@ -153,7 +157,6 @@ class REGPOOL_API Ldo {
     return c;
   }
 
- private:
   detail::ControlBlock* cb_ = nullptr;
 };
 

@@ -30,6 +30,7 @@ namespace regpool {
 
 namespace detail {
 class PoolCore;
+struct PoolAccess;  // the library's own way in (lib/pool/access.hpp)
 }
 
 inline constexpr std::size_t kNumSizeClasses = 32;
@@ -189,9 +190,8 @@ class REGPOOL_API Pool {
   const PoolConfig& config() const noexcept;
   std::span<const std::shared_ptr<Domain>> domains() const noexcept;
 
-  detail::PoolCore* core() const noexcept { return core_; }
-
  private:
+  friend struct detail::PoolAccess;
   detail::PoolCore* core_ = nullptr;
 };
 
