@@ -80,7 +80,9 @@ class REGPOOL_API Registration {
     auto b = reinterpret_cast<std::uintptr_t>(base_);
     return a >= b && n <= length_ && a - b <= length_ - n;
   }
-  // Backend object (fid_mr*, ibv_mr*); for transports inside the library.
+  // Native handle (fid_mr*, ibv_mr*; nullptr for the host domain): an
+  // escape hatch for code that calls the provider directly, like the native
+  // handles of FabricDomain and VerbsDomain; owned by this registration.
   void* native() const noexcept { return native_; }
 
  private:

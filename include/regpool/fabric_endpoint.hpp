@@ -130,7 +130,11 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   bool uses_delivery_complete() const noexcept { return delivery_complete_; }
   // Thread-safe (atomics); zero when atomics are native.
   FabricControlStats control_stats() const noexcept;
-  // For benchmarks and tests comparing with direct libfabric use.
+  // Native handle: an escape hatch for code that calls libfabric directly
+  // (benchmarks and tests comparing with direct libfabric use); not needed
+  // for regpool's own API. Owned by the endpoint; do not close it or post
+  // on it while the endpoint is in use (its completions would reach the
+  // endpoint's queue).
   fid_ep* native_endpoint() const noexcept { return ep_; }
 
  protected:
