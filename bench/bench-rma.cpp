@@ -242,7 +242,7 @@ int run_target(const Options& o, const std::string& host, std::uint16_t port) {
   bc.port = port;
   regpool::TcpBootstrap boot(bc);
   Stack s(o.provider);
-  Direct d(s.domain->info(), kMaxSize * (kRecvSlots + 1), s.ep->uses_delivery_complete());
+  Direct d(s.domain->native_info(), kMaxSize * (kRecvSlots + 1), s.ep->uses_delivery_complete());
   auto target = s.alloc(kMaxSize);
   auto exposure = s.ep->expose(must(Slice::data(target)), regpool::RemoteAccess::read_write);
   if (!exposure) die("expose");
@@ -326,7 +326,7 @@ double median(std::vector<double> v) {
 
 int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
   Stack s(o.provider);
-  Direct d(s.domain->info(), kMaxSize * 2, s.ep->uses_delivery_complete());
+  Direct d(s.domain->native_info(), kMaxSize * 2, s.ep->uses_delivery_complete());
   auto all = boot.allgather(regpool::pack_blobs({s.ep->name(), {}, d.name(), {}}), 30s);
   auto theirs = regpool::unpack_blobs(all[1]);
   const auto peer = s.ep->insert_peer(theirs[0]);

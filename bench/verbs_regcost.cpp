@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
     std::printf("SKIP: no usable verbs device: %s\n", e.what());
     return 77;
   }
-  ibv_pd* pd = dom->pd();
+  ibv_pd* pd = dom->native_pd();
   const int flags = regpool::verbs_access_flags(regpool::Access::all, false);
   std::printf("device %s; medians; emulated times (Soft-RoCE under TCG when run in the guest)\n\n",
               dom->name().c_str());

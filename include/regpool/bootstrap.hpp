@@ -31,7 +31,7 @@ namespace regpool {
 
 // Thread-safety: one collective at a time per object (like an MPI
 // communicator); different objects are independent.
-class Bootstrap {
+class REGPOOL_API Bootstrap {
  public:
   virtual ~Bootstrap() = default;
   virtual int rank() const noexcept = 0;
@@ -47,10 +47,10 @@ class Bootstrap {
 
 // Several blobs in one allgather contribution (an endpoint name plus a few
 // encoded remote references, say): (u32 little-endian length, bytes)*.
-std::vector<std::byte> pack_blobs(const std::vector<std::vector<std::byte>>& parts);
+REGPOOL_API std::vector<std::byte> pack_blobs(const std::vector<std::vector<std::byte>>& parts);
 // The inverse. Throws Error(Status::malformed) on truncated input, since
 // the bytes came from another process.
-std::vector<std::vector<std::byte>> unpack_blobs(std::span<const std::byte> packed);
+REGPOOL_API std::vector<std::vector<std::byte>> unpack_blobs(std::span<const std::byte> packed);
 
 struct TcpBootstrapConfig {
   int rank = 0;
@@ -95,7 +95,7 @@ struct TcpBootstrapConfig {
 };
 
 // Owns its sockets (closed by the destructor, which never blocks).
-class TcpBootstrap final : public Bootstrap {
+class REGPOOL_API TcpBootstrap final : public Bootstrap {
  public:
   // Rank 0 binds and listens here (so the port is known at once, before
   // fork); it admits the other ranks in its first collective. Other ranks
@@ -136,7 +136,7 @@ class TcpBootstrap final : public Bootstrap {
 };
 
 // True when the library was built with the MPI adapter.
-bool mpi_bootstrap_available() noexcept;
+REGPOOL_API bool mpi_bootstrap_available() noexcept;
 // A Bootstrap over a duplicate of MPI_COMM_WORLD. If MPI is not initialized
 // yet, this initializes it (MPI_THREAD_SERIALIZED) and registers an atexit
 // handler that calls MPI_Finalize unless the application already has (a rank
@@ -144,6 +144,6 @@ bool mpi_bootstrap_available() noexcept;
 // initialized MPI itself also finalizes it itself. allgather honours its
 // timeout (Status::timeout when a rank does not join; that bootstrap is then
 // unusable). Throws Error with Status::unsupported when built without MPI.
-std::unique_ptr<Bootstrap> mpi_bootstrap();
+REGPOOL_API std::unique_ptr<Bootstrap> mpi_bootstrap();
 
 }  // namespace regpool

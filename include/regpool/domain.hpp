@@ -45,7 +45,7 @@ class Domain;
 // One registered byte range. Move-only; the destructor deregisters.
 // Thread-safety: a const Registration may be read from any thread; moving or
 // destroying it must not race with readers.
-class Registration {
+class REGPOOL_API Registration {
  public:
   Registration() noexcept = default;
   Registration(Registration&& o) noexcept { *this = std::move(o); }
@@ -80,7 +80,9 @@ class Registration {
     auto b = reinterpret_cast<std::uintptr_t>(base_);
     return a >= b && n <= length_ && a - b <= length_ - n;
   }
-  // Backend object (fid_mr*, ibv_mr*); for transports inside the library.
+  // Native handle (fid_mr*, ibv_mr*; nullptr for the host domain): an
+  // escape hatch for code that calls the provider directly, like the native
+  // handles of FabricDomain and VerbsDomain; owned by this registration.
   void* native() const noexcept { return native_; }
 
  private:
@@ -114,7 +116,7 @@ struct DomainStats {
 // std::make_shared (or the backend's open()) because every Registration keeps
 // its domain alive. Thread-safety: register_memory / try_register / stats may
 // be called from any thread concurrently.
-class Domain : public std::enable_shared_from_this<Domain> {
+class REGPOOL_API Domain : public std::enable_shared_from_this<Domain> {
  public:
   virtual ~Domain() = default;
   Domain(const Domain&) = delete;

@@ -179,7 +179,7 @@ struct Token {
 };
 
 enum class OpKind : std::uint8_t { put, get, send, recv, fetch_add, compare_swap };
-const char* to_string(OpKind k) noexcept;
+REGPOOL_API const char* to_string(OpKind k) noexcept;
 
 struct Completion {
   Token token;
@@ -331,7 +331,7 @@ struct ExposureLink {
 // bytes are never reused while the key may still work. Move-only.
 // Thread-safety: revoke()/destruction may race with endpoint calls from other
 // threads; one Exposure object must not be used from two threads at once.
-class Exposure {
+class REGPOOL_API Exposure {
  public:
   Exposure() noexcept = default;
   Exposure(Exposure&& o) noexcept { *this = std::move(o); }
@@ -383,7 +383,7 @@ struct EndpointStats {
 // Manual progress: on providers where needs_target_progress() is true, an
 // operation aimed at a peer completes only while that peer calls progress()
 // (or runs the progress thread). A pure target must keep progressing.
-class Endpoint {
+class REGPOOL_API Endpoint {
  public:
   static constexpr std::size_t kBackendContextSize = 64;
 

@@ -13,6 +13,10 @@
 #include <type_traits>
 #include <utility>
 
+// REGPOOL_API: every public header includes this one, directly or not, and
+// with it the export macro.
+#include "regpool/export.hpp"
+
 namespace regpool {
 
 enum class Status : std::uint8_t {
@@ -38,9 +42,9 @@ enum class Status : std::uint8_t {
 };
 
 // Static strings; never allocates.
-const char* to_string(Status s) noexcept;
+REGPOOL_API const char* to_string(Status s) noexcept;
 
-class Error : public std::runtime_error {
+class REGPOOL_API Error : public std::runtime_error {
  public:
   // provider_code is the backend's own code (negative FI_* value, errno, ...)
   // so a caller can match on it without parsing the message.

@@ -58,8 +58,7 @@ struct FabricConfig {
 };
 
 // Thread-safety: as Domain; attach/detach_endpoint are internally locked.
-// The fi_info and fid pointers stay valid for the domain's lifetime.
-class FabricDomain final : public Domain {
+class REGPOOL_API FabricDomain final : public Domain {
  public:
   explicit FabricDomain(const FabricConfig& config);  // throws Error
   ~FabricDomain() override;
@@ -78,16 +77,21 @@ class FabricDomain final : public Domain {
   bool needs_local_descriptor() const noexcept;         // FI_MR_LOCAL
   bool needs_endpoint_binding() const noexcept;         // FI_MR_ENDPOINT
 
-  // For the transport layer.
-  fi_info* info() const noexcept { return info_; }
-  fid_fabric* fabric() const noexcept { return fabric_; }
-  fid_domain* domain() const noexcept { return domain_; }
-  // FI_MR_ENDPOINT providers: bind every live registration to ep (enabling
-  // those not yet enabled), and every later registration too. Throws Error
-  // when the provider refuses the binding. No-op elsewhere. Under
-  // FI_MR_ENDPOINT a registration made before any endpoint is attached stays
-  // disabled (and, with FI_MR_PROV_KEY, may report no key) until the first
-  // attach, so attach an endpoint before registering.
+  // --- Native handles: an escape hatch for code that calls libfabric
+  // directly (benchmarks against raw libfabric, tests of provider
+  // behaviour); not needed for regpool's own API. They stay valid for the
+  // domain's lifetime and remain owned by it: do not close them. The
+  // fi_info is the single answer the domain was opened with.
+  fi_info* native_info() const noexcept { return info_; }
+  fid_fabric* native_fabric() const noexcept { return fabric_; }
+  fid_domain* native_domain() const noexcept { return domain_; }
+  // For endpoints opened on native_domain() (FabricEndpoint does this
+  // itself). FI_MR_ENDPOINT providers: bind every live registration to ep
+  // (enabling those not yet enabled), and every later registration too.
+  // Throws Error when the provider refuses the binding. No-op elsewhere.
+  // Under FI_MR_ENDPOINT a registration made before any endpoint is attached
+  // stays disabled (and, with FI_MR_PROV_KEY, may report no key) until the
+  // first attach, so attach an endpoint before registering.
   void attach_endpoint(fid_ep* ep);
   void detach_endpoint(fid_ep* ep) noexcept;
 

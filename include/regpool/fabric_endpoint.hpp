@@ -113,7 +113,7 @@ struct FabricControlStats {
   std::uint64_t replies_dropped = 0;  // replies given up (requester unreachable, buffers busy)
 };
 
-class FabricEndpoint final : public Endpoint {
+class REGPOOL_API FabricEndpoint final : public Endpoint {
  public:
   // Setup: throws Error with the provider's code.
   FabricEndpoint(std::shared_ptr<FabricDomain> domain, const EndpointConfig& config = {},
@@ -130,7 +130,11 @@ class FabricEndpoint final : public Endpoint {
   bool uses_delivery_complete() const noexcept { return delivery_complete_; }
   // Thread-safe (atomics); zero when atomics are native.
   FabricControlStats control_stats() const noexcept;
-  // For benchmarks and tests comparing with direct libfabric use.
+  // Native handle: an escape hatch for code that calls libfabric directly
+  // (benchmarks and tests comparing with direct libfabric use); not needed
+  // for regpool's own API. Owned by the endpoint; do not close it or post
+  // on it while the endpoint is in use (its completions would reach the
+  // endpoint's queue).
   fid_ep* native_endpoint() const noexcept { return ep_; }
 
  protected:
@@ -189,10 +193,10 @@ class FabricEndpoint final : public Endpoint {
   void count_reply_peers() noexcept;
   std::size_t poll_data(std::size_t max) noexcept;
   std::size_t poll_ctrl() noexcept;
-  void serve_request(const fabric_wire::CtrlMsg& req) noexcept;
-  void handle_reply(const fabric_wire::CtrlMsg& rep) noexcept;
+  REGPOOL_LOCAL void serve_request(const fabric_wire::CtrlMsg& req) noexcept;
+  REGPOOL_LOCAL void handle_reply(const fabric_wire::CtrlMsg& rep) noexcept;
   void drop_reply(std::size_t r) noexcept;
-  fabric_wire::AddrRules addr_rules() const noexcept;
+  REGPOOL_LOCAL fabric_wire::AddrRules addr_rules() const noexcept;
   Status post_ctrl_recv(std::size_t k) noexcept;
   void flush_pending_replies() noexcept;
   void finish_emulated(std::uint32_t index) noexcept;

@@ -20,7 +20,7 @@ struct HostDomainConfig {
 // Thread-safety: as Domain. Note that the kernel does not reference-count
 // mlock: two registrations sharing a page unlock it together. Arenas are
 // page-aligned and disjoint, so pools never hit this; user memory might.
-class HostDomain final : public Domain {
+class REGPOOL_API HostDomain final : public Domain {
  public:
   explicit HostDomain(HostDomainConfig config = {}) : config_(config) {}
   static std::shared_ptr<HostDomain> open(HostDomainConfig config = {}) {

@@ -28,6 +28,7 @@ namespace regpool {
 
 namespace detail {
 struct ControlBlock;
+struct LdoAccess;  // the library's own way in (lib/pool/access.hpp)
 }
 class Pool;
 
@@ -35,7 +36,7 @@ inline constexpr std::size_t kWireHeaderSize = 24;
 
 // Decoded wire header. encode/decode do the little-endian conversion so the
 // header means the same on every host.
-struct WireHeader {
+struct REGPOOL_API WireHeader {
   std::uint32_t type_id = 0;
   std::uint32_t flags = 0;
   std::uint64_t meta_size = 0;
@@ -104,7 +105,7 @@ struct UserMemory {
 // from any threads concurrently; the object's bytes are shared, so
 // concurrent writes to them are the application's to order. One handle
 // object must not be mutated from two threads at once (like shared_ptr).
-class Ldo {
+class REGPOOL_API Ldo {
  public:
   Ldo() noexcept = default;
   Ldo(const Ldo& o) noexcept;
@@ -154,7 +155,10 @@ class Ldo {
   // Status::unsupported when the pool does not serve that domain.
   Result<DomainRegion> region(Domain& domain) const noexcept;
 
-  // Library-internal.
+ private:
+  // Library-internal (reached through detail::LdoAccess): adopt a reference,
+  // look at or give up the control block.
+  friend struct detail::LdoAccess;
   explicit Ldo(detail::ControlBlock* adopted) noexcept : cb_(adopted) {}
   detail::ControlBlock* control_block() const noexcept { return cb_; }
   detail::ControlBlock* release_control_block() noexcept {
@@ -163,7 +167,6 @@ class Ldo {
     return c;
   }
 
- private:
   detail::ControlBlock* cb_ = nullptr;
 };
 

@@ -11,7 +11,7 @@ namespace regpool {
 // Thread-safety: as Pool. The pool must outlive the resource and every
 // container using it. Allocation failure throws std::bad_alloc, as the
 // std::pmr contract requires.
-class PoolResource final : public std::pmr::memory_resource {
+class REGPOOL_API PoolResource final : public std::pmr::memory_resource {
  public:
   explicit PoolResource(Pool& pool) noexcept : pool_(&pool) {}
   Pool& pool() const noexcept { return *pool_; }

@@ -30,6 +30,7 @@ namespace regpool {
 
 namespace detail {
 class PoolCore;
+struct PoolAccess;  // the library's own way in (lib/pool/access.hpp)
 }
 
 inline constexpr std::size_t kNumSizeClasses = 32;
@@ -202,7 +203,7 @@ struct PoolStats {
 // arenas (and registrations) alive until their last handle drops; the last
 // drop then deregisters and unmaps them. Ldo::clone() after destruction
 // returns Status::closed.
-class Pool {
+class REGPOOL_API Pool {
  public:
   // Maps and registers the initial arenas. Throws Error (setup path).
   explicit Pool(std::vector<std::shared_ptr<Domain>> domains, PoolConfig config = {});
@@ -227,9 +228,8 @@ class Pool {
   const PoolConfig& config() const noexcept;
   std::span<const std::shared_ptr<Domain>> domains() const noexcept;
 
-  detail::PoolCore* core() const noexcept { return core_; }
-
  private:
+  friend struct detail::PoolAccess;
   detail::PoolCore* core_ = nullptr;
 };
 

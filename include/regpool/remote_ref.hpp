@@ -40,7 +40,7 @@ enum class Backend : std::uint8_t { fabric = 1, verbs = 2 };
 
 // A plain value: copy it freely, share const instances between threads.
 // It owns nothing; the exposure it came from decides how long it works.
-struct RemoteRef {
+struct REGPOOL_API RemoteRef {
   static constexpr std::size_t kEncodedSize = 64;
   static constexpr std::uint16_t kVersion = 1;
   static constexpr std::uint32_t kMagic = 0x46525052;  // "RPRF" little-endian
@@ -87,6 +87,6 @@ struct RemoteRef {
 };
 
 // CRC-32C (Castagnoli), software; used for remote references.
-std::uint32_t crc32c(std::span<const std::byte> bytes) noexcept;
+REGPOOL_API std::uint32_t crc32c(std::span<const std::byte> bytes) noexcept;
 
 }  // namespace regpool

@@ -17,7 +17,7 @@ namespace regpool {
 // operations). Data slices are bounded by the data size at construction; a
 // later resize does not move them, they stay inside the object's capacity.
 // Thread-safety: as Ldo (the slice holds one reference to the object).
-class Slice {
+class REGPOOL_API Slice {
  public:
   Slice() noexcept = default;
 

@@ -19,18 +19,18 @@
 namespace regpool {
 
 // Human-readable, multi-line; size classes with no allocations are omitted.
-void print(std::ostream& out, const PoolStats& stats);
+REGPOOL_API void print(std::ostream& out, const PoolStats& stats);
 // One line, indented (it is also printed under its pool).
-void print(std::ostream& out, const DomainStats& stats);
+REGPOOL_API void print(std::ostream& out, const DomainStats& stats);
 // One line.
-void print(std::ostream& out, const EndpointStats& stats);
-std::string to_string(const PoolStats& stats);
-std::string to_string(const DomainStats& stats);
-std::string to_string(const EndpointStats& stats);
+REGPOOL_API void print(std::ostream& out, const EndpointStats& stats);
+REGPOOL_API std::string to_string(const PoolStats& stats);
+REGPOOL_API std::string to_string(const DomainStats& stats);
+REGPOOL_API std::string to_string(const EndpointStats& stats);
 // One JSON object each, for tools and scripts: every field of the struct,
 // under its own name.
-std::string to_json(const PoolStats& stats);
-std::string to_json(const DomainStats& stats);
-std::string to_json(const EndpointStats& stats);
+REGPOOL_API std::string to_json(const PoolStats& stats);
+REGPOOL_API std::string to_json(const DomainStats& stats);
+REGPOOL_API std::string to_json(const EndpointStats& stats);
 
 }  // namespace regpool

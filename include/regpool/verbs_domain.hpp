@@ -66,7 +66,7 @@ struct VerbsPortInfo {
   std::uint64_t max_msg_size = 0;
 };
 
-class VerbsDomain final : public Domain {
+class REGPOOL_API VerbsDomain final : public Domain {
  public:
   explicit VerbsDomain(const VerbsConfig& config = {});  // throws Error
   ~VerbsDomain() override;
@@ -87,9 +87,12 @@ class VerbsDomain final : public Domain {
   std::uint32_t max_qp_rd_atom() const noexcept { return max_qp_rd_atom_; }
   bool has_atomics() const noexcept { return has_atomics_; }
 
-  // For the transport inside the library.
-  ibv_context* context() const noexcept { return ctx_; }
-  ibv_pd* pd() const noexcept { return pd_; }
+  // --- Native handles: an escape hatch for code that calls rdma-core
+  // directly (benchmarks, tests of device behaviour); not needed for
+  // regpool's own API. Owned by the domain, valid for its lifetime: do not
+  // close or deallocate them.
+  ibv_context* native_context() const noexcept { return ctx_; }
+  ibv_pd* native_pd() const noexcept { return pd_; }
 
  protected:
   Native do_register(void* addr, std::size_t length, Access access) override;
@@ -110,7 +113,8 @@ class VerbsDomain final : public Domain {
   std::uint32_t max_qp_rd_atom_ = 0;
 };
 
-// Access flags ibv_reg_mr gets for `access` (exposed for tests and benches).
-int verbs_access_flags(Access access, bool memory_windows) noexcept;
+// Access flags ibv_reg_mr gets for `access`: part of the native escape hatch
+// above, for code registering with ibv_reg_mr on native_pd() itself.
+REGPOOL_API int verbs_access_flags(Access access, bool memory_windows) noexcept;
 
 }  // namespace regpool

@@ -137,7 +137,7 @@ struct VerbsEndpointOptions {
   WindowBacking window_backing = WindowBacking::automatic;
 };
 
-class VerbsEndpoint final : public Endpoint {
+class REGPOOL_API VerbsEndpoint final : public Endpoint {
  public:
   static constexpr std::uint32_t kSignalInterval = 16;
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include "pool/access.hpp"
 #include "pool/pool_core.hpp"
 
 namespace regpool {
@@ -928,7 +929,7 @@ Result<Ldo> Pool::allocate(const LdoShape& shape) noexcept {
   if (!core_) return Status::closed;
   auto r = core_->allocate(shape);
   if (!r) return r.status();
-  return Ldo(*r);
+  return detail::LdoAccess::adopt(*r);
 }
 
 std::size_t Pool::trim() noexcept { return core_ ? core_->trim() : 0; }

@@ -134,8 +134,8 @@ FabricEndpoint::~FabricEndpoint() {
 }
 
 void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
-  fi_info* info = domain_->info();
-  fid_domain* dom = domain_->domain();
+  fi_info* info = domain_->native_info();
+  fid_domain* dom = domain_->native_domain();
   const std::string& prov = domain_->provider_name();
   const std::size_t n = config().max_in_flight;
   const std::size_t k = std::max<std::size_t>(options.control_slots, 1);

@@ -239,8 +239,8 @@ ibv_ah_attr ah_attr_for(const VerbsPortInfo& me, const WireName& peer) noexcept 
 
 void VerbsEndpoint::open_resources() {
   Impl& m = *impl_;
-  ibv_context* ctx = domain_->context();
-  ibv_pd* pd = domain_->pd();
+  ibv_context* ctx = domain_->native_context();
+  ibv_pd* pd = domain_->native_pd();
   const VerbsPortInfo& port = domain_->port_info();
   const std::size_t n = config().max_in_flight;
   if (n > 0xffffffu) throw Error(Status::invalid_argument, 0, "verbs endpoint: max_in_flight above 2^24");
@@ -387,11 +387,11 @@ std::uint32_t VerbsEndpoint::new_conn(const void* remote_name) {
   qa.cap.max_inline_data = options_.max_inline;
   qa.qp_type = IBV_QPT_RC;
   qa.sq_sig_all = 0;  // selective signalling
-  c.qp = ibv_create_qp(domain_->pd(), &qa);
+  c.qp = ibv_create_qp(domain_->native_pd(), &qa);
   if (!c.qp && options_.max_inline > 0) {
     // Some devices refuse any inline size they cannot do; go without.
     qa.cap.max_inline_data = 0;
-    c.qp = ibv_create_qp(domain_->pd(), &qa);
+    c.qp = ibv_create_qp(domain_->native_pd(), &qa);
   }
   if (!c.qp) {
     const int err = errno;
@@ -400,7 +400,7 @@ std::uint32_t VerbsEndpoint::new_conn(const void* remote_name) {
   // ibv_create_qp writes back what the device granted.
   max_inline_ = std::min<std::uint32_t>(options_.max_inline, qa.cap.max_inline_data);
   ibv_ah_attr aa = ah_attr_for(domain_->port_info(), r);
-  c.ah = ibv_create_ah(domain_->pd(), &aa);
+  c.ah = ibv_create_ah(domain_->native_pd(), &aa);
   if (!c.ah) {
     const int err = errno;
     (void)ibv_destroy_qp(c.qp);
@@ -1159,7 +1159,7 @@ Result<ExposureInfo> VerbsEndpoint::do_expose_to(const Slice& slice, RemoteAcces
     return Status::out_of_memory;
   }
 
-  ibv_mw* mw = ibv_alloc_mw(domain_->pd(), IBV_MW_TYPE_2);
+  ibv_mw* mw = ibv_alloc_mw(domain_->native_pd(), IBV_MW_TYPE_2);
   if (!mw) return errno == ENOMEM ? Status::out_of_memory : Status::unsupported;
   // A fresh key tag per bind, so a key from an earlier binding of this
   // window never matches again.

@@ -80,20 +80,20 @@ TEST_CASE("fabric domain opens a provider by name", "[fabric]") {
   CHECK(d->remote_capable());
   // Software providers keep a key table and pin nothing (docs/provider-facts.md).
   CHECK_FALSE(d->pins_memory());
-  REQUIRE(d->info() != nullptr);
-  CHECK(d->fabric() != nullptr);
-  CHECK(d->domain() != nullptr);
-  CHECK(d->info()->next == nullptr);  // only the chosen answer is kept
-  CHECK(d->info()->ep_attr->type == FI_EP_RDM);
-  CHECK(std::string(d->info()->fabric_attr->prov_name) == d->provider_name());
-  CHECK(d->mr_mode() == static_cast<unsigned>(d->info()->domain_attr->mr_mode));
+  REQUIRE(d->native_info() != nullptr);
+  CHECK(d->native_fabric() != nullptr);
+  CHECK(d->native_domain() != nullptr);
+  CHECK(d->native_info()->next == nullptr);  // only the chosen answer is kept
+  CHECK(d->native_info()->ep_attr->type == FI_EP_RDM);
+  CHECK(std::string(d->native_info()->fabric_attr->prov_name) == d->provider_name());
+  CHECK(d->mr_mode() == static_cast<unsigned>(d->native_info()->domain_attr->mr_mode));
   // The addressing mode is whatever the provider returned, nothing else.
   CHECK(d->address_mode() == mode_from_mr_mode(d->mr_mode()));
   CHECK(d->needs_local_descriptor() == ((d->mr_mode() & FI_MR_LOCAL) != 0));
   CHECK(d->needs_endpoint_binding() == ((d->mr_mode() & FI_MR_ENDPOINT) != 0));
   // Both providers offer FI_THREAD_SAFE here.
   CHECK(d->thread_safe());
-  CHECK(d->info()->domain_attr->threading == FI_THREAD_SAFE);
+  CHECK(d->native_info()->domain_attr->threading == FI_THREAD_SAFE);
 }
 
 TEST_CASE("fabric domain provider names are case-insensitive and layered names work", "[fabric]") {
@@ -148,7 +148,7 @@ TEST_CASE("fabric domain reports atomics as returned", "[fabric]") {
     CHECK(offered);
     auto d = open_provider(prov);
     CHECK(d->has_atomics() == offered);
-    CHECK((d->info()->caps & FI_ATOMIC) != 0);
+    CHECK((d->native_info()->caps & FI_ATOMIC) != 0);
   }
   SECTION("not asking for atomics gives none") {
     const std::string prov = GENERATE(as<std::string>{}, "shm", "tcp");
@@ -157,7 +157,7 @@ TEST_CASE("fabric domain reports atomics as returned", "[fabric]") {
     c.want_atomics = false;
     auto d = FabricDomain::open(c);
     CHECK_FALSE(d->has_atomics());
-    CHECK((d->info()->caps & FI_ATOMIC) == 0);
+    CHECK((d->native_info()->caps & FI_ATOMIC) == 0);
   }
 }
 
@@ -432,13 +432,13 @@ TEST_CASE("fabric domain info opens an endpoint; attach/detach are safe", "[fabr
   fi_cq_attr cq_attr{};
   cq_attr.format = FI_CQ_FORMAT_CONTEXT;
   fid_cq* cq = nullptr;
-  REQUIRE(fi_cq_open(d->domain(), &cq_attr, &cq, nullptr) == 0);
+  REQUIRE(fi_cq_open(d->native_domain(), &cq_attr, &cq, nullptr) == 0);
   fi_av_attr av_attr{};
   av_attr.type = FI_AV_TABLE;
   fid_av* av = nullptr;
-  REQUIRE(fi_av_open(d->domain(), &av_attr, &av, nullptr) == 0);
+  REQUIRE(fi_av_open(d->native_domain(), &av_attr, &av, nullptr) == 0);
   fid_ep* ep = nullptr;
-  REQUIRE(fi_endpoint(d->domain(), d->info(), &ep, nullptr) == 0);
+  REQUIRE(fi_endpoint(d->native_domain(), d->native_info(), &ep, nullptr) == 0);
   REQUIRE(ep != nullptr);
   REQUIRE(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV) == 0);
   REQUIRE(fi_ep_bind(ep, &av->fid, 0) == 0);
