@@ -63,7 +63,7 @@
 namespace regpool {
 
 enum class PeerEventKind : std::uint8_t { joined, left, died };
-const char* to_string(PeerEventKind k) noexcept;
+REGPOOL_API const char* to_string(PeerEventKind k) noexcept;
 
 struct PeerEvent {
   PeerEventKind kind = PeerEventKind::joined;
@@ -115,7 +115,7 @@ struct ListenerConfig {
 // Server side. Owns its sockets; the destructor says bye to every member
 // (non-blocking, best effort), fails and removes their peers in the
 // Endpoint, and never blocks.
-class Listener {
+class REGPOOL_API Listener {
  public:
   // Binds and listens at once (so the port is known before any client
   // starts). Throws Error.
@@ -166,7 +166,7 @@ struct ConnectConfig {
 };
 
 // Client side: the membership of one client in one server.
-class Connection {
+class REGPOOL_API Connection {
  public:
   ~Connection();  // leave() (noexcept, never blocks)
   Connection(const Connection&) = delete;
@@ -198,6 +198,6 @@ class Connection {
 // Join the Listener at config.host:port. Throws Error: timeout,
 // peer_unreachable, access_denied (key mismatch either way), malformed,
 // unsupported (version), invalid_argument (full, name refused).
-std::unique_ptr<Connection> connect(Endpoint& endpoint, const ConnectConfig& config);
+REGPOOL_API std::unique_ptr<Connection> connect(Endpoint& endpoint, const ConnectConfig& config);
 
 }  // namespace regpool
