@@ -175,10 +175,15 @@ class VerbsEndpoint final : public Endpoint {
   Status do_atomic(const OpDesc& op) noexcept override;
   std::size_t do_poll(std::size_t max) noexcept override;
   void do_cancel(const OpDesc& op) noexcept override;
-  Result<ExposureInfo> do_expose(const Slice& slice, RemoteAccess access) noexcept override;
-  Result<ExposureInfo> do_expose_to(const Slice& slice, RemoteAccess access, PeerId peer,
-                                    std::uint64_t peer_handle) noexcept override;
+  Result<ExposureInfo> do_expose(const Slice& slice, RemoteAccess access, ExposureMode mode, PeerId peer,
+                                 std::uint64_t peer_handle) noexcept override;
   void do_revoke(std::uint64_t handle) noexcept override;
+  Enforcement do_enforcement(ExposureMode mode, bool per_peer) const noexcept override;
+  // Scoped, any peer: a registration of exactly the slice.
+  Result<ExposureInfo> expose_registration(const Slice& slice, RemoteAccess access) noexcept;
+  // One peer (either mode): a type-2 window on its queue pair.
+  Result<ExposureInfo> expose_window(const Slice& slice, RemoteAccess access, PeerId peer,
+                                     std::uint64_t peer_handle) noexcept;
 
  private:
   struct Conn;
