@@ -287,14 +287,16 @@ const char* to_string(ExposureMode mode) noexcept;
 //  keys:       an operation with a key the target never issued fails;
 //  bounds:     an operation outside the exposed slice fails (not merely
 //              outside the arena);
-//  rights:     a put into a read-only exposure (a get from a write-only one)
-//              fails;
+//  rights:     a write (put, atomics) through a read-only exposure fails;
+//  read_rights: a get through a write-only exposure fails (separate: tcp
+//              enforces write rights but was measured to serve such a get);
 //  revocation: an operation with a revoked exposure's key fails.
 struct Enforcement {
   bool keys = false;
   bool bounds = false;
   bool rights = false;
   bool revocation = false;
+  bool read_rights = false;
 };
 
 // Exposure counters of one endpoint (exposure_stats(); a consistent snapshot).

@@ -1002,6 +1002,9 @@ Enforcement FabricEndpoint::do_enforcement(ExposureMode mode, bool /*per_peer*/)
   // key. In standard mode the registration is the arena's, random-keyed:
   // only a peer given some exposure of that arena can use it, but within
   // the arena neither the object's bounds nor its rights nor a revoke bind.
+  // Read rights are not enforced even in scoped mode: a get through a
+  // registration made with FI_REMOTE_WRITE only is served (measured, libfabric
+  // 1.17), so write-only is an initiator-side promise there.
   e.keys = true;
   if (mode == ExposureMode::scoped) {
     e.bounds = true;

@@ -1065,6 +1065,8 @@ Enforcement VerbsEndpoint::do_enforcement(ExposureMode mode, bool per_peer) cons
   // them, and an invalidated window or deregistered MR no longer answers.
   // The arena's rkey (standard mode, any peer) grants the whole arena with
   // the arena's rights and is never revoked.
+  // read_rights (a get through a write-only exposure) is not claimed: not
+  // measured on rxe yet.
   Enforcement e;
   e.keys = true;
   if (mode == ExposureMode::scoped || per_peer) {

@@ -83,14 +83,15 @@ TEST_CASE("exposure modes and enforcement are named", "[fabric]") {
   // keys: nothing is enforced by the target, in any mode.
   for (auto mode : {ExposureMode::standard, ExposureMode::scoped}) {
     const Enforcement e = shm.ep->enforcement(mode);
-    CHECK_FALSE((e.keys || e.bounds || e.rights || e.revocation));
+    CHECK_FALSE((e.keys || e.bounds || e.rights || e.revocation || e.read_rights));
   }
   rpt::Stack tcp("tcp");
   const Enforcement st = tcp.ep->enforcement(ExposureMode::standard);
   CHECK(st.keys);
-  CHECK_FALSE((st.bounds || st.rights || st.revocation));
+  CHECK_FALSE((st.bounds || st.rights || st.revocation || st.read_rights));
   const Enforcement sc = tcp.ep->enforcement(ExposureMode::scoped);
   CHECK((sc.keys && sc.bounds && sc.rights && sc.revocation));
+  CHECK_FALSE(sc.read_rights);  // measured: tcp serves a get through a write-only registration
 }
 
 TEST_CASE("standard exposures register nothing; scoped ones register once each", "[fabric]") {
@@ -284,7 +285,7 @@ TEST_CASE("enforcement() says what the target really enforces", "[fabric]") {
     if (read_refused) CHECK(st != Status::ok);
     REQUIRE(recover(p, good->ref(), into));
   }
-  CHECK(read_refused == claimed.rights);
+  CHECK(read_refused == claimed.read_rights);
   // Revocation: the honest reference of a revoked exposure (the object is
   // still held by the test, so a write that goes through lands in it).
   {
