@@ -70,6 +70,13 @@ void print(std::ostream& out, const EndpointStats& s) {
       << " in flight, " << s.post_retries << " post retries, " << s.reconnects << " reconnects\n";
 }
 
+void print(std::ostream& out, const ExposureStats& s) {
+  out << "exposures: " << s.created << " created (" << s.scoped << " scoped), " << s.live << " live, " << s.revoked
+      << " revoked, " << s.quarantined << " quarantined now (" << bytes(s.quarantined_bytes) << "; "
+      << s.quarantine_total << " ever, " << s.quarantine_released << " released), " << s.registrations
+      << " registrations\n";
+}
+
 void print(std::ostream& out, const PoolStats& s) {
   out << "pool " << s.name << ":\n"
       << "  objects: " << s.allocations << " allocations, " << s.releases << " releases, " << s.live_objects
@@ -131,6 +138,21 @@ std::string to_string(const DomainStats& stats) {
 std::string to_string(const EndpointStats& stats) {
   std::ostringstream o;
   print(o, stats);
+  return o.str();
+}
+
+std::string to_string(const ExposureStats& stats) {
+  std::ostringstream o;
+  print(o, stats);
+  return o.str();
+}
+
+std::string to_json(const ExposureStats& s) {
+  std::ostringstream o;
+  o << "{\"created\":" << s.created << ",\"scoped\":" << s.scoped << ",\"live\":" << s.live
+    << ",\"revoked\":" << s.revoked << ",\"quarantined\":" << s.quarantined << ",\"quarantined_bytes\":"
+    << s.quarantined_bytes << ",\"quarantine_total\":" << s.quarantine_total << ",\"quarantine_released\":"
+    << s.quarantine_released << ",\"registrations\":" << s.registrations << "}";
   return o.str();
 }
 

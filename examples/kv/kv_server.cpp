@@ -372,6 +372,7 @@ class Server {
                 store_.size());
     regpool::print(std::cout, pool_->stats());
     regpool::print(std::cout, ep_->stats());
+    regpool::print(std::cout, ep_->exposure_stats());
     std::cout.flush();
   }
 

@@ -84,24 +84,34 @@
 //                                           complete() for it (any status is
 //                                           then ignored) or the endpoint
 //                                           closes.
-//   Result<ExposureInfo> do_expose(slice, access)
-//                                           make `slice` reachable by peers
-//                                           with exactly `access` (scoped key
-//                                           where the backend can: memory
-//                                           window, sub-registration).
-//   Result<ExposureInfo> do_expose_to(slice, access, peer, handle)
-//                                           optional: the same for one peer
-//                                           only (default: do_expose).
-//   void do_revoke(handle)                  undo an exposure; later remote
-//                                           use should fail (bad_key) where
-//                                           the provider checks keys.
+//   Result<ExposureInfo> do_expose(slice, access, mode, peer, handle)
+//                                           only what the backend alone can
+//                                           do: a scoped exposure (libfabric:
+//                                           a registration of the slice with
+//                                           a random key; verbs: a window or
+//                                           a slice registration), or a
+//                                           standard one for one peer (verbs:
+//                                           a window over the arena MR).
+//                                           Standard exposures for any peer
+//                                           are made by the base from the
+//                                           object's registration and never
+//                                           reach the backend.
+//   void do_revoke(handle)                  undo an owned exposure; later
+//                                           remote use fails where the
+//                                           target enforces revocation.
+//   Enforcement do_enforcement(mode, per_peer)
+//                                           what the target enforces (keys,
+//                                           bounds, rights, revocation):
+//                                           measured facts, never more. The
+//                                           base quarantines revoked bytes
+//                                           where revocation is false.
 //
 // Operations and exposures that take time (verbs: a window bind or
 // invalidate queued behind other work requests) are never waited for inside
 // a do_* call. A backend answers in one of these ways instead:
-//  - would_block from do_expose_to (e.g. the connection is still being set
+//  - would_block from do_expose (e.g. the connection is still being set
 //    up): the base retries it exactly like a post (below);
-//  - ExposureInfo::pending = true from do_expose/do_expose_to: the key is
+//  - ExposureInfo::pending = true from do_expose: the key is
 //    not usable yet; the backend later reports the outcome with
 //    exposure_settled(handle, status) from inside do_poll (status != ok:
 //    the backend has already released the exposure and its handle);
@@ -150,7 +160,6 @@
 #include <span>
 #include <thread>
 #include <type_traits>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -256,6 +265,53 @@ class Callback {
   const Ops* ops_ = nullptr;
 };
 
+// How an exposure grants access (docs/exposures.md).
+//  - standard: no registration. The exposure reuses the registration its
+//    object already has (the arena's, or the user block's) and carries the
+//    object's bounds and rights in the RemoteRef; every initiator checks
+//    them before the wire. The key is the arena's, so the target enforces at
+//    most "knows the arena key" (Endpoint::enforcement). Expose and revoke
+//    are O(1), allocation-free in steady state. Verbs with a peer: a type-2
+//    window bound over the arena registration, scoped to that peer.
+//  - scoped: the strongest per-exposure enforcement the provider has:
+//    libfabric, a registration of exactly the slice with exactly the rights
+//    and a random key (one registration per exposure); verbs, a memory
+//    window (with a peer) or a registration of the slice.
+enum class ExposureMode : std::uint8_t { standard = 0, scoped = 1 };
+REGPOOL_API const char* to_string(ExposureMode mode) noexcept;
+
+// What the target (the exposing process's provider or device) enforces on
+// its own for an exposure, whatever an initiator does. Anything false here is
+// guarded only by honest initiators' checks (and, for revocation, by the
+// quarantine of revoked bytes).
+//  keys:       an operation with a key the target never issued fails;
+//  bounds:     an operation outside the exposed slice fails (not merely
+//              outside the arena);
+//  rights:     a write (put, atomics) through a read-only exposure fails;
+//  read_rights: a get through a write-only exposure fails (separate: tcp
+//              enforces write rights but was measured to serve such a get);
+//  revocation: an operation with a revoked exposure's key fails.
+struct Enforcement {
+  bool keys = false;
+  bool bounds = false;
+  bool rights = false;
+  bool revocation = false;
+  bool read_rights = false;
+};
+
+// Exposure counters of one endpoint (exposure_stats(); a consistent snapshot).
+struct ExposureStats {
+  std::uint64_t created = 0;            // exposures made (both modes)
+  std::uint64_t scoped = 0;             // of which in scoped mode
+  std::uint64_t live = 0;               // exposed now
+  std::uint64_t revoked = 0;            // revokes (explicit, destruction, close)
+  std::uint64_t quarantined = 0;        // revoked exposures whose bytes are held now
+  std::uint64_t quarantined_bytes = 0;  // their slice bytes
+  std::uint64_t quarantine_total = 0;   // exposures ever quarantined
+  std::uint64_t quarantine_released = 0;  // released after their interval
+  std::uint64_t registrations = 0;      // domain registrations made for exposures
+};
+
 struct EndpointConfig {
   // Operation slots (put/get/send/recv/atomics in flight at once, receives
   // included). Posting beyond it returns Status::would_block.
@@ -292,6 +348,16 @@ struct EndpointConfig {
   std::chrono::microseconds progress_idle_sleep{20};
   // Completions reaped per backend poll.
   std::size_t poll_batch = 32;
+  // What expose() gives when no mode is named (see ExposureMode).
+  ExposureMode exposure_mode = ExposureMode::standard;
+  // Where the target cannot revoke a key (enforcement(mode).revocation is
+  // false: shm always, tcp in standard mode), a revoked exposure's bytes are
+  // quarantined: the endpoint keeps the slice's LDO reference this long
+  // after revoke, so a late put from a peer that still holds the reference
+  // lands in bytes nobody else owns yet, never in a new object allocated at
+  // the same address. Released by progress() or the next expose/revoke once
+  // due, and at endpoint close without waiting. 0 = no quarantine.
+  std::chrono::milliseconds revoke_quarantine{1000};
 };
 
 // What a backend returns when it exposes a slice.
@@ -303,6 +369,11 @@ struct ExposureInfo {
   // The key is not usable yet (a bind is in flight): the backend reports the
   // outcome with exposure_settled(handle, status) from do_poll.
   bool pending = false;
+  // The backend holds resources under `handle` (do_revoke is called); false
+  // for an exposure through the object's own registration.
+  bool owned = true;
+  // The backend made a domain registration for it (telemetry).
+  bool registered = false;
 };
 
 namespace detail {
@@ -321,9 +392,11 @@ struct ExposureLink {
 
 // A slice made reachable by peers. Holds the Slice (so the LDO stays alive
 // while peers may write to it) and the RemoteRef to send them. Revoked on
-// destruction or revoke(); afterwards peers' operations fail where the
-// provider checks keys (tcp: bad key / access denied; shm checks nothing,
-// see fabric_endpoint.hpp). Where revoking takes a network round (verbs
+// destruction or revoke(); afterwards peers' operations fail only where the
+// target enforces revocation (Endpoint::enforcement: tcp scoped, verbs
+// windows); elsewhere the endpoint quarantines the bytes for
+// EndpointConfig::revoke_quarantine, so a late write cannot reach an object
+// allocated there later. Where revoking takes a network round (verbs
 // windows: an invalidate queued behind earlier work requests), revoke()
 // waits for it only briefly (about 20 ms, polling without holding the
 // endpoint's mutex); if it is not confirmed by then, the endpoint keeps the
@@ -353,6 +426,7 @@ class REGPOOL_API Exposure {
   std::shared_ptr<detail::ExposureLink> link_;
   Slice slice_;
   RemoteRef ref_;
+  std::uint32_t index_ = 0;  // the endpoint's exposure table entry
   bool active_ = false;
 };
 
@@ -400,8 +474,13 @@ class REGPOOL_API Endpoint {
   void remove_peer(PeerId peer) noexcept;
   std::size_t peer_count() const noexcept;
 
-  // Expose a slice to peers with the given rights. Data path: no throw.
+  // Expose a slice to peers with the given rights, in config().exposure_mode
+  // (or the mode named). Data path: no throw. invalid_argument for an empty
+  // slice or unknown access, access_denied when the object's registration
+  // lacks the rights (standard mode), unsupported when the backend has no
+  // such mode.
   Result<Exposure> expose(const Slice& slice, RemoteAccess access) noexcept;
+  Result<Exposure> expose(const Slice& slice, RemoteAccess access, ExposureMode mode) noexcept;
   // Expose a slice to one peer only, where the backend can scope a key to a
   // connection (verbs: a type-2 memory window bound on that peer's queue
   // pair, so the key grants exactly this slice to exactly this peer).
@@ -409,6 +488,13 @@ class REGPOOL_API Endpoint {
   // would. invalid_argument for an unknown peer, peer_unreachable for a
   // broken one.
   Result<Exposure> expose(const Slice& slice, RemoteAccess access, PeerId peer) noexcept;
+  Result<Exposure> expose(const Slice& slice, RemoteAccess access, PeerId peer, ExposureMode mode) noexcept;
+  // What this endpoint's target side enforces for exposures made in `mode`
+  // (per_peer: with a PeerId). Measured facts per provider, never more.
+  Enforcement enforcement(ExposureMode mode, bool per_peer = false) const noexcept {
+    return do_enforcement(mode, per_peer);
+  }
+  ExposureStats exposure_stats() const noexcept;
 
   // --- operations (never throw; a failed check posts nothing) ---
   // Completion goes to `cb` when given (then the token is only informative:
@@ -532,14 +618,33 @@ class REGPOOL_API Endpoint {
   virtual Status do_atomic(const OpDesc& op) noexcept = 0;
   virtual std::size_t do_poll(std::size_t max) noexcept = 0;
   virtual void do_cancel(const OpDesc& op) noexcept = 0;
-  virtual Result<ExposureInfo> do_expose(const Slice& slice, RemoteAccess access) noexcept = 0;
-  // Per-peer exposure (see expose(slice, access, peer)); the default ignores
-  // the peer.
-  virtual Result<ExposureInfo> do_expose_to(const Slice& slice, RemoteAccess access, PeerId /*peer*/,
-                                            std::uint64_t /*peer_handle*/) noexcept {
-    return do_expose(slice, access);
-  }
-  virtual void do_revoke(std::uint64_t handle) noexcept = 0;
+  // Called for scoped exposures and for standard ones made for one peer
+  // (peer != kAnyPeer); a standard exposure for any peer never reaches the
+  // backend. The default: standard -> standard_exposure(), scoped ->
+  // unsupported.
+  virtual Result<ExposureInfo> do_expose(const Slice& slice, RemoteAccess access, ExposureMode mode, PeerId peer,
+                                         std::uint64_t peer_handle) noexcept;
+  // Only for exposures whose ExposureInfo::owned was true.
+  virtual void do_revoke(std::uint64_t /*handle*/) noexcept {}
+  // What the target enforces (see Enforcement); the default claims nothing.
+  virtual Enforcement do_enforcement(ExposureMode /*mode*/, bool /*per_peer*/) const noexcept { return {}; }
+
+  // For backends: an exposure through the object's own registration with
+  // this backend's domain (standard mode): no registration, owned = false.
+  Result<ExposureInfo> standard_exposure(const Slice& slice, RemoteAccess access) const noexcept;
+  // For backends that serve remote requests themselves (emulated atomics),
+  // from inside do_* only: the live exposure whose key is `key` and whose
+  // range holds [address, address + length), by the RemoteRef's addressing.
+  // bad_key when no live exposure has the key, out_of_bounds when none with
+  // it holds the range. Linear in the live exposures.
+  struct ExposureView {
+    std::byte* base = nullptr;  // local address of the exposure's first byte
+    std::uint64_t address = 0;  // the RemoteRef's address of that byte
+    std::uint64_t length = 0;
+    RemoteAccess access = RemoteAccess::read_only;
+  };
+  Result<ExposureView> find_live_exposure(std::uint64_t key, std::uint64_t address,
+                                          std::uint64_t length) const noexcept;
 
  private:
   friend class Exposure;
@@ -586,13 +691,23 @@ class REGPOOL_API Endpoint {
   void maybe_free_locked(std::uint32_t index) noexcept;
   void finish_locked(Slot& s, std::uint32_t index, Status st, std::uint64_t bytes, std::uint64_t value,
                      PeerId peer) noexcept;
-  void revoke_exposure(std::uint64_t exposure_id, Slice& slice) noexcept;
+  void revoke_exposure(std::uint32_t index, std::uint64_t exposure_id, Slice& slice) noexcept;
   void progress_thread_main() noexcept;
   Status reject(Status st) noexcept;
   // ok when `peer` (used, not broken) may be posted to; would_block while it
   // waits out reconnect_settle(); re-inserts it once that has passed.
   Status peer_ready_locked(PeerId peer) noexcept;
-  Result<Exposure> expose_impl(const Slice& slice, RemoteAccess access, PeerId peer) noexcept;
+  Result<Exposure> expose_impl(const Slice& slice, RemoteAccess access, PeerId peer, ExposureMode mode) noexcept;
+  // Exposure table (slab + free list, so expose/revoke do not allocate once
+  // it has grown to the number of exposures alive at once).
+  static constexpr std::uint32_t kNoExposure = ~std::uint32_t{0};
+  Result<std::uint32_t> claim_exposure_locked() noexcept;
+  void free_exposure_locked(std::uint32_t index) noexcept;
+  void quarantine_locked(std::uint32_t index, Slice&& slice, Clock::time_point now) noexcept;
+  // Moves quarantined entries whose interval has passed to the release list.
+  void expire_quarantine_locked(Clock::time_point now) noexcept;
+  void queue_release_locked(std::uint32_t index) noexcept;
+  std::uint32_t find_handle_locked(std::uint64_t handle) const noexcept;
 
   EndpointConfig config_;
   mutable std::mutex mutex_;
@@ -605,15 +720,33 @@ class REGPOOL_API Endpoint {
   std::vector<std::uint32_t> releases_;  // slots whose Slice awaits release (ring)
   std::size_t release_head_ = 0;
   std::size_t release_count_ = 0;
-  enum class ExposureState : std::uint8_t { binding, live, failed, revoking, revoked };
+  // free -> (binding ->) live -> [revoking ->] revoked -> free, or
+  // live -> quarantined -> revoked -> free; binding -> failed -> free.
+  // `revoked` entries wait on the release list for an unlock to drop their
+  // parked reference.
+  enum class ExposureState : std::uint8_t { free, binding, live, failed, revoking, quarantined, revoked };
   struct ExposureEntry {
-    std::uint64_t handle = 0;  // backend's
-    ExposureState state = ExposureState::live;
+    std::uint64_t id = 0;      // the RemoteRef's exposure_id (0 = free)
+    std::uint64_t handle = 0;  // backend's (when owned)
+    std::uint64_t key = 0;     // as in the RemoteRef (find_live_exposure)
+    std::uint64_t address = 0;
+    std::uint64_t length = 0;
+    std::byte* base = nullptr;
+    Clock::time_point release_at{};  // quarantined: when the bytes may go
+    ExposureState state = ExposureState::free;
     Status status = Status::ok;  // of a settled bind
-    Slice parked;                // held while binding or revoking
+    RemoteAccess access = RemoteAccess::read_only;
+    bool owned = false;            // the backend holds `handle`
+    bool target_revokes = false;   // enforcement(mode, per_peer).revocation
+    std::uint32_t next = kNoExposure;  // free list / quarantine FIFO / release list
+    Slice parked;  // held while binding, revoking or quarantined
   };
-  std::unordered_map<std::uint64_t, ExposureEntry> exposures_;  // by exposure id
-  std::size_t settled_revokes_ = 0;   // entries in state revoked
+  std::vector<ExposureEntry> exposures_;
+  std::uint32_t free_exposures_ = kNoExposure;
+  std::uint32_t quarantine_head_ = kNoExposure;  // oldest first (one interval for all)
+  std::uint32_t quarantine_tail_ = kNoExposure;
+  std::uint32_t release_list_ = kNoExposure;     // revoked entries awaiting an unlock
+  ExposureStats exposure_stats_;              // guarded by mutex_
   bool revoke_deferred_ = false;      // set by revoke_deferred() during do_revoke
   std::shared_ptr<detail::ExposureLink> link_;
   std::uint64_t next_exposure_id_ = 1;

@@ -5,8 +5,11 @@
 // honouring the provider's mr_mode bits:
 //  - FI_MR_LOCAL: descriptors are passed on every data-path call;
 //  - FI_MR_VIRT_ADDR: peers address by virtual address, else by offset;
-//  - FI_MR_PROV_KEY: the provider picks keys, else this domain hands out keys
-//    that are unique within the domain;
+//  - FI_MR_PROV_KEY: the provider picks keys, else this domain draws each key
+//    at random (getrandom(2)) over the provider's mr_key_size, retrying on
+//    -FI_ENOKEY (taken), so a key says nothing about any other key: on
+//    providers that check keys (tcp) a peer cannot guess its way into a
+//    registration it was not given, arenas included;
 //  - FI_MR_ENDPOINT: registrations are bound to every endpoint opened on the
 //    domain (attach_endpoint) before they are enabled.
 //
@@ -109,7 +112,6 @@ class REGPOOL_API FabricDomain final : public Domain {
   bool has_atomics_ = false;
   bool thread_safe_ = false;
   std::uint64_t max_key_ = ~std::uint64_t{0};  // from domain_attr->mr_key_size
-  std::atomic<std::uint64_t> next_key_{1};
   std::mutex reg_mutex_;  // serialises fi_mr_reg/fi_close unless thread_safe_
   std::mutex endpoints_mutex_;  // guards endpoints_ and live_mrs_
   std::vector<fid_ep*> endpoints_;

@@ -11,11 +11,14 @@
 //    polling, bounded by EndpointConfig::post_timeout.
 //  - Keys: shm checks neither keys nor access rights. The protection users
 //    get there is the base class's check before the wire, which every
-//    operation goes through. tcp checks keys, and with FI_DELIVERY_COMPLETE
-//    a bad write fails itself instead of poisoning the next operation.
-//  - Exposures are per-export sub-registrations (fi_mr_reg of exactly the
-//    slice with exactly the rights asked), so on providers that check keys a
-//    key grants that slice only, and revoking closes it.
+//    operation goes through. tcp checks keys, the registration's range and
+//    its rights, and with FI_DELIVERY_COMPLETE a bad write fails itself
+//    instead of poisoning the next operation. Keys are random (FabricDomain).
+//  - Exposures (docs/exposures.md): standard mode uses the object's arena
+//    (or user block) registration and registers nothing; scoped mode is a
+//    registration of exactly the slice with exactly the rights asked and a
+//    random key, so on tcp the key grants that slice only and revoking
+//    closes it. enforcement() says which of these the target checks.
 //  - Atomics: native (fi_fetch_atomic / fi_compare_atomic, FI_UINT64) where
 //    the provider's own core has FI_ATOMIC (shm). On layered providers
 //    (tcp;ofi_rxm) they are emulated: a request message goes to the target's
@@ -57,7 +60,6 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "regpool/endpoint.hpp"
@@ -154,8 +156,10 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   Status do_atomic(const OpDesc& op) noexcept override;
   std::size_t do_poll(std::size_t max) noexcept override;
   void do_cancel(const OpDesc& op) noexcept override;
-  Result<ExposureInfo> do_expose(const Slice& slice, RemoteAccess access) noexcept override;
+  Result<ExposureInfo> do_expose(const Slice& slice, RemoteAccess access, ExposureMode mode, PeerId peer,
+                                 std::uint64_t peer_handle) noexcept override;
   void do_revoke(std::uint64_t handle) noexcept override;
+  Enforcement do_enforcement(ExposureMode mode, bool per_peer) const noexcept override;
 
  private:
   struct PeerAddr {
@@ -163,14 +167,6 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
     std::uint64_t data = 0;  // fi_addr_t in av_
     std::uint64_t ctrl = 0;  // fi_addr_t in ctrl_av_ (emulated atomics)
     std::vector<std::byte> ctrl_name;
-  };
-  struct ExposureRec {
-    bool live = false;
-    Registration registration;
-    std::byte* base = nullptr;
-    std::uint64_t length = 0;
-    std::uint64_t address = 0;  // as in the RemoteRef
-    RemoteAccess access = RemoteAccess::read_only;
   };
   // Emulated atomics, per operation slot.
   struct EmuOp {
@@ -221,8 +217,12 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   bool emulated_atomics_ = false;
 
   std::vector<PeerAddr> peers_;
-  std::vector<ExposureRec> exposures_;
-  std::unordered_map<std::uint64_t, std::size_t> exposure_by_key_;
+  // Scoped exposures: one registration each (a slab with a free list).
+  std::vector<Registration> scoped_;
+  std::vector<std::size_t> scoped_free_;
+  // The target checks keys, registration ranges and rights (measured:
+  // tcp;ofi_rxm; see do_enforcement).
+  bool target_checks_keys_ = false;
 
   // Native atomics: operand / compare / result words per slot, registered
   // once so FI_MR_LOCAL providers get descriptors.

@@ -3,7 +3,8 @@
 // put to, get from, or run atomics on a slice of its memory.
 //
 // Encoded form: fixed kEncodedSize bytes, little-endian, versioned and
-// checksummed, so a peer can validate bytes that arrived from anywhere:
+// checksummed, so a peer can validate bytes that arrived from anywhere
+// (access: 1 read-only, 2 read-write, 3 write-only):
 //   0  u32 magic "RPRF"      4  u16 version        6  u8 backend   7 u8 access
 //   8  u8 address mode       9  u8 flags           10 u16 reserved (0)
 //   12 u32 reserved (0)      16 u64 remote key     24 u64 address (of the slice's
@@ -11,8 +12,10 @@
 //   48 u64 reserved (0)      56 u32 reserved (0)   60 u32 CRC-32C of bytes 0..59
 // decode() checks every field and never crashes on any input. The checksum
 // catches corruption and truncation, not forgery: a peer that wants to lie
-// can compute it too. What protects the owner is its scoped key (and, where
-// the provider checks nothing, the initiator's own checks).
+// can compute it too. What protects the owner is what its target enforces
+// (Endpoint::enforcement(): keys, bounds, rights, revocation, per provider
+// and exposure mode; docs/exposures.md) and, beyond that, the honesty of the
+// initiator's own checks.
 
 #include <array>
 #include <cstddef>
@@ -27,13 +30,23 @@ namespace regpool {
 enum class RemoteAccess : std::uint8_t {
   read_only = 1,   // get
   read_write = 2,  // get, put, fetch_add, compare_swap
+  write_only = 3,  // put only (no get, no atomics: they read the old value)
 };
 
 // The registration rights an export with `access` needs: atomics come with
-// read-write, as the enum says.
+// read-write, as the enum says; write-only is FI_REMOTE_WRITE without
+// FI_REMOTE_READ.
 constexpr Access registration_access(RemoteAccess access) noexcept {
-  return access == RemoteAccess::read_write ? (Access::remote_read | Access::remote_write | Access::remote_atomic)
-                                            : Access::remote_read;
+  switch (access) {
+    case RemoteAccess::read_write: return Access::remote_read | Access::remote_write | Access::remote_atomic;
+    case RemoteAccess::write_only: return Access::remote_write;
+    case RemoteAccess::read_only: break;
+  }
+  return Access::remote_read;
+}
+constexpr bool known_access(RemoteAccess access) noexcept {
+  return access == RemoteAccess::read_only || access == RemoteAccess::read_write ||
+         access == RemoteAccess::write_only;
 }
 
 enum class Backend : std::uint8_t { fabric = 1, verbs = 2 };
@@ -60,7 +73,13 @@ struct REGPOOL_API RemoteRef {
   static constexpr std::uint8_t kFlagAligned8 = 1u << 0;
   static constexpr std::uint8_t kKnownFlags = kFlagAligned8;
 
-  bool allows_write() const noexcept { return access == RemoteAccess::read_write; }
+  // What the owner granted (checked by every initiator before the wire;
+  // whether the target checks it too is Endpoint::enforcement()).
+  bool allows_read() const noexcept { return access == RemoteAccess::read_only || access == RemoteAccess::read_write; }
+  bool allows_write() const noexcept {
+    return access == RemoteAccess::read_write || access == RemoteAccess::write_only;
+  }
+  bool allows_atomics() const noexcept { return access == RemoteAccess::read_write; }
   // An 8-byte word at `offset` is aligned in the owner's memory.
   bool aligned_word(std::uint64_t offset) const noexcept {
     if (offset % 8 != 0) return false;

@@ -1,7 +1,7 @@
 #pragma once
 // Layer 9: printing the counters. The structs themselves live with their
-// owners (PoolStats in pool.hpp, DomainStats in domain.hpp, EndpointStats in
-// endpoint.hpp); what each field means, and how the occupancy and
+// owners (PoolStats in pool.hpp, DomainStats in domain.hpp, EndpointStats and
+// ExposureStats in endpoint.hpp); what each field means, and how the occupancy and
 // fragmentation figures are computed, is in docs/telemetry.md.
 //
 // All functions are pure formatting of a snapshot the caller already took
@@ -24,13 +24,17 @@ REGPOOL_API void print(std::ostream& out, const PoolStats& stats);
 REGPOOL_API void print(std::ostream& out, const DomainStats& stats);
 // One line.
 REGPOOL_API void print(std::ostream& out, const EndpointStats& stats);
+// One line (Endpoint::exposure_stats()).
+REGPOOL_API void print(std::ostream& out, const ExposureStats& stats);
 REGPOOL_API std::string to_string(const PoolStats& stats);
 REGPOOL_API std::string to_string(const DomainStats& stats);
 REGPOOL_API std::string to_string(const EndpointStats& stats);
+REGPOOL_API std::string to_string(const ExposureStats& stats);
 // One JSON object each, for tools and scripts: every field of the struct,
 // under its own name.
 REGPOOL_API std::string to_json(const PoolStats& stats);
 REGPOOL_API std::string to_json(const DomainStats& stats);
 REGPOOL_API std::string to_json(const EndpointStats& stats);
+REGPOOL_API std::string to_json(const ExposureStats& stats);
 
 }  // namespace regpool

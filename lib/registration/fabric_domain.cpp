@@ -4,9 +4,12 @@
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
+#include <sys/random.h>
+#include <sys/types.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -245,18 +248,23 @@ Domain::Native FabricDomain::do_register(void* addr, std::size_t length, Access 
 
   fid_mr* mr = nullptr;
   int rc = 0;
-  // Our keys are unique within this domain, but something else (a transport
-  // registering its own buffers with explicit keys) might have taken one:
-  // skip ahead a few times on -FI_ENOKEY before giving up.
-  for (int tries = 0; tries < 16; ++tries) {
+  // Random keys (FI_MR_PROV_KEY aside): a key guessed from another one (as
+  // sequential keys allowed) opens nothing. A key already taken in this
+  // domain answers -FI_ENOKEY: draw again. With 8-byte keys a collision is
+  // astronomically rare; small key spaces fill up, hence the bound.
+  constexpr int kKeyTries = 64;
+  for (int tries = 0; tries < kKeyTries; ++tries) {
     std::uint64_t key = 0;
     if (!prov_key) {
-      key = next_key_.fetch_add(1, std::memory_order_relaxed);
-      if (key > max_key_) {
-        throw Error(Status::registration_failed, -FI_ENOKEY,
-                    "fabric domain '" + provider_ + "': requested keys exhausted (key size " +
-                        std::to_string(info_->domain_attr->mr_key_size) + " bytes)");
+      std::uint64_t bits = 0;
+      if (::getrandom(&bits, sizeof bits, 0) != static_cast<ssize_t>(sizeof bits)) {
+        throw Error(Status::registration_failed, errno,
+                    "fabric domain '" + provider_ + "': getrandom for a registration key failed: " +
+                        std::strerror(errno));
       }
+      key = bits & max_key_;
+      // FI_KEY_NOTAVAIL (all ones) means "no key" to libfabric.
+      if (key == FI_KEY_NOTAVAIL) continue;
     }
     mr = nullptr;
     rc = fi_mr_reg(domain_, addr, length, acc, 0, key, 0, &mr, nullptr);

@@ -54,6 +54,7 @@ Exposure& Exposure::operator=(Exposure&& o) noexcept {
     link_ = std::move(o.link_);
     slice_ = std::move(o.slice_);
     ref_ = o.ref_;
+    index_ = o.index_;
     active_ = o.active_;
     o.active_ = false;
   }
@@ -71,7 +72,7 @@ void Exposure::revoke() noexcept {
     }
     if (ep) {
       // Takes slice_ when the revocation is not confirmed yet (parked).
-      ep->revoke_exposure(ref_.exposure_id, slice_);
+      ep->revoke_exposure(index_, ref_.exposure_id, slice_);
       std::lock_guard<std::mutex> g(link_->mutex);
       if (--link_->users == 0) link_->idle.notify_all();
     }
@@ -119,18 +120,14 @@ void Endpoint::unlock_and_release(std::unique_lock<std::mutex>& lk) noexcept {
         s.release_pending = false;
         maybe_free_locked(index);
       }
-      if (settled_revokes_ > 0) {
-        for (auto it = exposures_.begin(); it != exposures_.end() && n < kReleaseBatch;) {
-          if (it->second.state != ExposureState::revoked) {
-            ++it;
-            continue;
-          }
-          batch[n++] = std::move(it->second.parked);
-          it = exposures_.erase(it);
-          --settled_revokes_;
-        }
+      while (n < kReleaseBatch && release_list_ != kNoExposure) {
+        const std::uint32_t index = release_list_;
+        ExposureEntry& e = exposures_[index];
+        release_list_ = e.next;
+        batch[n++] = std::move(e.parked);
+        free_exposure_locked(index);
       }
-      more = release_count_ > 0 || settled_revokes_ > 0;
+      more = release_count_ > 0 || release_list_ != kNoExposure;
       lk.unlock();
     }
     if (!more) return;
@@ -154,6 +151,7 @@ Endpoint::Endpoint(const EndpointConfig& config) : config_(config) {
   peers_.reserve(16);
   link_ = std::make_shared<detail::ExposureLink>();
   link_->ep = this;
+  exposures_.reserve(64);
   // Exposure ids differ between endpoint incarnations, so a reference from a
   // previous run of a peer is not mistaken for a current one.
   std::random_device rd;
@@ -192,28 +190,35 @@ void Endpoint::shutdown() noexcept {
   }
   Lock g(*this);
   usable_.store(false, std::memory_order_release);
-  for (auto it = exposures_.begin(); it != exposures_.end();) {
-    ExposureEntry& e = it->second;
+  for (std::uint32_t i = 0; i < exposures_.size(); ++i) {
+    ExposureEntry& e = exposures_[i];
     if (e.state == ExposureState::live || e.state == ExposureState::binding) {
+      if (e.state == ExposureState::live) {
+        ++exposure_stats_.revoked;
+        --exposure_stats_.live;
+      }
       revoke_deferred_ = false;
-      do_revoke(e.handle);
-      if (revoke_deferred_) e.state = ExposureState::revoking;
-    }
-    if (e.state == ExposureState::revoking || e.state == ExposureState::revoked) {
+      if (e.owned) do_revoke(e.handle);
       // Parked until the backend has closed its resources (which revokes
       // every key): the base destructor drops the rest.
-      ++it;
-    } else if (e.parked) {
-      // A bind that was still pending, or one that failed: released by the
-      // unlock below, not under the mutex.
-      e.state = ExposureState::revoked;
-      ++settled_revokes_;
-      ++it;
-    } else {
-      it = exposures_.erase(it);
+      if (revoke_deferred_) e.state = ExposureState::revoking;
+      else if (e.parked) queue_release_locked(i);  // a pending bind: after the unlock
+      else free_exposure_locked(i);
+    } else if (e.state == ExposureState::failed) {
+      queue_release_locked(i);
     }
   }
-  // Confirmed ones are released by the unlock (settled_revokes_).
+  // Quarantined bytes go without waiting out their interval: the endpoint
+  // closes, and with it every way in through it.
+  while (quarantine_head_ != kNoExposure) {
+    const std::uint32_t i = quarantine_head_;
+    quarantine_head_ = exposures_[i].next;
+    --exposure_stats_.quarantined;
+    exposure_stats_.quarantined_bytes -= exposures_[i].length;
+    queue_release_locked(i);
+  }
+  quarantine_tail_ = kNoExposure;
+  // Released by the unlock (the release list).
 }
 
 PeerId Endpoint::insert_peer(std::span<const std::byte> name) {
@@ -327,68 +332,215 @@ void Endpoint::fail_peer(PeerId peer, Status status) noexcept {
   fail_ops_locked(peer, status == Status::ok ? Status::peer_unreachable : status);
 }
 
+const char* to_string(ExposureMode mode) noexcept {
+  switch (mode) {
+    case ExposureMode::standard: return "standard";
+    case ExposureMode::scoped: return "scoped";
+  }
+  return "?";
+}
+
 Result<Exposure> Endpoint::expose(const Slice& slice, RemoteAccess access) noexcept {
-  return expose_impl(slice, access, kAnyPeer);
+  return expose_impl(slice, access, kAnyPeer, config_.exposure_mode);
+}
+
+Result<Exposure> Endpoint::expose(const Slice& slice, RemoteAccess access, ExposureMode mode) noexcept {
+  return expose_impl(slice, access, kAnyPeer, mode);
 }
 
 Result<Exposure> Endpoint::expose(const Slice& slice, RemoteAccess access, PeerId peer) noexcept {
   if (peer == kAnyPeer) return Status::invalid_argument;
-  return expose_impl(slice, access, peer);
+  return expose_impl(slice, access, peer, config_.exposure_mode);
 }
 
-Result<Exposure> Endpoint::expose_impl(const Slice& slice, RemoteAccess access, PeerId peer) noexcept {
-  if (!slice || slice.length() == 0) return Status::invalid_argument;
-  if (!slice.within_object()) return Status::out_of_bounds;
-  if (access != RemoteAccess::read_only && access != RemoteAccess::read_write) return Status::invalid_argument;
-  Slice dropped;  // a failed bind's reference: destroyed after the lock
-  Lock g(*this);
-  Result<ExposureInfo> info = Status::in_progress;
-  Clock::time_point deadline{};
-  for (std::uint32_t attempt = 0;; ++attempt) {
-    if (!usable() || stopping_.load(std::memory_order_relaxed)) return Status::closed;
-    if (peer != kAnyPeer) {
-      if (peer >= peers_.size() || !peers_[peer].used) return Status::invalid_argument;
-      if (peers_[peer].broken) return Status::peer_unreachable;
-    }
-    if (peer != kAnyPeer) {
-      const Status ready = peer_ready_locked(peer);
-      info = ready == Status::ok ? do_expose_to(slice, access, peer, peers_[peer].handle) : Result<ExposureInfo>(ready);
-    } else {
-      info = do_expose(slice, access);
-    }
-    if (info || info.status() != Status::would_block) break;
-    // Not now (verbs: the connection is still being set up): progress and
-    // retry like a post, without the mutex while backing off.
-    (void)poll_locked();
-    const auto now = Clock::now();
-    if (attempt == 0) deadline = now + config_.post_timeout;
-    if (now >= deadline) return Status::would_block;
-    g.unlock();
-    back_off(attempt);
-    g.relock();
+Result<Exposure> Endpoint::expose(const Slice& slice, RemoteAccess access, PeerId peer, ExposureMode mode) noexcept {
+  if (peer == kAnyPeer) return Status::invalid_argument;
+  return expose_impl(slice, access, peer, mode);
+}
+
+Result<ExposureInfo> Endpoint::standard_exposure(const Slice& slice, RemoteAccess access) const noexcept {
+  // The object's own registration (the arena's, or the user block's, made
+  // once on first use): nothing is registered here.
+  auto region = slice.ldo().region(domain());
+  if (!region) return region.status();
+  // A peer using the reference needs these rights from the registration;
+  // refusing now beats a remote access error later.
+  if (!grants(region->access, registration_access(access))) return Status::access_denied;
+  ExposureInfo info;
+  info.key = region->remote_key;
+  info.address = region->remote_base + slice.offset();
+  info.mode = region->mode;
+  info.owned = false;
+  return info;
+}
+
+Result<ExposureInfo> Endpoint::do_expose(const Slice& slice, RemoteAccess access, ExposureMode mode, PeerId /*peer*/,
+                                         std::uint64_t /*peer_handle*/) noexcept {
+  if (mode == ExposureMode::standard) return standard_exposure(slice, access);
+  return Status::unsupported;
+}
+
+Result<std::uint32_t> Endpoint::claim_exposure_locked() noexcept {
+  if (free_exposures_ != kNoExposure) {
+    const std::uint32_t i = free_exposures_;
+    free_exposures_ = exposures_[i].next;
+    exposures_[i].next = kNoExposure;
+    return i;
   }
-  if (!info) return info.status();
-  const std::uint64_t id = (exposure_nonce_ << 32) | (next_exposure_id_++ & 0xffffffffu);
+  if (exposures_.size() >= kNoExposure - 1) return Status::out_of_memory;
   try {
-    ExposureEntry entry;
-    entry.handle = info->handle;
-    entry.state = info->pending ? ExposureState::binding : ExposureState::live;
-    exposures_.emplace(id, std::move(entry));
+    exposures_.emplace_back();  // grows the slab; never in steady state
   } catch (...) {
-    do_revoke(info->handle);
     return Status::out_of_memory;
   }
+  return static_cast<std::uint32_t>(exposures_.size() - 1);
+}
+
+void Endpoint::free_exposure_locked(std::uint32_t index) noexcept {
+  ExposureEntry& e = exposures_[index];
+  // The parked reference (if any) has been moved out by the caller, to be
+  // dropped after the unlock.
+  e.id = 0;
+  e.state = ExposureState::free;
+  e.owned = false;
+  e.next = free_exposures_;
+  free_exposures_ = index;
+}
+
+void Endpoint::queue_release_locked(std::uint32_t index) noexcept {
+  ExposureEntry& e = exposures_[index];
+  e.state = ExposureState::revoked;
+  e.next = release_list_;
+  release_list_ = index;
+}
+
+void Endpoint::quarantine_locked(std::uint32_t index, Slice&& slice, Clock::time_point now) noexcept {
+  ExposureEntry& e = exposures_[index];
+  e.state = ExposureState::quarantined;
+  e.parked = std::move(slice);
+  e.release_at = now + config_.revoke_quarantine;
+  e.next = kNoExposure;
+  // One interval for every entry: appending keeps the list in deadline order.
+  if (quarantine_tail_ == kNoExposure) {
+    quarantine_head_ = index;
+  } else {
+    exposures_[quarantine_tail_].next = index;
+  }
+  quarantine_tail_ = index;
+  ++exposure_stats_.quarantined;
+  ++exposure_stats_.quarantine_total;
+  exposure_stats_.quarantined_bytes += e.length;
+}
+
+void Endpoint::expire_quarantine_locked(Clock::time_point now) noexcept {
+  while (quarantine_head_ != kNoExposure && exposures_[quarantine_head_].release_at <= now) {
+    const std::uint32_t i = quarantine_head_;
+    quarantine_head_ = exposures_[i].next;
+    if (quarantine_head_ == kNoExposure) quarantine_tail_ = kNoExposure;
+    --exposure_stats_.quarantined;
+    exposure_stats_.quarantined_bytes -= exposures_[i].length;
+    ++exposure_stats_.quarantine_released;
+    queue_release_locked(i);  // the reference is dropped after the unlock
+  }
+}
+
+std::uint32_t Endpoint::find_handle_locked(std::uint64_t handle) const noexcept {
+  for (std::uint32_t i = 0; i < exposures_.size(); ++i) {
+    const ExposureEntry& e = exposures_[i];
+    if (e.owned && e.handle == handle && (e.state == ExposureState::binding || e.state == ExposureState::revoking)) {
+      return i;
+    }
+  }
+  return kNoExposure;
+}
+
+Result<Endpoint::ExposureView> Endpoint::find_live_exposure(std::uint64_t key, std::uint64_t address,
+                                                             std::uint64_t length) const noexcept {
+  bool key_known = false;
+  for (const ExposureEntry& e : exposures_) {
+    if (e.state != ExposureState::live || e.key != key) continue;
+    key_known = true;
+    if (address < e.address || address - e.address > e.length || e.length - (address - e.address) < length) continue;
+    return ExposureView{e.base, e.address, e.length, e.access};
+  }
+  return key_known ? Status::out_of_bounds : Status::bad_key;
+}
+
+Result<Exposure> Endpoint::expose_impl(const Slice& slice, RemoteAccess access, PeerId peer,
+                                       ExposureMode mode) noexcept {
+  if (!slice || slice.length() == 0) return Status::invalid_argument;
+  if (!slice.within_object()) return Status::out_of_bounds;
+  if (!known_access(access)) return Status::invalid_argument;
+  if (mode != ExposureMode::standard && mode != ExposureMode::scoped) return Status::invalid_argument;
+  Slice dropped;  // a failed bind's reference: destroyed after the lock
+  Lock g(*this);
+  if (!usable() || stopping_.load(std::memory_order_relaxed)) return Status::closed;
+  // Quarantined bytes whose time has come go now (dropped after the unlock),
+  // so a process that exposes without calling progress() does not hoard them.
+  if (quarantine_head_ != kNoExposure) expire_quarantine_locked(Clock::now());
+  Result<ExposureInfo> info = Status::in_progress;
+  if (mode == ExposureMode::standard && peer == kAnyPeer) {
+    // Backend-neutral: the object's registration, bounds and rights in the
+    // reference. No backend call, no registration, no wait.
+    info = standard_exposure(slice, access);
+  } else {
+    Clock::time_point deadline{};
+    for (std::uint32_t attempt = 0;; ++attempt) {
+      if (!usable() || stopping_.load(std::memory_order_relaxed)) return Status::closed;
+      if (peer != kAnyPeer) {
+        if (peer >= peers_.size() || !peers_[peer].used) return Status::invalid_argument;
+        if (peers_[peer].broken) return Status::peer_unreachable;
+        const Status ready = peer_ready_locked(peer);
+        info = ready == Status::ok ? do_expose(slice, access, mode, peer, peers_[peer].handle)
+                                   : Result<ExposureInfo>(ready);
+      } else {
+        info = do_expose(slice, access, mode, kAnyPeer, 0);
+      }
+      if (info || info.status() != Status::would_block) break;
+      // Not now (verbs: the connection is still being set up): progress and
+      // retry like a post, without the mutex while backing off.
+      (void)poll_locked();
+      const auto now = Clock::now();
+      if (attempt == 0) deadline = now + config_.post_timeout;
+      if (now >= deadline) return Status::would_block;
+      g.unlock();
+      back_off(attempt);
+      g.relock();
+    }
+  }
+  if (!info) return info.status();
+  auto claimed = claim_exposure_locked();
+  if (!claimed) {
+    if (info->owned) do_revoke(info->handle);
+    return claimed.status();
+  }
+  const std::uint32_t index = *claimed;
+  const std::uint64_t id = (exposure_nonce_ << 32) | (next_exposure_id_++ & 0xffffffffu);
+  {
+    ExposureEntry& entry = exposures_[index];
+    entry.id = id;
+    entry.handle = info->handle;
+    entry.owned = info->owned;
+    entry.key = info->key;
+    entry.address = info->address;
+    entry.length = slice.length();
+    entry.base = slice.address();
+    entry.access = access;
+    entry.target_revokes = do_enforcement(mode, peer != kAnyPeer).revocation;
+    entry.state = info->pending ? ExposureState::binding : ExposureState::live;
+  }
+  if (info->registered) ++exposure_stats_.registrations;
   if (info->pending) {
     // Keep the bytes alive while the bind is in flight, whatever happens to
     // the caller's handles; wait for the backend's verdict through progress,
-    // releasing the mutex between polls.
-    exposures_[id].parked = slice;
+    // releasing the mutex between polls. (Entries never move to another
+    // index, and this one is not freed while it is binding.)
+    exposures_[index].parked = slice;
     const auto bound = Clock::now() + config_.post_timeout;
     for (std::uint32_t attempt = 0;; ++attempt) {
       (void)poll_locked();
-      auto it = exposures_.find(id);
-      if (it == exposures_.end() || stopping_.load(std::memory_order_relaxed)) return Status::closed;
-      ExposureEntry& e = it->second;
+      ExposureEntry& e = exposures_[index];
+      if (e.id != id) return Status::closed;
       if (e.state == ExposureState::live) {
         e.parked = Slice{};  // the Exposure below holds the slice from now on
         break;
@@ -396,8 +548,11 @@ Result<Exposure> Endpoint::expose_impl(const Slice& slice, RemoteAccess access, 
       if (e.state == ExposureState::failed) {
         const Status st = e.status;
         dropped = std::move(e.parked);
-        exposures_.erase(it);
+        free_exposure_locked(index);
         return st;
+      }
+      if (e.state != ExposureState::binding || stopping_.load(std::memory_order_relaxed)) {
+        return Status::closed;  // shutdown took it over
       }
       if (Clock::now() >= bound) {
         // Never confirmed: take it back. The reference stays parked until
@@ -408,7 +563,7 @@ Result<Exposure> Endpoint::expose_impl(const Slice& slice, RemoteAccess access, 
           e.state = ExposureState::revoking;
         } else {
           dropped = std::move(e.parked);
-          exposures_.erase(it);
+          free_exposure_locked(index);
         }
         return Status::timeout;
       }
@@ -417,6 +572,9 @@ Result<Exposure> Endpoint::expose_impl(const Slice& slice, RemoteAccess access, 
       g.relock();
     }
   }
+  ++exposure_stats_.created;
+  ++exposure_stats_.live;
+  if (mode == ExposureMode::scoped) ++exposure_stats_.scoped;
   Exposure e;
   e.link_ = link_;
   e.slice_ = slice;
@@ -428,30 +586,44 @@ Result<Exposure> Endpoint::expose_impl(const Slice& slice, RemoteAccess access, 
   e.ref_.length = slice.length();
   e.ref_.exposure_id = id;
   e.ref_.flags = reinterpret_cast<std::uintptr_t>(slice.address()) % 8 == 0 ? RemoteRef::kFlagAligned8 : 0;
+  e.index_ = index;
   e.active_ = true;
   return e;
 }
 
-void Endpoint::revoke_exposure(std::uint64_t exposure_id, Slice& slice) noexcept {
+void Endpoint::revoke_exposure(std::uint32_t index, std::uint64_t exposure_id, Slice& slice) noexcept {
   Lock g(*this);
-  auto it = exposures_.find(exposure_id);
-  if (it == exposures_.end() || it->second.state != ExposureState::live) return;
+  const auto now = Clock::now();
+  if (quarantine_head_ != kNoExposure) expire_quarantine_locked(now);
+  if (index >= exposures_.size() || exposures_[index].id != exposure_id ||
+      exposures_[index].state != ExposureState::live) {
+    return;
+  }
+  ++exposure_stats_.revoked;
+  --exposure_stats_.live;
   revoke_deferred_ = false;
-  do_revoke(it->second.handle);
+  if (exposures_[index].owned) do_revoke(exposures_[index].handle);
   if (!revoke_deferred_) {
-    exposures_.erase(it);
+    ExposureEntry& e = exposures_[index];
+    if (!e.target_revokes && config_.revoke_quarantine.count() > 0) {
+      // The key keeps working at the target (shm; tcp's arena key): the
+      // bytes stay ours for the interval, so a late write lands in them and
+      // never in an object allocated there afterwards.
+      quarantine_locked(index, std::move(slice), now);
+      return;
+    }
+    free_exposure_locked(index);
     return;  // the caller drops the slice, after the lock
   }
   // The key may still work: the bytes must not go back to the pool before
   // the backend confirms. Wait briefly for that, polling without holding
   // the mutex in between; if it takes longer, leave the reference parked.
-  it->second.state = ExposureState::revoking;
-  it->second.parked = std::move(slice);
-  const auto bound = Clock::now() + kRevokeConfirmWait;
+  exposures_[index].state = ExposureState::revoking;
+  exposures_[index].parked = std::move(slice);
+  const auto bound = now + kRevokeConfirmWait;
   for (std::uint32_t attempt = 0;; ++attempt) {
     (void)poll_locked();
-    it = exposures_.find(exposure_id);
-    if (it == exposures_.end() || it->second.state != ExposureState::revoking) return;
+    if (exposures_[index].id != exposure_id || exposures_[index].state != ExposureState::revoking) return;
     if (Clock::now() >= bound) return;
     g.unlock();
     back_off(attempt);
@@ -460,22 +632,24 @@ void Endpoint::revoke_exposure(std::uint64_t exposure_id, Slice& slice) noexcept
 }
 
 void Endpoint::exposure_settled(std::uint64_t handle, Status status) noexcept {
-  for (auto& [id, e] : exposures_) {
-    if (e.handle != handle) continue;
-    if (e.state == ExposureState::binding) {
-      e.state = status == Status::ok ? ExposureState::live : ExposureState::failed;
-      e.status = status;
-      return;
-    }
-    if (e.state == ExposureState::revoking) {
-      e.state = ExposureState::revoked;
-      ++settled_revokes_;
-      return;
-    }
+  const std::uint32_t index = find_handle_locked(handle);
+  if (index == kNoExposure) return;
+  ExposureEntry& e = exposures_[index];
+  if (e.state == ExposureState::binding) {
+    e.state = status == Status::ok ? ExposureState::live : ExposureState::failed;
+    e.status = status;
+    return;
   }
+  // Revoking: confirmed dead; the parked reference goes after the unlock.
+  queue_release_locked(index);
 }
 
 void Endpoint::revoke_deferred(std::uint64_t /*handle*/) noexcept { revoke_deferred_ = true; }
+
+ExposureStats Endpoint::exposure_stats() const noexcept {
+  std::lock_guard<std::mutex> g(mutex_);
+  return exposure_stats_;
+}
 
 Status Endpoint::reject(Status st) noexcept {
   rejected_.fetch_add(1, std::memory_order_relaxed);
@@ -540,8 +714,11 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
     if (!remote->well_formed()) return reject(Status::malformed);
     if (remote->backend != backend_kind()) return reject(Status::invalid_argument);
     if (!remote->contains(remote_offset, length)) return reject(Status::out_of_bounds);
-    const bool writes = kind != OpKind::get;  // put and both atomics modify the target
-    if (writes && !remote->allows_write()) return reject(Status::access_denied);
+    const bool atomic = kind == OpKind::fetch_add || kind == OpKind::compare_swap;
+    // Atomics read the old word and write the new one: read-write only.
+    if (atomic && !remote->allows_atomics()) return reject(Status::access_denied);
+    if (kind == OpKind::put && !remote->allows_write()) return reject(Status::access_denied);
+    if (kind == OpKind::get && !remote->allows_read()) return reject(Status::access_denied);
     if ((kind == OpKind::fetch_add || kind == OpKind::compare_swap) && !remote->aligned_word(remote_offset)) {
       return reject(Status::invalid_argument);
     }
@@ -676,11 +853,12 @@ Endpoint::Clock::time_point Endpoint::deadline_for(OpKind kind, std::uint64_t le
 std::size_t Endpoint::poll_locked() noexcept {
   const std::size_t n = do_poll(config_.poll_batch);
   last_poll_events_ = n;
-  if (backend_owned_ > 0) {
+  if (backend_owned_ > 0 || quarantine_head_ != kNoExposure) {
     const auto now = Clock::now();
     if (now >= next_expiry_scan_) {
       next_expiry_scan_ = now + kExpiryScanInterval;
-      expire_locked(now);
+      if (backend_owned_ > 0) expire_locked(now);
+      expire_quarantine_locked(now);
     }
   }
   return n;

@@ -148,6 +148,11 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
     case FabricEndpointOptions::DeliveryComplete::off: delivery_complete_ = false; break;
     case FabricEndpointOptions::DeliveryComplete::automatic: delivery_complete_ = is_layered(prov); break;
   }
+  // Measured (exposures_test): tcp;ofi_rxm's target refuses a wrong key, a
+  // range outside the registration and missing rights; shm refuses none of
+  // them (its CMA path skips the key table). Other providers: not measured,
+  // nothing claimed.
+  target_checks_keys_ = prov.substr(0, prov.find(';')) == "tcp";
 
   // Native atomics need the provider's FI_ATOMIC and the two operations we
   // use on 64-bit words. A layered provider's atomics (rxm) are a software
@@ -228,7 +233,8 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   }
 
   peers_.reserve(16);
-  exposures_.reserve(16);
+  scoped_.reserve(16);
+  scoped_free_.reserve(16);
   // See do_recv: layered providers over tcp lose a connection's stream on
   // a truncated eager message. Any eager message fits slice + this area.
   if (is_layered(prov) && prov.rfind("tcp", 0) == 0 && info->rx_attr && info->rx_attr->iov_limit >= 2) {
@@ -301,8 +307,8 @@ void FabricEndpoint::close_resources() noexcept {
     if (*av) (void)fi_close(&(*av)->fid);
     *av = nullptr;
   }
-  exposures_.clear();
-  exposure_by_key_.clear();
+  scoped_.clear();
+  scoped_free_.clear();
   atomic_reg_.reset();
   ctrl_reg_.reset();
   overflow_reg_.reset();
@@ -665,15 +671,16 @@ void FabricEndpoint::serve_request(const CtrlMsg& req) noexcept {
   }
   Status st = Status::ok;
   std::uint64_t old = 0;
-  auto it = exposure_by_key_.find(req.key);
-  if (it == exposure_by_key_.end() || !exposures_[it->second].live) {
-    st = Status::bad_key;
+  // Checked against this endpoint's live exposures (both modes): key, the
+  // exposure's own range and rights, so emulated atomics are scoped even
+  // when the key is an arena's.
+  auto found = find_live_exposure(req.key, req.address, 8);
+  if (!found) {
+    st = found.status();
   } else {
-    const ExposureRec& x = exposures_[it->second];
+    const ExposureView& x = *found;
     if (x.access != RemoteAccess::read_write) {
       st = Status::access_denied;
-    } else if (req.address < x.address || req.address - x.address > x.length || x.length - (req.address - x.address) < 8) {
-      st = Status::out_of_bounds;
     } else {
       std::byte* p = x.base + (req.address - x.address);
       if (reinterpret_cast<std::uintptr_t>(p) % 8 != 0) {
@@ -944,47 +951,67 @@ void FabricEndpoint::do_cancel(const OpDesc& op) noexcept {
 
 // ------------------------------------------------------------ exposures
 
-Result<ExposureInfo> FabricEndpoint::do_expose(const Slice& slice, RemoteAccess access) noexcept {
-  const Access rights = registration_access(access);
-  // A registration of exactly the slice: its key grants nothing else of the
-  // arena (on providers that check keys), and closing it revokes it.
-  auto reg = domain_->try_register(slice.address(), static_cast<std::size_t>(slice.length()), rights);
-  if (!reg) return reg.status();
-  std::size_t slot = exposures_.size();
-  for (std::size_t i = 0; i < exposures_.size(); ++i) {
-    if (!exposures_[i].live) {
-      slot = i;
-      break;
-    }
-  }
+Result<ExposureInfo> FabricEndpoint::do_expose(const Slice& slice, RemoteAccess access, ExposureMode mode,
+                                               PeerId /*peer*/, std::uint64_t /*peer_handle*/) noexcept {
+  // libfabric keys are not scoped to a connection: a peer changes nothing.
+  if (mode == ExposureMode::standard) return standard_exposure(slice, access);
+  // Scoped: a registration of exactly the slice with exactly the rights and
+  // a random key (FabricDomain): on providers that check keys it grants that
+  // slice only, and closing it revokes it.
+  std::size_t slot = scoped_.size();
   try {
-    if (slot == exposures_.size()) exposures_.emplace_back();
-    ExposureRec& x = exposures_[slot];
-    x.registration = std::move(*reg);
-    x.base = slice.address();
-    x.length = slice.length();
-    x.address = x.registration.remote_address(slice.address());
-    x.access = access;
-    x.live = true;
-    exposure_by_key_[x.registration.remote_key()] = slot;
-    ExposureInfo info;
-    info.key = x.registration.remote_key();
-    info.address = x.address;
-    info.mode = x.registration.address_mode();
-    info.handle = slot;
-    return info;
+    if (scoped_free_.empty()) {
+      scoped_.emplace_back();
+      scoped_free_.reserve(scoped_.size());
+    } else {
+      slot = scoped_free_.back();
+      scoped_free_.pop_back();
+    }
   } catch (...) {
     return Status::out_of_memory;
   }
+  auto reg = domain_->try_register(slice.address(), static_cast<std::size_t>(slice.length()), registration_access(access));
+  if (!reg) {
+    scoped_free_.push_back(slot);  // capacity reserved above
+    return reg.status();
+  }
+  Registration& r = scoped_[slot];
+  r = std::move(*reg);
+  ExposureInfo info;
+  info.key = r.remote_key();
+  info.address = r.remote_address(slice.address());
+  info.mode = r.address_mode();
+  info.handle = slot;
+  info.registered = true;
+  return info;
 }
 
 void FabricEndpoint::do_revoke(std::uint64_t handle) noexcept {
-  if (handle >= exposures_.size() || !exposures_[handle].live) return;
-  ExposureRec& x = exposures_[handle];
-  exposure_by_key_.erase(x.registration.remote_key());
-  x.registration.reset();
-  x.live = false;
-  x.base = nullptr;
+  if (handle >= scoped_.size() || !scoped_[handle]) return;
+  scoped_[handle].reset();
+  scoped_free_.push_back(handle);  // capacity: one per slot, reserved when it was made
+}
+
+Enforcement FabricEndpoint::do_enforcement(ExposureMode mode, bool /*per_peer*/) const noexcept {
+  // Facts measured by test/transport/exposures_test.cpp ("what the target
+  // enforces"), per provider; anything not measured is claimed false.
+  Enforcement e;
+  if (!target_checks_keys_) return e;  // shm (and untested providers): nothing
+  // tcp;ofi_rxm checks every RMA against its key table: the key, the
+  // registration's range and its rights; closing a registration kills its
+  // key. In standard mode the registration is the arena's, random-keyed:
+  // only a peer given some exposure of that arena can use it, but within
+  // the arena neither the object's bounds nor its rights nor a revoke bind.
+  // Read rights are not enforced even in scoped mode: a get through a
+  // registration made with FI_REMOTE_WRITE only is served (measured, libfabric
+  // 1.17), so write-only is an initiator-side promise there.
+  e.keys = true;
+  if (mode == ExposureMode::scoped) {
+    e.bounds = true;
+    e.rights = true;
+    e.revocation = true;
+  }
+  return e;
 }
 
 }  // namespace regpool

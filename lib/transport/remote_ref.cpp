@@ -61,7 +61,7 @@ std::array<std::byte, RemoteRef::kEncodedSize> RemoteRef::encode() const noexcep
 
 bool RemoteRef::well_formed() const noexcept {
   if (backend != Backend::fabric && backend != Backend::verbs) return false;
-  if (access != RemoteAccess::read_only && access != RemoteAccess::read_write) return false;
+  if (!known_access(access)) return false;
   if (mode != AddressMode::virtual_address && mode != AddressMode::offset) return false;
   if ((flags & ~kKnownFlags) != 0) return false;
   // An empty or wrapping range cannot come from an honest exposure, and
@@ -87,10 +87,7 @@ Result<RemoteRef> RemoteRef::decode(std::span<const std::byte> bytes) noexcept {
   if (backend != static_cast<std::uint8_t>(Backend::fabric) && backend != static_cast<std::uint8_t>(Backend::verbs)) {
     return Status::malformed;
   }
-  if (access != static_cast<std::uint8_t>(RemoteAccess::read_only) &&
-      access != static_cast<std::uint8_t>(RemoteAccess::read_write)) {
-    return Status::malformed;
-  }
+  if (!known_access(static_cast<RemoteAccess>(access))) return Status::malformed;
   if (mode != static_cast<std::uint8_t>(AddressMode::virtual_address) &&
       mode != static_cast<std::uint8_t>(AddressMode::offset)) {
     return Status::malformed;

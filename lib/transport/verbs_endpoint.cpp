@@ -1051,7 +1051,33 @@ void VerbsEndpoint::do_cancel(const OpDesc& /*op*/) noexcept {
 
 // ----------------------------------------------------------------- exposures
 
-Result<ExposureInfo> VerbsEndpoint::do_expose(const Slice& slice, RemoteAccess access) noexcept {
+Result<ExposureInfo> VerbsEndpoint::do_expose(const Slice& slice, RemoteAccess access, ExposureMode /*mode*/,
+                                              PeerId peer, std::uint64_t peer_handle) noexcept {
+  // The base makes standard exposures for any peer from the arena's rkey;
+  // what reaches here is a window for one peer (either mode) or a scoped
+  // exposure for any peer.
+  if (peer != kAnyPeer) return expose_window(slice, access, peer, peer_handle);
+  return expose_registration(slice, access);
+}
+
+Enforcement VerbsEndpoint::do_enforcement(ExposureMode mode, bool per_peer) const noexcept {
+  // The device checks rkeys, the range and rights of the MR or window behind
+  // them, and an invalidated window or deregistered MR no longer answers.
+  // The arena's rkey (standard mode, any peer) grants the whole arena with
+  // the arena's rights and is never revoked.
+  // read_rights (a get through a write-only exposure) is not claimed: not
+  // measured on rxe yet.
+  Enforcement e;
+  e.keys = true;
+  if (mode == ExposureMode::scoped || per_peer) {
+    e.bounds = true;
+    e.rights = true;
+    e.revocation = true;
+  }
+  return e;
+}
+
+Result<ExposureInfo> VerbsEndpoint::expose_registration(const Slice& slice, RemoteAccess access) noexcept {
   Impl& m = *impl_;
   const Access rights = registration_access(access);
   // A registration of exactly the slice: its rkey grants that slice with
@@ -1068,6 +1094,7 @@ Result<ExposureInfo> VerbsEndpoint::do_expose(const Slice& slice, RemoteAccess a
     info.address = reinterpret_cast<std::uintptr_t>(slice.address());
     info.mode = AddressMode::virtual_address;
     info.handle = slot;
+    info.registered = true;
     return info;
   } catch (...) {
     return Status::out_of_memory;
@@ -1119,8 +1146,8 @@ void VerbsEndpoint::window_op_done(std::uint64_t wr_id, int wc_status) noexcept 
   }
 }
 
-Result<ExposureInfo> VerbsEndpoint::do_expose_to(const Slice& slice, RemoteAccess access, PeerId /*peer*/,
-                                                 std::uint64_t peer_handle) noexcept {
+Result<ExposureInfo> VerbsEndpoint::expose_window(const Slice& slice, RemoteAccess access, PeerId /*peer*/,
+                                                  std::uint64_t peer_handle) noexcept {
   Impl& m = *impl_;
   if (!domain_->memory_windows()) return Status::unsupported;
   if (peer_handle >= m.conns.size() || !m.conns[peer_handle].used) return Status::invalid_argument;
@@ -1178,7 +1205,7 @@ Result<ExposureInfo> VerbsEndpoint::do_expose_to(const Slice& slice, RemoteAcces
   wr.bind_mw.bind_info.mw_access_flags =
       access == RemoteAccess::read_write
           ? (IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)
-          : IBV_ACCESS_REMOTE_READ;
+          : (access == RemoteAccess::write_only ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ);
   if (ibv_post_send(c.qp, &wr, &bad) != 0) {
     (void)ibv_dealloc_mw(mw);
     return Status::would_block;

@@ -6,7 +6,10 @@
 //  - range checks on a decoded reference cannot overflow: contains() for
 //    offsets derived from the input agrees with 128-bit arithmetic;
 //  - every decoded reference is one an endpoint accepts (well_formed()),
-//    and the address of its last byte does not wrap.
+//    and the address of its last byte does not wrap;
+//  - the rights it grants are consistent: something is granted, atomics
+//    only with both read and write, and the registration rights an owner
+//    needs for it cover exactly what it allows.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -24,6 +27,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (std::memcmp(again.data(), data, again.size()) != 0) std::abort();
   if (!r->well_formed()) std::abort();
   if (r->address_at(r->length - 1) < r->address) std::abort();
+  using regpool::Access;
+  if (!r->allows_read() && !r->allows_write()) std::abort();
+  if (r->allows_atomics() && !(r->allows_read() && r->allows_write())) std::abort();
+  const Access need = regpool::registration_access(r->access);
+  if (regpool::grants(need, Access::remote_read) != r->allows_read()) std::abort();
+  if (regpool::grants(need, Access::remote_write) != r->allows_write()) std::abort();
+  if (regpool::grants(need, Access::remote_atomic) != r->allows_atomics()) std::abort();
   // Offsets and lengths taken from the input's own bytes (checksum field
   // ends up varied by the fuzzer, so these cover the whole 64-bit range).
   std::uint64_t off = 0;

@@ -508,7 +508,8 @@ TEST_CASE("tcp: a put with a revoked key reports bad_key, the peer broken, and r
         for (int i = 0; i < kRounds * kAfter; ++i) toks.push_back(*s.ep->post_recv(rpt::slice_or_die(Slice::data(rbuf))));
         (void)b->allgather(regpool::pack_blobs({s.ep->name(), rpt::encoded(*keep)}), 20s);
         for (int r = 0; r < kRounds; ++r) {
-          auto gone = s.ep->expose(rpt::slice_or_die(Slice::data(obj, 0, 1024)), RemoteAccess::read_write);
+          auto gone = s.ep->expose(rpt::slice_or_die(Slice::data(obj, 0, 1024)), RemoteAccess::read_write,
+                                  regpool::ExposureMode::scoped);
           RPT_CHECK(gone.ok());
           const auto ref = rpt::encoded(*gone);
           gone->revoke();

@@ -82,8 +82,8 @@ TEST_CASE("bounds and rights are enforced before the wire", "[fabric]") {
         RPT_CHECK(rpt::wait_ok(*s.ep, s.ep->put(whole, peer, rw, 0)).status == Status::ok);
 
         // A forged reference (read-only key claimed read-write) passes our
-        // checks by construction. tcp and verbs check the key's rights and
-        // fail the write; shm checks nothing (docs/provider-facts.md), so it is not
+        // checks by construction. The read-only export is scoped (its own
+        // registration): tcp and verbs check its rights and fail the write; shm checks nothing (docs/provider-facts.md), so it is not
         // attempted there.
         if (rpt::checks_remote_keys(prov)) {
           RemoteRef forged = ro;
@@ -128,7 +128,7 @@ TEST_CASE("bounds and rights are enforced before the wire", "[fabric]") {
   const auto ro_wire = rpt::hash(ro_obj.wire());
   const auto next_wire = rpt::hash(next.wire());
   auto rw = s.ep->expose(rpt::slice_or_die(Slice::data(rw_obj)), RemoteAccess::read_write);
-  auto ro = s.ep->expose(rpt::slice_or_die(Slice::data(ro_obj)), RemoteAccess::read_only);
+  auto ro = s.ep->expose(rpt::slice_or_die(Slice::data(ro_obj)), RemoteAccess::read_only, regpool::ExposureMode::scoped);
   REQUIRE(rw.ok());
   REQUIRE(ro.ok());
   (void)boot->allgather(regpool::pack_blobs({s.ep->name(), rpt::encoded(*rw), rpt::encoded(*ro), rpt::pod_bytes(ro_hash)}), 20s);

@@ -10,6 +10,8 @@
 
 #include "regpool/remote_ref.hpp"
 
+using regpool::Access;
+using regpool::registration_access;
 using regpool::AddressMode;
 using regpool::Backend;
 using regpool::RemoteAccess;
@@ -48,7 +50,7 @@ TEST_CASE("crc32c matches the Castagnoli check value", "[unit]") {
 
 TEST_CASE("remote ref round trips every field", "[unit]") {
   for (auto mode : {AddressMode::virtual_address, AddressMode::offset}) {
-    for (auto access : {RemoteAccess::read_only, RemoteAccess::read_write}) {
+    for (auto access : {RemoteAccess::read_only, RemoteAccess::read_write, RemoteAccess::write_only}) {
       for (auto backend : {Backend::fabric, Backend::verbs}) {
         RemoteRef r = sample();
         r.mode = mode;
@@ -142,7 +144,7 @@ TEST_CASE("remote ref decode names each malformation", "[unit]") {
 
 TEST_CASE("well_formed holds a hand-built reference to decode's field rules", "[unit]") {
   CHECK(sample().well_formed());
-  std::vector<RemoteRef> bad(8, sample());
+  std::vector<RemoteRef> bad(9, sample());
   bad[0].length = 0;
   bad[1].address = ~std::uint64_t{0} - 10;  // length 4096: wraps
   bad[2].exposure_id = 0;
@@ -151,6 +153,7 @@ TEST_CASE("well_formed holds a hand-built reference to decode's field rules", "[
   bad[5].backend = static_cast<Backend>(3);
   bad[6].flags = 0x02;
   bad[7].flags = RemoteRef::kFlagAligned8 | 0x80;
+  bad[8].access = static_cast<RemoteAccess>(4);  // one past write_only
   for (std::size_t i = 0; i < bad.size(); ++i) {
     INFO("variant " << i);
     CHECK_FALSE(bad[i].well_formed());
@@ -161,6 +164,28 @@ TEST_CASE("well_formed holds a hand-built reference to decode's field rules", "[
   edge.address = ~std::uint64_t{0} - edge.length;
   CHECK(edge.well_formed());
   CHECK(RemoteRef::decode(edge.encode()).ok());
+}
+
+TEST_CASE("remote access rights: what each access allows and registers", "[unit]") {
+  RemoteRef r = sample();
+  r.access = RemoteAccess::read_only;
+  CHECK(r.allows_read());
+  CHECK_FALSE(r.allows_write());
+  CHECK_FALSE(r.allows_atomics());
+  CHECK(registration_access(r.access) == Access::remote_read);
+  r.access = RemoteAccess::write_only;
+  CHECK_FALSE(r.allows_read());
+  CHECK(r.allows_write());
+  CHECK_FALSE(r.allows_atomics());
+  CHECK(registration_access(r.access) == Access::remote_write);
+  r.access = RemoteAccess::read_write;
+  CHECK(r.allows_read());
+  CHECK(r.allows_write());
+  CHECK(r.allows_atomics());
+  CHECK(registration_access(r.access) == (Access::remote_read | Access::remote_write | Access::remote_atomic));
+  // Byte 7 carries it on the wire.
+  r.access = RemoteAccess::write_only;
+  CHECK(static_cast<std::uint8_t>(r.encode()[7]) == 3);
 }
 
 TEST_CASE("remote ref range and alignment helpers", "[unit]") {

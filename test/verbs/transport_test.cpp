@@ -69,7 +69,7 @@ TEST_CASE("after a remote access error both QPs recover: reconnect on one side, 
   const auto pa = b.ep->insert_peer(a.ep->name());
   auto ta = a.alloc(256), tb = b.alloc(256);
   auto ea = a.ep->expose(rpt::slice_or_die(Slice::data(ta)), RemoteAccess::read_write);
-  auto eb = b.ep->expose(rpt::slice_or_die(Slice::data(tb)), RemoteAccess::read_only);
+  auto eb = b.ep->expose(rpt::slice_or_die(Slice::data(tb)), RemoteAccess::read_only, regpool::ExposureMode::scoped);
   REQUIRE(ea.ok());
   REQUIRE(eb.ok());
   auto src = a.alloc(64);
@@ -79,7 +79,7 @@ TEST_CASE("after a remote access error both QPs recover: reconnect on one side, 
   auto bsrc = b.alloc(64);
   auto b16 = rpt::slice_or_die(Slice::data(bsrc, 0, 16));
   REQUIRE(rpt::wait_ok(*b.ep, b.ep->put(b16, pa, ea->ref(), 0)).status == Status::ok);
-  // A forged write through the read-only key: rejected by B's device.
+  // A forged write through the read-only (scoped) key: rejected by B's device.
   auto forged = eb->ref();
   forged.access = RemoteAccess::read_write;
   const auto before = rpt::hash(tb.data());

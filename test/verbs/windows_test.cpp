@@ -129,7 +129,8 @@ TEST_CASE("memory windows and sub-registrations: scoped, revocable, memory untou
 
   auto w = s.ep->expose(rpt::slice_or_die(Slice::data(obj, kWinOff, kWinLen)), RemoteAccess::read_write, peer);
   REQUIRE(w.ok());
-  auto sub = s.ep->expose(rpt::slice_or_die(Slice::data(obj, kSubOff, kSubLen)), RemoteAccess::read_write);
+  auto sub = s.ep->expose(rpt::slice_or_die(Slice::data(obj, kSubOff, kSubLen)), RemoteAccess::read_write,
+                          regpool::ExposureMode::scoped);
   REQUIRE(sub.ok());
   CHECK(w->ref().key != sub->ref().key);
   auto wb = rpt::encoded(*w), sb = rpt::encoded(*sub);
