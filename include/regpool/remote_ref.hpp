@@ -27,6 +27,7 @@ namespace regpool {
 enum class RemoteAccess : std::uint8_t {
   read_only = 1,   // get
   read_write = 2,  // get, put, fetch_add, compare_swap
+  write_only = 3,
 };
 
 // The registration rights an export with `access` needs: atomics come with
