@@ -68,17 +68,28 @@
 //    sub-registration (ibv_reg_mr) of exactly the slice with exactly the
 //    rights; its rkey grants that slice and nothing else of the arena, to
 //    any peer; revoke deregisters it.
-//  - expose(slice, access, peer): a type-2 memory window (ibv_alloc_mw
-//    IBV_MW_TYPE_2, bound with IBV_WR_BIND_MW on that peer's QP over the
-//    arena's MR, which the domain registered with IBV_ACCESS_MW_BIND, or over
-//    a local-only MR of the slice on rxe: see WindowBacking). A type 2 window
-//    is tied to the QP it was bound on, so the key grants exactly the slice,
-//    to exactly that peer. Binding needs the connection up: the call
+//  - expose(slice, access, peer): a type-2 memory window bound with
+//    IBV_WR_BIND_MW on that peer's QP. In standard mode it is bound over the
+//    object's own MR (arena or user block, registered once with
+//    IBV_ACCESS_MW_BIND), so it costs no registration; in scoped mode on rxe
+//    over a local-only MR of the slice (see WindowBacking), because rxe checks
+//    a window access against the MR underneath, not the window's own range. A
+//    type 2 window is tied to the QP it was bound on, so the key grants the
+//    slice to exactly that peer, with exactly the rights (read_only: remote
+//    read; write_only: remote write; read_write: read, write, atomics).
+//    Windows are recycled per connection: one whose invalidate completed
+//    goes on the connection's free list (up to window_cache) and is rebound
+//    with the next 8-bit key tag (ibv_inc_rkey), so no earlier key of it
+//    matches; after 255 binds it is deallocated instead, so its tags never
+//    repeat. Windows whose bind or invalidate did not complete successfully
+//    (flushed by a reset) are deallocated, and a reset or remove_peer drops
+//    the connection's free list. Binding needs the connection up: the call
 //    progresses until it is, then posts IBV_WR_BIND_MW and waits for its
 //    completion, both bounded by post_timeout and without holding the
 //    endpoint's mutex while waiting (the bind is reported to the base with
 //    exposure_settled()). Revoking posts IBV_WR_LOCAL_INV; the window is
-//    deallocated (and a backing MR deregistered) when it completes.
+//    recycled or deallocated (and a backing MR deregistered) when it
+//    completes.
 //    revoke() waits for that briefly; if it is queued behind slow work
 //    requests, the base keeps the slice's LDO reference until progress sees
 //    the completion. If the QP is in ERROR (or the invalidate cannot be
@@ -134,9 +145,27 @@ struct VerbsEndpointOptions {
   //    so an arena-backed window would let a forged length reach the whole
   //    arena. Measured: a put 256 bytes past an arena-backed window succeeds
   //    on rxe (kernel 6.1).
-  //  - automatic: slice on rxe devices, arena elsewhere.
+  //  - automatic: arena for standard exposures (no registration per
+  //    exposure: the reference carries the bounds, the initiator checks
+  //    them, and on rxe the target enforces key, rights, peer and
+  //    revocation but bounds only to the arena's MR); for scoped exposures
+  //    (the target must enforce the bounds too) slice on rxe devices, arena
+  //    elsewhere. Today's expose(slice, access, peer) is a standard exposure.
   enum class WindowBacking : std::uint8_t { automatic, arena, slice };
   WindowBacking window_backing = WindowBacking::automatic;
+  // Type-2 windows kept per peer for reuse once their invalidate completed
+  // (rebound with a fresh key tag, so no earlier key of the window matches).
+  // 0 = a fresh ibv_alloc_mw per exposure, deallocated after its revoke.
+  std::uint32_t window_cache = 16;
+};
+
+// Memory-window counters of one endpoint (relaxed snapshot, any thread).
+struct VerbsWindowStats {
+  std::uint64_t allocated = 0;    // ibv_alloc_mw calls that succeeded
+  std::uint64_t deallocated = 0;  // ibv_dealloc_mw calls
+  std::uint64_t binds = 0;        // IBV_WR_BIND_MW posted
+  std::uint64_t reused = 0;       // of those, on a recycled window
+  std::uint64_t cached = 0;       // windows on the per-peer free lists now
 };
 
 class REGPOOL_API VerbsEndpoint final : public Endpoint {
@@ -156,6 +185,8 @@ class REGPOOL_API VerbsEndpoint final : public Endpoint {
   const std::shared_ptr<VerbsDomain>& verbs_domain() const noexcept { return domain_; }
   // What the device granted on RC QPs (0 = no inline sends).
   std::uint32_t max_inline_data() const noexcept { return max_inline_; }
+  // Window allocation, binding and recycling counters.
+  VerbsWindowStats window_stats() const noexcept;
 
  protected:
   Backend backend_kind() const noexcept override { return Backend::verbs; }
@@ -221,6 +252,17 @@ class REGPOOL_API VerbsEndpoint final : public Endpoint {
   void window_op_done(std::uint64_t wr_id, int wc_status) noexcept;
   void finish_window(std::size_t slot) noexcept;
   void settle_window(std::size_t slot, int pending) noexcept;
+  // Window recycling (per connection, see Conn::free_windows). A window goes
+  // back to its connection's free list only when its bind and its
+  // invalidate both completed successfully on the connection's current
+  // incarnation; anything else is deallocated.
+  Result<ExposureInfo> expose_window(const Slice& slice, RemoteAccess access, std::uint32_t ci,
+                                     bool scoped) noexcept;
+  bool window_over_slice(bool scoped) const noexcept;
+  ibv_mw* take_window(std::uint32_t ci, std::uint32_t& binds) noexcept;
+  void recycle_window(std::size_t slot) noexcept;
+  void free_window(ibv_mw* mw) noexcept;
+  void drop_window_cache(std::uint32_t ci) noexcept;
 
   std::shared_ptr<VerbsDomain> domain_;
   VerbsEndpointOptions options_;

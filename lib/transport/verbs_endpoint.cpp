@@ -5,6 +5,7 @@
 #include <infiniband/verbs.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <chrono>
@@ -67,6 +68,24 @@ constexpr std::uint64_t seq_of(std::uint64_t id) noexcept { return (id >> 24) & 
 constexpr std::uint32_t index_of(std::uint64_t id) noexcept { return static_cast<std::uint32_t>(id & 0xffffffu); }
 
 constexpr std::uint32_t kNone = ~std::uint32_t{0};
+
+// A type-2 window's key is its index (24 bits) and an 8-bit tag the binder
+// chooses (ibv_inc_rkey). Rebinding with the next tag makes every earlier
+// key of the window stale, but only 255 binds can have tags that differ
+// from each other and from the one the window was allocated with; after
+// that the window is deallocated instead of recycled, so no key of a
+// window ever matches twice.
+constexpr std::uint32_t kMaxBindsPerWindow = 255;
+
+// What a window grants, by access.
+unsigned window_access_flags(RemoteAccess access) noexcept {
+  switch (access) {
+    case RemoteAccess::read_only: return IBV_ACCESS_REMOTE_READ;
+    case RemoteAccess::write_only: return IBV_ACCESS_REMOTE_WRITE;
+    case RemoteAccess::read_write: break;
+  }
+  return IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+}
 
 std::string errno_text(int err) { return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")"; }
 
@@ -138,6 +157,14 @@ struct VerbsEndpoint::Conn {
   std::vector<std::pair<std::uint64_t, std::uint32_t>> ring;
   std::size_t ring_head = 0;
   std::size_t ring_count = 0;
+  // Bumped whenever the QP leaves a connection (finish_reset): a window
+  // bound in an earlier incarnation is never recycled.
+  std::uint64_t incarnation = 0;
+  // Windows of this connection that are unbound (their invalidate came back
+  // successfully) and can be rebound at once: window and binds so far.
+  // At most VerbsEndpointOptions::window_cache; emptied when the QP is
+  // reset or the peer removed (drop_window_cache).
+  std::vector<std::pair<ibv_mw*, std::uint32_t>> free_windows;
 };
 
 struct VerbsEndpoint::Exposed {
@@ -152,6 +179,8 @@ struct VerbsEndpoint::Exposed {
   ibv_mw* mw = nullptr;       // window exposures
   std::uint32_t rkey = 0;
   std::uint32_t conn = kNone;
+  std::uint32_t binds = 0;         // binds of `mw` so far, this one included
+  std::uint64_t incarnation = 0;   // of `conn` when bound
 };
 
 struct SlotState {
@@ -174,6 +203,13 @@ struct VerbsEndpoint::Impl {
   std::vector<SlotState> slots;
   std::vector<Conn> conns;
   std::vector<Exposed> exposed;
+  // VerbsWindowStats (read from any thread).
+  std::atomic<std::uint64_t> mw_allocated{0};
+  std::atomic<std::uint64_t> mw_deallocated{0};
+  std::atomic<std::uint64_t> mw_binds{0};
+  std::atomic<std::uint64_t> mw_reused{0};
+  std::atomic<std::uint64_t> mw_cached{0};
+  std::uint64_t incarnations = 0;  // source of Conn::incarnation
 
   // A free (or new) entry of `exposed`, reset. May throw bad_alloc.
   std::size_t claim_exposure_slot() {
@@ -324,11 +360,12 @@ void VerbsEndpoint::close_resources() noexcept {
   if (!impl_) return;
   Impl& m = *impl_;
   for (Exposed& x : m.exposed) {
-    if (x.mw) (void)ibv_dealloc_mw(x.mw);
+    if (x.mw) free_window(x.mw);
     x.mw = nullptr;
     x.registration.reset();
     x.live = false;
   }
+  for (std::uint32_t ci = 0; ci < m.conns.size(); ++ci) drop_window_cache(ci);
   for (Conn& c : m.conns) {
     if (c.qp) (void)ibv_destroy_qp(c.qp);
     if (c.ah) (void)ibv_destroy_ah(c.ah);
@@ -414,6 +451,7 @@ std::uint32_t VerbsEndpoint::new_conn(const void* remote_name) {
   }
   c.local_psn = random_psn(m.rng);
   c.epoch = 1;
+  c.incarnation = ++m.incarnations;
   c.used = true;
   if (ci == m.conns.size()) {
     m.conns.push_back(std::move(c));
@@ -521,6 +559,10 @@ void VerbsEndpoint::finish_reset(std::uint32_t ci) noexcept {
       settle_window(slot, pending);
     }
   }
+  // Unbound windows go too: the connection's next incarnation allocates
+  // afresh (see recycle_window).
+  drop_window_cache(ci);
+  c.incarnation = ++m.incarnations;
   // Whatever did not come back is answered here; a late CQE for it is
   // recognised as stale by its sequence number (first_seq).
   for (std::uint32_t i = 0; i < m.slots.size(); ++i) {
@@ -660,6 +702,7 @@ void VerbsEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
     Exposed& x = m.exposed[slot];
     if (x.live && x.window && x.conn == ci && x.pending == Exposed::Pending::none) finish_window(slot);
   }
+  drop_window_cache(ci);
   // The QP goes to ERROR; it is destroyed once its old WRs are back
   // (at once when none are out), by progress, not waited for here.
   begin_reset(ci, static_cast<int>(Conn::AfterReset::close));
@@ -1061,15 +1104,28 @@ Result<ExposureInfo> VerbsEndpoint::do_expose(const Slice& slice, RemoteAccess a
 }
 
 Enforcement VerbsEndpoint::do_enforcement(ExposureMode mode, bool per_peer) const noexcept {
-  // The device checks rkeys, the range and rights of the MR or window behind
-  // them, and an invalidated window or deregistered MR no longer answers.
-  // The arena's rkey (standard mode, any peer) grants the whole arena with
-  // the arena's rights and is never revoked.
-  // read_rights (a get through a write-only exposure) is not claimed: not
-  // measured on rxe yet.
+  // The device checks rkeys, and the rights and state of the MR or window
+  // behind them: an invalidated window or a deregistered MR no longer
+  // answers. Measured on rxe by verbs-trust (forged references past the
+  // initiator's checks):
+  //  - the arena's rkey (standard mode, any peer) grants the whole arena
+  //    with the arena's rights and is never revoked: keys only;
+  //  - a window (with a peer, either mode) refuses a wrong key tag, a put
+  //    into a read-only window, a get from a write-only one and any use after
+  //    its invalidate; its range is checked against the MR underneath, not
+  //    the window's own (rxe), so the bounds hold only when that MR is the
+  //    slice's (scoped on rxe, or WindowBacking::slice). Devices other than
+  //    rxe check a window's own range (InfiniBand spec); not measured here;
+  //  - a sub-registration of the slice (scoped, any peer): key, range and
+  //    write rights; a get through a write-only one is not measured.
   Enforcement e;
   e.keys = true;
-  if (mode == ExposureMode::scoped || per_peer) {
+  if (per_peer) {
+    e.rights = true;
+    e.read_rights = true;
+    e.revocation = true;
+    e.bounds = window_over_slice(mode == ExposureMode::scoped) || domain_->device_name().rfind("rxe", 0) != 0;
+  } else if (mode == ExposureMode::scoped) {
     e.bounds = true;
     e.rights = true;
     e.revocation = true;
@@ -1103,7 +1159,7 @@ Result<ExposureInfo> VerbsEndpoint::expose_registration(const Slice& slice, Remo
 
 void VerbsEndpoint::finish_window(std::size_t slot) noexcept {
   Exposed& x = impl_->exposed[slot];
-  if (x.mw) (void)ibv_dealloc_mw(x.mw);
+  if (x.mw) free_window(x.mw);
   x.mw = nullptr;
   // Only now, with no window bound over it, can a backing MR go.
   x.registration.reset();
@@ -1139,8 +1195,15 @@ void VerbsEndpoint::window_op_done(std::uint64_t wr_id, int wc_status) noexcept 
       return;
     }
     // Invalidate: done (or flushed with its QP, which kills the window's
-    // key as well). Deallocating now cannot race a remote access.
-    finish_window(slot);
+    // key as well). Reusing or deallocating now cannot race a remote
+    // access. Only a window the device confirmed unbound is reused: a
+    // flushed invalidate left it bound (and a flushed bind left the
+    // device's key tag behind ours), so it is deallocated.
+    if (wc_status == IBV_WC_SUCCESS) {
+      recycle_window(slot);
+    } else {
+      finish_window(slot);
+    }
     exposure_settled(slot, Status::ok);
     return;
   }
@@ -1151,7 +1214,90 @@ Result<ExposureInfo> VerbsEndpoint::expose_window(const Slice& slice, RemoteAcce
   Impl& m = *impl_;
   if (!domain_->memory_windows()) return Status::unsupported;
   if (peer_handle >= m.conns.size() || !m.conns[peer_handle].used) return Status::invalid_argument;
-  const auto ci = static_cast<std::uint32_t>(peer_handle);
+  // A standard exposure: no registration per exposure (see WindowBacking).
+  return expose_window(slice, access, static_cast<std::uint32_t>(peer_handle), false);
+}
+
+bool VerbsEndpoint::window_over_slice(bool scoped) const noexcept {
+  switch (options_.window_backing) {
+    case VerbsEndpointOptions::WindowBacking::arena: return false;
+    case VerbsEndpointOptions::WindowBacking::slice: return true;
+    case VerbsEndpointOptions::WindowBacking::automatic: break;
+  }
+  // rxe checks a window access against the range of the MR underneath, not
+  // the window's (see WindowBacking): a window that must enforce its bounds
+  // at the target needs an MR of exactly the slice there.
+  return scoped && domain_->device_name().rfind("rxe", 0) == 0;
+}
+
+ibv_mw* VerbsEndpoint::take_window(std::uint32_t ci, std::uint32_t& binds) noexcept {
+  Impl& m = *impl_;
+  Conn& c = m.conns[ci];
+  if (!c.free_windows.empty()) {
+    const auto [mw, n] = c.free_windows.back();
+    c.free_windows.pop_back();
+    m.mw_cached.fetch_sub(1, std::memory_order_relaxed);
+    m.mw_reused.fetch_add(1, std::memory_order_relaxed);
+    binds = n;
+    return mw;
+  }
+  ibv_mw* mw = ibv_alloc_mw(domain_->native_pd(), IBV_MW_TYPE_2);
+  if (mw) m.mw_allocated.fetch_add(1, std::memory_order_relaxed);
+  binds = 0;
+  return mw;
+}
+
+void VerbsEndpoint::free_window(ibv_mw* mw) noexcept {
+  (void)ibv_dealloc_mw(mw);
+  impl_->mw_deallocated.fetch_add(1, std::memory_order_relaxed);
+}
+
+void VerbsEndpoint::recycle_window(std::size_t slot) noexcept {
+  Impl& m = *impl_;
+  Exposed& x = m.exposed[slot];
+  // Reusable: unbound by a successful invalidate (the caller's word), bound
+  // in the connection's current incarnation (a window bound before a QP
+  // reset is not rebound on the reconnected QP), tags left, and room in
+  // the connection's cache.
+  if (x.mw && x.conn < m.conns.size()) {
+    Conn& c = m.conns[x.conn];
+    if (c.used && !c.closing() && c.incarnation == x.incarnation && x.binds < kMaxBindsPerWindow &&
+        c.free_windows.size() < options_.window_cache) {
+      try {
+        c.free_windows.emplace_back(x.mw, x.binds);
+        m.mw_cached.fetch_add(1, std::memory_order_relaxed);
+        x.mw = nullptr;
+      } catch (...) {
+        // No room to remember it: finish_window deallocates it.
+      }
+    }
+  }
+  finish_window(slot);
+}
+
+void VerbsEndpoint::drop_window_cache(std::uint32_t ci) noexcept {
+  Impl& m = *impl_;
+  if (ci >= m.conns.size()) return;
+  Conn& c = m.conns[ci];
+  for (auto& w : c.free_windows) free_window(w.first);
+  m.mw_cached.fetch_sub(c.free_windows.size(), std::memory_order_relaxed);
+  c.free_windows.clear();
+}
+
+VerbsWindowStats VerbsEndpoint::window_stats() const noexcept {
+  const Impl& m = *impl_;
+  VerbsWindowStats st;
+  st.allocated = m.mw_allocated.load(std::memory_order_relaxed);
+  st.deallocated = m.mw_deallocated.load(std::memory_order_relaxed);
+  st.binds = m.mw_binds.load(std::memory_order_relaxed);
+  st.reused = m.mw_reused.load(std::memory_order_relaxed);
+  st.cached = m.mw_cached.load(std::memory_order_relaxed);
+  return st;
+}
+
+Result<ExposureInfo> VerbsEndpoint::expose_window(const Slice& slice, RemoteAccess access, std::uint32_t ci,
+                                                  bool scoped) noexcept {
+  Impl& m = *impl_;
   // Binding needs the connection up; the base retries (progressing, without
   // the mutex) until post_timeout.
   if (m.conns[ci].state == Conn::State::connecting || m.conns[ci].state == Conn::State::resetting) {
@@ -1160,13 +1306,9 @@ Result<ExposureInfo> VerbsEndpoint::expose_window(const Slice& slice, RemoteAcce
   Conn& c = m.conns[ci];
   if (c.state != Conn::State::connected) return Status::peer_unreachable;
   if (c.wr_seq - c.retired_seq + 1 > m.sq_depth) return Status::would_block;
-  bool over_slice = options_.window_backing == VerbsEndpointOptions::WindowBacking::slice;
-  if (options_.window_backing == VerbsEndpointOptions::WindowBacking::automatic) {
-    over_slice = domain_->device_name().rfind("rxe", 0) == 0;  // see WindowBacking
-  }
   Registration backing;
   ibv_mr* mr = nullptr;
-  if (over_slice) {
+  if (window_over_slice(scoped)) {
     // Local rights only: remote access to these bytes exists only through
     // the window bound over them.
     auto reg = domain_->try_register(slice.address(), static_cast<std::size_t>(slice.length()), Access::local);
@@ -1174,6 +1316,8 @@ Result<ExposureInfo> VerbsEndpoint::expose_window(const Slice& slice, RemoteAcce
     backing = std::move(*reg);
     mr = static_cast<ibv_mr*>(backing.native());
   } else {
+    // The object's own MR (arena or user block), registered once with
+    // IBV_ACCESS_MW_BIND: binding a window over it is not a registration.
     auto region = slice.ldo().region(*domain_);
     if (!region) return region.status();
     if (!region->registration || !region->registration->native()) return Status::unsupported;
@@ -1186,10 +1330,10 @@ Result<ExposureInfo> VerbsEndpoint::expose_window(const Slice& slice, RemoteAcce
     return Status::out_of_memory;
   }
 
-  ibv_mw* mw = ibv_alloc_mw(domain_->native_pd(), IBV_MW_TYPE_2);
+  std::uint32_t binds = 0;
+  ibv_mw* mw = take_window(ci, binds);
   if (!mw) return errno == ENOMEM ? Status::out_of_memory : Status::unsupported;
-  // A fresh key tag per bind, so a key from an earlier binding of this
-  // window never matches again.
+  // The next key tag: no earlier key of this window matches any more.
   const std::uint32_t rkey = ibv_inc_rkey(mw->rkey);
   ibv_send_wr wr{};
   ibv_send_wr* bad = nullptr;
@@ -1202,14 +1346,22 @@ Result<ExposureInfo> VerbsEndpoint::expose_window(const Slice& slice, RemoteAcce
   wr.bind_mw.bind_info.mr = mr;
   wr.bind_mw.bind_info.addr = reinterpret_cast<std::uintptr_t>(slice.address());
   wr.bind_mw.bind_info.length = slice.length();
-  wr.bind_mw.bind_info.mw_access_flags =
-      access == RemoteAccess::read_write
-          ? (IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)
-          : (access == RemoteAccess::write_only ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ);
+  wr.bind_mw.bind_info.mw_access_flags = window_access_flags(access);
   if (ibv_post_send(c.qp, &wr, &bad) != 0) {
-    (void)ibv_dealloc_mw(mw);
+    // Nothing reached the device: the window is as it was (unbound, same
+    // tag) and can wait for the next exposure.
+    if (c.free_windows.size() < options_.window_cache) {
+      try {
+        c.free_windows.emplace_back(mw, binds);
+        m.mw_cached.fetch_add(1, std::memory_order_relaxed);
+        mw = nullptr;
+      } catch (...) {
+      }
+    }
+    if (mw) free_window(mw);
     return Status::would_block;
   }
+  m.mw_binds.fetch_add(1, std::memory_order_relaxed);
   c.wr_seq = seq;
   c.last_signaled_seq = seq;
   c.unsignaled_run = 0;
@@ -1225,6 +1377,8 @@ Result<ExposureInfo> VerbsEndpoint::expose_window(const Slice& slice, RemoteAcce
   x.mw = mw;
   x.rkey = rkey;
   x.conn = ci;
+  x.binds = binds + 1;
+  x.incarnation = c.incarnation;
   x.pending = Exposed::Pending::bind;
   x.wr_id = wr.wr_id;
   ExposureInfo info;
@@ -1254,10 +1408,9 @@ void VerbsEndpoint::do_revoke(std::uint64_t handle) noexcept {
   // race a remote access. It is not waited for here: the base parks the
   // slice until window_op_done() confirms. When it cannot be posted (QP in
   // ERROR, not connected, send queue full), deallocation revokes
-  // synchronously. Windows are not recycled: rebinding an invalidated
-  // type-2 window on rxe fails with a bind error when its QP was reset in
-  // between (a peer's reconnect does that), so each exposure gets a fresh
-  // window.
+  // synchronously. A window whose invalidate completed successfully goes
+  // back to its connection's free list (recycle_window); one whose
+  // invalidate was flushed is still bound on the device and is deallocated.
   if (x.conn < m.conns.size() && m.conns[x.conn].used && m.conns[x.conn].state == Conn::State::connected) {
     Conn& c = m.conns[x.conn];
     ibv_send_wr wr{};

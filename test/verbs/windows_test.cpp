@@ -1,5 +1,6 @@
 // Scoped, revocable exports on verbs, between two processes on one rxe
-// device: a type-2 memory window grants exactly its slice to exactly one
+// device (the target's windows bound over slice MRs, WindowBacking::slice):
+// a type-2 memory window grants exactly its slice to exactly one
 // peer; a sub-registration exposure grants exactly its slice. Out-of-range
 // and revoked keys fail remotely (bad_key) and leave the target's memory
 // untouched; a re-exposed window has a new key and the old one stays dead.
@@ -35,6 +36,16 @@ constexpr std::uint64_t kSubOff = 2048, kSubLen = 256;  // sub-registration S ov
 // The initiator's put and what it must fail to do, as statuses.
 Status put_status(rpt::Stack& s, regpool::PeerId peer, const RemoteRef& ref, std::uint64_t off, const Slice& src) {
   return rpt::wait_ok(*s.ep, s.ep->put(src, peer, ref, off), 20s).status;
+}
+
+// The target's endpoint for scoped windows: the target must enforce each
+// window's bounds, which on rxe takes a window over a local MR of exactly
+// the slice (rxe checks a window access against its MR's range).
+std::unique_ptr<regpool::Endpoint> scoped_endpoint(rpt::Stack& s) {
+  regpool::VerbsEndpointOptions o;
+  o.window_backing = regpool::VerbsEndpointOptions::WindowBacking::slice;
+  s.ep.reset();
+  return regpool::VerbsEndpoint::open(std::dynamic_pointer_cast<regpool::VerbsDomain>(s.domain), cfg(), o);
 }
 
 // After a remote access error the QPs on both sides are in ERROR: reconnect.
@@ -121,6 +132,7 @@ TEST_CASE("memory windows and sub-registrations: scoped, revocable, memory untou
       240);
 
   rpt::Stack s("verbs", cfg());
+  s.ep = scoped_endpoint(s);
   auto names = boot->allgather(s.ep->name(), 20s);
   const auto peer = s.ep->insert_peer(names[1]);
   auto obj = s.alloc(kObj);
