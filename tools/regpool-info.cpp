@@ -414,8 +414,12 @@ ExposureReport exposure_report(const FabricReport& f, const VerbsReport& vr) {
 #endif
 #if INFO_HAVE_VERBS_ENDPOINT
   for (const auto& d : vr.devices) {
+    // ibv_port_state_str() says "PORT_ACTIVE" or "active" depending on the
+    // rdma-core version (rxe in the Soft-RoCE guest: "active").
     const bool active = std::any_of(d.ports.begin(), d.ports.end(), [](const PortEntry& p) {
-      return p.state == "PORT_ACTIVE" || p.state == "ACTIVE";
+      std::string st = p.state;
+      for (char& ch : st) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      return st == "port_active" || st == "active";
     });
     if (!d.error.empty() || !active) continue;
     ExposureEntry x;
