@@ -63,9 +63,11 @@
 // CQ runs dry, so every op still gets its completion.
 //
 // Exposures (scoped, revocable exports):
-//  - expose(slice, access): a sub-registration (ibv_reg_mr) of exactly the
-//    slice with exactly the rights; its rkey grants that slice and nothing
-//    else of the arena, to any peer; revoke deregisters it.
+//  - expose(slice, access): in standard mode (the default) the arena's rkey,
+//    made by the base Endpoint, nothing registered; in scoped mode a
+//    sub-registration (ibv_reg_mr) of exactly the slice with exactly the
+//    rights; its rkey grants that slice and nothing else of the arena, to
+//    any peer; revoke deregisters it.
 //  - expose(slice, access, peer): a type-2 memory window (ibv_alloc_mw
 //    IBV_MW_TYPE_2, bound with IBV_WR_BIND_MW on that peer's QP over the
 //    arena's MR, which the domain registered with IBV_ACCESS_MW_BIND, or over

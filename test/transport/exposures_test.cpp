@@ -267,6 +267,24 @@ TEST_CASE("enforcement() says what the target really enforces", "[fabric]") {
     REQUIRE(recover(p, good->ref(), into));
     rpt::fill(ro_obj.data(), 11);
   }
+  // Rights, the other way: a get through a write-only exposure claimed
+  // read-write. Enforced when the bytes did not come back.
+  bool read_refused = false;
+  {
+    auto e = p.server.ep->expose(rpt::slice_or_die(Slice::data(ro_obj, 0, kLen)), RemoteAccess::write_only, mode);
+    REQUIRE(e.ok());
+    RemoteRef forged = e->ref();
+    forged.access = RemoteAccess::read_write;
+    auto got = rpt::slice_or_die(Slice::data(buf, 4096, kLen));
+    std::memset(got.address(), 0, kLen);
+    const Status st = rpt::wait_ok(*p.client.ep, p.client.ep->get(p.peer, forged, 0, got), 20s).status;
+    read_refused = std::memcmp(got.address(), ro_obj.data().data(), kLen) != 0;
+    std::fprintf(stderr, "%s %s get from write-only: %s, bytes %s\n", prov.c_str(), regpool::to_string(mode),
+                 regpool::to_string(st), read_refused ? "not returned" : "RETURNED");
+    if (read_refused) CHECK(st != Status::ok);
+    REQUIRE(recover(p, good->ref(), into));
+  }
+  CHECK(read_refused == claimed.rights);
   // Revocation: the honest reference of a revoked exposure (the object is
   // still held by the test, so a write that goes through lands in it).
   {
@@ -477,4 +495,23 @@ TEST_CASE("expose + revoke cost per mode", "[fabric]") {
                  static_cast<unsigned long long>(made), kRounds);
     CHECK(made == (mode == ExposureMode::standard ? 0u : static_cast<std::uint64_t>(kRounds)));
   }
+}
+
+TEST_CASE("a standard exposure cannot grant rights its object's registration lacks", "[fabric]") {
+  auto d = regpool::FabricDomain::open(rpt::fabric_config("shm"));
+  regpool::PoolConfig pc;
+  pc.arena_size = std::size_t{4} << 20;
+  pc.access = regpool::Access::local | regpool::Access::remote_read;
+  regpool::Pool pool({d}, pc);
+  auto ep = regpool::FabricEndpoint::open(d);
+  auto obj = *pool.allocate(256);
+  auto slice = rpt::slice_or_die(Slice::data(obj));
+  CHECK(ep->expose(slice, RemoteAccess::read_only).ok());
+  CHECK(ep->expose(slice, RemoteAccess::read_write).status() == Status::access_denied);
+  CHECK(ep->expose(slice, RemoteAccess::write_only).status() == Status::access_denied);
+  // Scoped exposures register the slice themselves, with the rights asked.
+  CHECK(ep->expose(slice, RemoteAccess::read_write, ExposureMode::scoped).ok());
+  CHECK(ep->expose(slice, static_cast<RemoteAccess>(9)).status() == Status::invalid_argument);
+  CHECK(ep->expose(slice, RemoteAccess::read_only, static_cast<ExposureMode>(7)).status() ==
+        Status::invalid_argument);
 }
