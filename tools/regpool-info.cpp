@@ -7,14 +7,19 @@
 // hints regpool's FabricDomain uses), verbs devices (libibverbs directly, so
 // it works whether or not regpool's verbs backend is built), the memlock
 // limit and CAP_IPC_LOCK, transparent-huge-page mode, hugetlbfs pages and
-// NUMA nodes. Every section degrades to "none"/"unavailable" instead of
-// failing: the tool is run on machines that lack things.
+// NUMA nodes. For each RDM provider listed (and each verbs device with an
+// active port, when regpool's verbs transport is built) it opens a real
+// domain and endpoint and prints Endpoint::enforcement() per exposure mode:
+// what the target enforces on its own (keys, bounds, rights, revocation).
+// Every section degrades to "none"/"unavailable" instead of failing: the
+// tool is run on machines that lack things.
 
 #include <dirent.h>
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -26,11 +31,22 @@
 #include <vector>
 
 #include "platform/mapping.hpp"
+#include "regpool/endpoint.hpp"
 #include "regpool_config.h"
 #include "tool_common.hpp"
 
 #if REGPOOL_HAVE_FABRIC
 #include <rdma/fabric.h>
+
+#include "regpool/fabric_domain.hpp"
+#include "regpool/fabric_endpoint.hpp"
+#endif
+#if REGPOOL_HAVE_VERBS && __has_include("regpool/verbs_endpoint.hpp")
+#include "regpool/verbs_domain.hpp"
+#include "regpool/verbs_endpoint.hpp"
+#define INFO_HAVE_VERBS_ENDPOINT 1
+#else
+#define INFO_HAVE_VERBS_ENDPOINT 0
 #endif
 #if defined(REGPOOL_TOOLS_HAVE_IBVERBS) && REGPOOL_TOOLS_HAVE_IBVERBS
 #include <arpa/inet.h>
@@ -50,7 +66,9 @@ void usage(std::FILE* to) {
                "(endpoint types, FI_MSG/FI_RMA/FI_ATOMIC caps, mr_mode bits, progress), verbs\n"
                "devices (ports, GIDs, max MR size, memory windows), the memlock limit and\n"
                "whether this process may exceed it (CAP_IPC_LOCK), transparent huge pages,\n"
-               "hugetlbfs pages and NUMA nodes.\n"
+               "hugetlbfs pages and NUMA nodes; and per RDM provider (and verbs device) what\n"
+               "the target enforces for exposures in standard and scoped mode (keys, bounds,\n"
+               "rights, revocation), from Endpoint::enforcement() of an endpoint it opens.\n"
                "  --json      one JSON object on stdout instead of text\n"
                "  -h, --help  this text\n"
                "Exit codes: 0 ok, 2 bad arguments.\n");
@@ -336,6 +354,149 @@ VerbsReport verbs_report() {
   return r;
 }
 
+// ---------------------------------------------------------------- exposures
+
+// One opened backend's Endpoint::enforcement() answers.
+struct EnforcementRow {
+  regpool::ExposureMode mode = regpool::ExposureMode::standard;
+  bool per_peer = false;
+  regpool::Enforcement e;
+};
+struct ExposureEntry {
+  std::string backend;   // "fabric" or "verbs"
+  std::string provider;  // as listed (fabric) or the device name (verbs)
+  std::string domain;    // Domain::name() of what was opened
+  std::string error;     // the domain or endpoint could not be opened
+  std::vector<EnforcementRow> rows;
+};
+struct ExposureReport {
+  std::chrono::milliseconds quarantine{0};  // EndpointConfig's default
+  std::vector<ExposureEntry> entries;
+};
+
+void add_rows(ExposureEntry& x, const regpool::Endpoint& ep, bool per_peer_keys) {
+  for (bool per_peer : {false, true}) {
+    if (per_peer && !per_peer_keys) continue;
+    for (auto mode : {regpool::ExposureMode::standard, regpool::ExposureMode::scoped}) {
+      x.rows.push_back(EnforcementRow{mode, per_peer, ep.enforcement(mode, per_peer)});
+    }
+  }
+}
+
+ExposureReport exposure_report(const FabricReport& f, const VerbsReport& vr) {
+  ExposureReport r;
+  r.quarantine = regpool::EndpointConfig{}.revoke_quarantine;
+  regpool::EndpointConfig ec;
+  ec.max_in_flight = 16;
+#if REGPOOL_HAVE_FABRIC
+  std::vector<std::string> seen;
+  for (const auto& e : f.rdm) {
+    if (std::find(seen.begin(), seen.end(), e.provider) != seen.end()) continue;
+    seen.push_back(e.provider);
+    ExposureEntry x;
+    x.backend = "fabric";
+    x.provider = e.provider;
+    try {
+      regpool::FabricConfig fc;
+      fc.provider = e.provider;
+      auto d = regpool::FabricDomain::open(fc);
+      x.domain = d->name();
+      auto ep = regpool::FabricEndpoint::open(d, ec);
+      // libfabric keys are not scoped to a connection (no per-peer rows).
+      add_rows(x, *ep, false);
+    } catch (const std::exception& ex) {
+      x.error = ex.what();
+    }
+    r.entries.push_back(std::move(x));
+  }
+#else
+  (void)f;
+#endif
+#if INFO_HAVE_VERBS_ENDPOINT
+  for (const auto& d : vr.devices) {
+    // ibv_port_state_str() says "PORT_ACTIVE" or "active" depending on the
+    // rdma-core version (rxe in the Soft-RoCE guest: "active").
+    const bool active = std::any_of(d.ports.begin(), d.ports.end(), [](const PortEntry& p) {
+      std::string st = p.state;
+      for (char& ch : st) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      return st == "port_active" || st == "active";
+    });
+    if (!d.error.empty() || !active) continue;
+    ExposureEntry x;
+    x.backend = "verbs";
+    x.provider = d.name;
+    try {
+      regpool::VerbsConfig vc;
+      vc.device = d.name;
+      auto vd = regpool::VerbsDomain::open(vc);
+      x.domain = vd->name();
+      auto ep = regpool::VerbsEndpoint::open(vd, ec);
+      // Verbs can scope a key to one peer's queue pair (a memory window).
+      add_rows(x, *ep, true);
+    } catch (const std::exception& ex) {
+      x.error = ex.what();
+    }
+    r.entries.push_back(std::move(x));
+  }
+#else
+  (void)vr;
+#endif
+  return r;
+}
+
+const char* yes_no(bool b) { return b ? "yes" : "no"; }
+
+std::string mode_label(const EnforcementRow& row) {
+  return std::string(regpool::to_string(row.mode)) + (row.per_peer ? ", per peer" : "");
+}
+
+void print_exposures_text(const ExposureReport& r) {
+  std::printf("\nexposures (Endpoint::enforcement() of an endpoint opened here: what the target\n"
+              "enforces on its own, whatever an initiator does):\n");
+  if (r.entries.empty()) {
+    std::printf("  none (no RDM provider or verbs device to open)\n");
+    return;
+  }
+  std::printf("    %-13s %-20s %-19s %-5s %-6s %-6s %s\n", "provider", "domain", "mode", "keys", "bounds", "rights",
+              "revocation");
+  for (const auto& x : r.entries) {
+    if (!x.error.empty()) {
+      std::printf("    %-13s could not open: %s\n", x.provider.c_str(), x.error.c_str());
+      continue;
+    }
+    for (const auto& row : x.rows) {
+      std::printf("    %-13s %-20s %-19s %-5s %-6s %-6s %s\n", x.provider.c_str(), x.domain.c_str(),
+                  mode_label(row).c_str(), yes_no(row.e.keys), yes_no(row.e.bounds), yes_no(row.e.rights),
+                  yes_no(row.e.revocation));
+    }
+  }
+  std::printf("  (\"no\" is guarded only by honest initiators' checks; where revocation is \"no\",\n"
+              "   revoked bytes are quarantined for EndpointConfig::revoke_quarantine, default %lld ms;\n"
+              "   see docs/exposures.md)\n",
+              static_cast<long long>(r.quarantine.count()));
+}
+
+std::string exposures_json(const ExposureReport& r) {
+  std::string o = "{\"revoke_quarantine_ms\":" + std::to_string(r.quarantine.count()) + ",\"backends\":[";
+  for (std::size_t i = 0; i < r.entries.size(); ++i) {
+    const auto& x = r.entries[i];
+    if (i) o += ",";
+    o += "{\"backend\":" + json_escape(x.backend) + ",\"provider\":" + json_escape(x.provider) +
+         ",\"domain\":" + (x.domain.empty() ? std::string("null") : json_escape(x.domain)) +
+         ",\"error\":" + (x.error.empty() ? std::string("null") : json_escape(x.error)) + ",\"enforcement\":[";
+    for (std::size_t j = 0; j < x.rows.size(); ++j) {
+      const auto& row = x.rows[j];
+      if (j) o += ",";
+      o += "{\"mode\":" + json_escape(regpool::to_string(row.mode)) +
+           ",\"per_peer\":" + (row.per_peer ? "true" : "false") + ",\"keys\":" + (row.e.keys ? "true" : "false") +
+           ",\"bounds\":" + (row.e.bounds ? "true" : "false") + ",\"rights\":" + (row.e.rights ? "true" : "false") +
+           ",\"revocation\":" + (row.e.revocation ? "true" : "false") + "}";
+    }
+    o += "]}";
+  }
+  return o + "]}";
+}
+
 // ------------------------------------------------------------------- memory
 
 struct MemoryReport {
@@ -460,7 +621,7 @@ void print_fabric_text(const std::vector<FabricEntry>& v) {
   }
 }
 
-void print_text(const FabricReport& f, const VerbsReport& vr, const MemoryReport& m) {
+void print_text(const FabricReport& f, const VerbsReport& vr, const ExposureReport& x, const MemoryReport& m) {
   std::printf("regpool %s\n\n", REGPOOL_VERSION);
   std::printf("libfabric:\n");
   if (!f.built) {
@@ -498,6 +659,7 @@ void print_text(const FabricReport& f, const VerbsReport& vr, const MemoryReport
       }
     }
   }
+  print_exposures_text(x);
   std::printf("\nmemory:\n");
   std::printf("  memlock limit: soft %s, hard %s; may exceed it (CAP_IPC_LOCK): %s; locked now: %s\n",
               limit_text(m.soft).c_str(), limit_text(m.hard).c_str(), m.can_exceed ? "yes" : "no",
@@ -536,7 +698,7 @@ std::string fabric_json(const std::vector<FabricEntry>& v) {
   return out + "]";
 }
 
-void print_json(const FabricReport& f, const VerbsReport& vr, const MemoryReport& m) {
+void print_json(const FabricReport& f, const VerbsReport& vr, const ExposureReport& x, const MemoryReport& m) {
   std::string o = "{";
   o += "\"regpool_version\":" + json_escape(REGPOOL_VERSION);
   o += ",\"libfabric\":{\"available\":" + std::string(f.built ? "true" : "false");
@@ -574,6 +736,7 @@ void print_json(const FabricReport& f, const VerbsReport& vr, const MemoryReport
     o += "]}";
   }
   o += "]}";
+  o += ",\"exposures\":" + exposures_json(x);
   o += ",\"memlock\":{\"soft_limit_bytes\":" + limit_json(m.soft) + ",\"hard_limit_bytes\":" + limit_json(m.hard) +
        ",\"can_exceed\":" + (m.can_exceed ? "true" : "false") + ",\"locked_now\":" + json_escape(m.locked_now) + "}";
   o += ",\"transparent_hugepages\":{\"enabled\":" + json_escape(m.thp_enabled) +
@@ -619,11 +782,12 @@ int main(int argc, char** argv) {
   }
   const FabricReport f = fabric_report();
   const VerbsReport v = verbs_report();
+  const ExposureReport x = exposure_report(f, v);
   const MemoryReport m = memory_report();
   if (json) {
-    print_json(f, v, m);
+    print_json(f, v, x, m);
   } else {
-    print_text(f, v, m);
+    print_text(f, v, x, m);
   }
   return 0;
 }

@@ -1,5 +1,6 @@
 // regpool-perf: two-process latency and bandwidth for put, get, send and
-// atomics between LDOs, in the manner of ib_write_bw / fi_rma_bw.
+// atomics between LDOs, in the manner of ib_write_bw / fi_rma_bw, and the
+// cost of exposing and revoking an object.
 //
 //   regpool-perf --server [--port P] [--bind ADDR]      (target, rank 0)
 //   regpool-perf --client HOST[:PORT] [options]         (initiator, rank 1)
@@ -21,6 +22,13 @@
 //   bandwidth --window operations in flight; bytes moved / elapsed time;
 //             send: a stream of messages closed by an ack from the server,
 //             so every byte has arrived; atomics: fetch_add rate.
+//   expose    Endpoint::expose + Exposure::revoke of a slice of the server's
+//             object (--expose-mode standard|scoped), timed by the server,
+//             which owns the object; median/min/max/p99 over --iters pairs.
+//             The row also carries domain_registrations: registrations made
+//             by both processes' domains while the server's loop ran (the
+//             server sends its count and its summary to the client over the
+//             TCP bootstrap; the client adds its own).
 // Payload bytes are not verified (regpool-demo and the transport tests do
 // that); a failed completion status is reported per op and size.
 
@@ -31,6 +39,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -49,6 +58,7 @@
 #include "regpool/pool.hpp"
 #include "regpool/slice.hpp"
 #include "regpool_config.h"
+#include "perf_wire.hpp"
 #include "tool_common.hpp"
 
 #if REGPOOL_HAVE_FABRIC
@@ -90,7 +100,8 @@ void usage(std::FILE* to) {
       "usage: regpool-perf --server [--port P] [--bind ADDR] [--json] [--[no-]progress]\n"
       "       regpool-perf --client HOST[:PORT] [options]\n"
       "       regpool-perf --loopback [options]\n"
-      "Two-process latency and bandwidth of put, get, send and atomics between LDOs.\n"
+      "Two-process latency and bandwidth of put, get, send and atomics between LDOs,\n"
+      "and the cost of exposing and revoking an LDO slice.\n"
       "  --server         run the target side; it takes its configuration from the client\n"
       "  --port P         server: TCP port for the bootstrap (default 18515)\n"
       "  --bind ADDR      server: address to listen on (default 0.0.0.0)\n"
@@ -106,7 +117,9 @@ void usage(std::FILE* to) {
       "  --iters N        operations per latency test and per bandwidth test (default\n"
       "                   1000; bandwidth tests move at most 1 GiB per size)\n"
       "  --window W       operations in flight in bandwidth tests (default 16, max 512)\n"
-      "  --ops LIST       put,get,send,atomic or a subset (default all)\n"
+      "  --ops LIST       put,get,send,atomic,expose or a subset (default all)\n"
+      "  --expose-mode M  standard or scoped: the ExposureMode the expose test uses\n"
+      "                   (default standard)\n"
       "Output:\n"
       "  --json           one JSON object on stdout instead of the table\n"
       "  --progress       progress line on stderr even when it is not a terminal\n"
@@ -129,13 +142,15 @@ struct Config {
   std::vector<std::uint64_t> sizes{8, 4096, 65536, std::uint64_t{1} << 20};
   std::uint64_t iters = 1000;
   std::uint64_t window = 16;
-  bool put = true, get = true, send = true, atomic = true;
+  bool put = true, get = true, send = true, atomic = true, expose = true;
+  regpool::ExposureMode expose_mode = regpool::ExposureMode::standard;
 
   // Serialised for the server: "key=value\n" lines.
   std::string encode() const {
     std::ostringstream o;
     o << "provider=" << provider << "\niters=" << iters << "\nwindow=" << window << "\nops=" << (put ? "put," : "")
-      << (get ? "get," : "") << (send ? "send," : "") << (atomic ? "atomic," : "") << "\nsizes=";
+      << (get ? "get," : "") << (send ? "send," : "") << (atomic ? "atomic," : "") << (expose ? "expose," : "")
+      << "\nexpose_mode=" << regpool::to_string(expose_mode) << "\nsizes=";
     for (std::size_t i = 0; i < sizes.size(); ++i) o << (i ? "," : "") << sizes[i];
     o << "\n";
     return o.str();
@@ -156,6 +171,14 @@ struct Config {
         c.get = v.find("get") != std::string::npos;
         c.send = v.find("send") != std::string::npos;
         c.atomic = v.find("atomic") != std::string::npos;
+        c.expose = v.find("expose") != std::string::npos;
+      }
+      if (k == "expose_mode") {
+        if (v == "scoped") {
+          c.expose_mode = regpool::ExposureMode::scoped;
+        } else if (v != "standard") {
+          throw regpool::Error(Status::malformed, 0, "bad expose mode from the client");
+        }
       }
       if (k == "sizes") {
         c.sizes.clear();
@@ -237,7 +260,7 @@ Options parse_args(int argc, char** argv, bool& help) {
       o.config.window = regpool_tools::parse_uint(option_value(argc, argv, i, "--window"), "--window", 1, kMaxWindow);
       client_only_option = true;
     } else if (is_option(a, "--ops")) {
-      o.config.put = o.config.get = o.config.send = o.config.atomic = false;
+      o.config.put = o.config.get = o.config.send = o.config.atomic = o.config.expose = false;
       for (const auto& op : regpool_tools::split(option_value(argc, argv, i, "--ops"), ',')) {
         if (op == "put") {
           o.config.put = true;
@@ -247,9 +270,21 @@ Options parse_args(int argc, char** argv, bool& help) {
           o.config.send = true;
         } else if (op == "atomic" || op == "atomics") {
           o.config.atomic = true;
+        } else if (op == "expose") {
+          o.config.expose = true;
         } else {
-          throw UsageError("--ops: unknown operation '" + op + "' (put, get, send, atomic)");
+          throw UsageError("--ops: unknown operation '" + op + "' (put, get, send, atomic, expose)");
         }
+      }
+      client_only_option = true;
+    } else if (is_option(a, "--expose-mode")) {
+      const std::string m = option_value(argc, argv, i, "--expose-mode");
+      if (m == "standard") {
+        o.config.expose_mode = regpool::ExposureMode::standard;
+      } else if (m == "scoped") {
+        o.config.expose_mode = regpool::ExposureMode::scoped;
+      } else {
+        throw UsageError("--expose-mode: '" + m + "' is not standard or scoped");
       }
       client_only_option = true;
     } else if (a == "--json") {
@@ -264,7 +299,8 @@ Options parse_args(int argc, char** argv, bool& help) {
   }
   if (o.mode == Mode::none) throw UsageError("give one of --server, --client HOST[:PORT], --loopback");
   if (o.mode == Mode::server && client_only_option) {
-    throw UsageError("the server takes provider, sizes, iterations, window and ops from the client; give them there");
+    throw UsageError(
+        "the server takes provider, sizes, iterations, window, ops and expose mode from the client; give them there");
   }
   if (o.config.provider.empty()) o.config.provider = o.mode == Mode::loopback ? "shm" : "tcp";
   return o;
@@ -431,6 +467,49 @@ regpool::Completion wait_ok(Side& s, regpool::Result<regpool::Token> t, const ch
 
 constexpr auto kBootTimeout = std::chrono::duration_cast<std::chrono::milliseconds>(kPhaseTimeout);
 
+// ------------------------------------------------------- the expose test
+// The server owns the object, so it times expose + revoke and sends the
+// client its summary and its domain's registration count over the bootstrap
+// (tools/perf_wire.hpp: the layout and its checks).
+using regpool_tools::perf_wire::decode_expose;
+using regpool_tools::perf_wire::encode_expose;
+using regpool_tools::perf_wire::ExposeResult;
+
+// Expose + revoke of `slice`, `iters` times after a warm-up (which grows the
+// endpoint's exposure table, and on libfabric's scoped path its slot list,
+// to their steady state).
+ExposeResult measure_expose(Side& s, const Slice& slice, regpool::ExposureMode mode, std::uint64_t iters) {
+  ExposeResult r;
+  try {
+    auto once = [&]() {
+      auto e = s.ep->expose(slice, regpool::RemoteAccess::read_write, mode);
+      if (!e) op_failed(e.status(), std::string("expose (") + regpool::to_string(mode) + ")");
+      e->revoke();
+    };
+    for (int w = 0; w < kWarmupOps; ++w) once();
+    std::vector<double> ns;
+    ns.reserve(iters);
+    const std::uint64_t regs = s.domain->stats().registrations;
+    for (std::uint64_t i = 0; i < iters; ++i) {
+      const auto t0 = Clock::now();
+      once();
+      ns.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count());
+    }
+    r.registrations = s.domain->stats().registrations - regs;
+    std::sort(ns.begin(), ns.end());
+    auto q = [&](double p) { return static_cast<std::uint64_t>(std::llround(regpool_tools::quantile_sorted(ns, p))); };
+    r.iters = ns.size();
+    r.median_ns = q(0.5);
+    r.min_ns = static_cast<std::uint64_t>(std::llround(ns.front()));
+    r.max_ns = static_cast<std::uint64_t>(std::llround(ns.back()));
+    r.p99_ns = std::min(q(0.99), r.max_ns);
+  } catch (const std::exception& e) {
+    r.ok = false;
+    r.error = e.what();
+  }
+  return r;
+}
+
 // Serves one client run, then returns.
 int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
   // Step 1: the client's configuration. A standalone server waits up to an
@@ -467,6 +546,16 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
   if (c.put) serve_one_sided();
   if (c.get) serve_one_sided();
   if (c.atomic) serve_one_sided();
+  if (c.expose) {
+    // The client waits in the bootstrap meanwhile: nothing is aimed at
+    // either endpoint, so neither needs to progress.
+    const Slice target_all = must(Slice::data(target), "target slice");
+    for (const auto size : c.sizes) {
+      boot.barrier(kBootTimeout);
+      const Slice slice = must(target_all.select(0, size), "expose slice");
+      (void)boot.allgather(encode_expose(measure_expose(s, slice, c.expose_mode, c.iters)), kBootTimeout);
+    }
+  }
   if (c.send) {
     for (const auto size : c.sizes) {
       const Slice in = must(rx_all.select(0, size), "receive slice");
@@ -523,6 +612,8 @@ struct Row {
   double mbps = 0;    // 10^6 bytes per second
   double mops = 0;    // million operations per second
   std::uint64_t bw_ops = 0;
+  bool has_registrations = false;  // expose rows
+  std::uint64_t domain_registrations = 0;
   std::string error;
 };
 
@@ -682,6 +773,36 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
     (void)wait_ok(s, s.ep->send(peer, ctrl_slice), "end of phase");
     boot.barrier(kBootTimeout);
   }
+  if (c.expose) {
+    for (const auto size : c.sizes) {
+      Row r;
+      r.op = "expose";
+      r.size = size;
+      boot.barrier(kBootTimeout);
+      pl.show("expose", size, "lat (server)", 0, c.iters);
+      const std::uint64_t regs = s.domain->stats().registrations;
+      auto got = boot.allgather({}, kBootTimeout);
+      const std::uint64_t client_regs = s.domain->stats().registrations - regs;
+      pl.show("expose", size, "lat (server)", c.iters, c.iters);
+      auto res = decode_expose(got[0], c.iters);
+      if (!res) {
+        r.error = "malformed expose result from the server";
+      } else if (!res->ok) {
+        r.error = "server: " + res->error;
+      } else {
+        r.has_latency = true;
+        r.lat_iters = res->iters;
+        r.lat.n = res->iters;
+        r.lat.median = static_cast<double>(res->median_ns) / 1e3;
+        r.lat.min = static_cast<double>(res->min_ns) / 1e3;
+        r.lat.max = static_cast<double>(res->max_ns) / 1e3;
+        r.p99 = static_cast<double>(res->p99_ns) / 1e3;
+        r.has_registrations = true;
+        r.domain_registrations = res->registrations + client_regs;
+      }
+      rows.push_back(std::move(r));
+    }
+  }
   if (c.send) {
     for (const auto size : c.sizes) {
       Row r;
@@ -730,6 +851,7 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     s += ",\"mode\":" + json_escape(o.mode == Mode::loopback ? "loopback" : "client");
     s += ",\"iters\":" + std::to_string(c.iters) + ",\"window\":" + std::to_string(c.window);
     s += ",\"emulated_atomics\":" + std::string(emulated_atomics ? "true" : "false");
+    s += ",\"expose_mode\":" + json_escape(regpool::to_string(c.expose_mode));
     s += ",\"units\":{\"latency\":\"microseconds\",\"bandwidth\":\"MB/s (10^6 bytes per second)\",\"rate\":\"Mops/s\"}";
     s += ",\"results\":[";
     for (std::size_t i = 0; i < rows.size(); ++i) {
@@ -749,6 +871,8 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
       } else {
         s += ",\"bandwidth_MBps\":null,\"rate_Mops\":null";
       }
+      s += ",\"domain_registrations\":" +
+           (r.has_registrations ? std::to_string(r.domain_registrations) : std::string("null"));
       s += ",\"error\":" + (r.error.empty() ? std::string("null") : json_escape(r.error)) + "}";
     }
     s += "]}\n";
@@ -772,6 +896,10 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
       std::printf(" %14.1f %12.4f", r.mbps, r.mops);
     } else {
       std::printf(" %14s %12s", "-", "-");
+    }
+    if (r.has_registrations) {
+      std::printf("  %s, domain registrations %llu", regpool::to_string(c.expose_mode),
+                  static_cast<unsigned long long>(r.domain_registrations));
     }
     if (!r.error.empty()) std::printf("  error: %s", r.error.c_str());
     std::printf("\n");

@@ -83,12 +83,74 @@ def mode_info(tool, readme):
     check(m["soft_limit_bytes"] is None or m["soft_limit_bytes"] >= 0, "memlock soft limit")
     check(isinstance(m["can_exceed"], bool), "memlock can_exceed is a bool")
     check(isinstance(d["numa"]["nodes"], list), "numa nodes list")
+    check_info_exposures(d)
     rc, out, _ = run([tool])
     check(rc == 0, "regpool-info text exits 0")
     for needle in ("libfabric:", "verbs devices:", "memlock limit", "transparent huge pages", "hugetlbfs", "NUMA"):
         check(needle in out, f"info text has '{needle}'")
     if not d["verbs"]["devices"]:
         check(re.search(r"verbs devices:\n\s+(none|unavailable)", out) is not None, "no verbs device prints none")
+    check("exposures (Endpoint::enforcement()" in out, "info text has the exposures section")
+    for b in d.get("exposures", {}).get("backends", []):
+        if b["error"] is not None:
+            continue
+        for e in b["enforcement"]:
+            mode = e["mode"] + (", per peer" if e["per_peer"] else "")
+            cols = ["yes" if e[k] else "no" for k in ENFORCEMENT_KEYS]
+            pattern = r"\n\s+" + re.escape(b["provider"]) + r"\s+" + re.escape(b["domain"]) + r"\s+" + \
+                re.escape(mode) + r"\s+" + r"\s+".join(cols) + r"\n"
+            check(re.search(pattern, out) is not None, f"info text row {b['provider']} {mode} matches the JSON")
+
+
+ENFORCEMENT_KEYS = ("keys", "bounds", "rights", "revocation")
+# What Endpoint::enforcement() answers, measured by the forged-reference
+# probes of test/transport/exposures_test.cpp: shm's CMA path checks nothing;
+# tcp;ofi_rxm checks keys always, and the scoped registration's bounds,
+# rights and revocation too.
+EXPECTED_ENFORCEMENT = {
+    ("shm", "standard"): (False, False, False, False),
+    ("shm", "scoped"): (False, False, False, False),
+    ("tcp;ofi_rxm", "standard"): (True, False, False, False),
+    ("tcp;ofi_rxm", "scoped"): (True, True, True, True),
+}
+
+
+def check_info_exposures(d):
+    check("exposures" in d, "info JSON has exposures")
+    x = d.get("exposures", {})
+    check(isinstance(x.get("revoke_quarantine_ms"), int) and x["revoke_quarantine_ms"] >= 0,
+          "exposures: revoke_quarantine_ms")
+    backends = x.get("backends", [])
+    check(isinstance(backends, list), "exposures: backends is a list")
+    if d["libfabric"]["available"]:
+        listed = {p["provider"] for p in d["libfabric"]["rdm_providers"]}
+        fabric = [b["provider"] for b in backends if b["backend"] == "fabric"]
+        check(sorted(fabric) == sorted(listed), f"exposures: one entry per RDM provider ({fabric} vs {sorted(listed)})")
+    for b in backends:
+        check(b["backend"] in ("fabric", "verbs"), f"exposures: backend of {b['provider']}")
+        if b["error"] is not None:
+            check(b["enforcement"] == [], f"exposures: {b['provider']} failed to open, no rows")
+            continue
+        modes = sorted((e["mode"], e["per_peer"]) for e in b["enforcement"])
+        want = [("scoped", False), ("standard", False)]
+        if b["backend"] == "verbs":
+            want = [("scoped", False), ("scoped", True), ("standard", False), ("standard", True)]
+        check(modes == want, f"exposures: {b['provider']} modes {modes}")
+        for e in b["enforcement"]:
+            check(all(isinstance(e[k], bool) for k in ENFORCEMENT_KEYS), f"exposures: {b['provider']} booleans")
+            key = (b["provider"], e["mode"])
+            if key in EXPECTED_ENFORCEMENT:
+                got = tuple(e[k] for k in ENFORCEMENT_KEYS)
+                check(got == EXPECTED_ENFORCEMENT[key], f"exposures: {key} enforces {got}")
+            if b["backend"] == "verbs":
+                # The device checks rkeys; a window or slice MR binds the rest.
+                scoped = e["mode"] == "scoped" or e["per_peer"]
+                check(e["keys"] and all(e[k] == scoped for k in ("bounds", "rights", "revocation")),
+                      f"exposures: verbs {e['mode']} per_peer={e['per_peer']}")
+    for prov in ("shm", "tcp;ofi_rxm"):
+        if any(p["provider"] == prov for p in d["libfabric"].get("rdm_providers", [])):
+            ok = [b for b in backends if b["provider"] == prov and b["error"] is None]
+            check(len(ok) == 1, f"exposures: {prov} opened")
 
 
 def mode_regcost(tool, readme):
@@ -197,8 +259,9 @@ def mode_perf(tool, readme, provider):
     check(d["iters"] == 20 and d["window"] == 4, "perf echoes its configuration")
     seen = {(r["op"], r["size"]) for r in d["results"]}
     want = {("put", 8), ("put", 4096), ("get", 8), ("get", 4096), ("send", 8), ("send", 4096),
-            ("fetch_add", 8), ("compare_swap", 8)}
+            ("fetch_add", 8), ("compare_swap", 8), ("expose", 8), ("expose", 4096)}
     check(seen == want, f"perf rows (got {sorted(seen)})")
+    check(d.get("expose_mode") == "standard", "perf: default expose mode is standard")
     for r in d["results"]:
         what = f"{provider} {r['op']} {r['size']}"
         check(r["error"] is None, f"{what}: no error ({r['error']})")
@@ -206,8 +269,32 @@ def mode_perf(tool, readme, provider):
         check(lat is not None and positive(lat["median"]) and lat["min"] <= lat["median"] <= lat["max"],
               f"{what}: latency sane")
         check(lat is not None and lat["iters"] == 20, f"{what}: latency over --iters ops")
-        if r["op"] != "compare_swap":
+        if r["op"] == "expose":
+            # Standard exposures reuse the object's registration: neither
+            # process's domain registers anything while the server loops.
+            check(r["domain_registrations"] == 0, f"{what}: 0 domain registrations in standard mode "
+                  f"(got {r['domain_registrations']})")
+            check(r["bandwidth_MBps"] is None, f"{what}: no bandwidth")
+        elif r["op"] != "compare_swap":
             check(positive(r["bandwidth_MBps"]) and positive(r["rate_Mops"]), f"{what}: bandwidth positive")
+            check(r["domain_registrations"] is None, f"{what}: domain_registrations only on expose rows")
+    # Scoped: libfabric registers exactly the slice once per exposure (the
+    # server's domain; the client's makes none).
+    rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", "64,64K", "--iters", "30",
+                        "--ops", "expose", "--expose-mode", "scoped", "--json"], timeout=240)
+    check(rc == 0, f"perf {provider} scoped expose exits 0 (got {rc}: {err})")
+    if rc == 0:
+        d = json.loads(out)
+        check(d["expose_mode"] == "scoped", "perf echoes --expose-mode")
+        check([(r["op"], r["size"]) for r in d["results"]] == [("expose", 64), ("expose", 65536)],
+              "perf --ops expose runs expose only")
+        for r in d["results"]:
+            check(r["error"] is None, f"scoped expose {r['size']}: no error ({r['error']})")
+            check(r["domain_registrations"] == 30, f"scoped expose {r['size']}: one registration per exposure "
+                  f"(got {r['domain_registrations']})")
+            lat = r["latency_us"]
+            check(lat is not None and lat["iters"] == 30 and lat["min"] <= lat["median"] <= lat["p99"] <= lat["max"],
+                  f"scoped expose {r['size']}: latency sane")
     # Text output and a subset of ops.
     rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", "64", "--iters", "5",
                         "--ops", "put", "--progress"], timeout=240)
@@ -390,7 +477,7 @@ BAD_ARGS = {
     "regpool-perf": [[], ["--bogus"], ["--server", "--client", "x"], ["--loopback", "--ops", "fly"],
                      ["--loopback", "--iters", "-1"], ["--server", "--sizes", "8"],
                      ["--client", "host:99999"], ["--loopback", "--window", "0"], ["--loopback", "--sizes", "0"],
-                     ["--client"]],
+                     ["--client"], ["--loopback", "--expose-mode", "loose"], ["--server", "--expose-mode", "scoped"]],
 }
 
 
