@@ -152,6 +152,8 @@ class FabricEndpoint final : public Endpoint {
   void do_cancel(const OpDesc& op) noexcept override;
   Result<ExposureInfo> do_expose(const Slice& slice, RemoteAccess access) noexcept override;
   void do_revoke(std::uint64_t handle) noexcept override;
+  int do_wait_fd() const noexcept override { return wait_fd_; }
+  bool do_arm(std::chrono::microseconds& max_sleep) noexcept override;
 
  private:
   struct PeerAddr {
@@ -198,6 +200,8 @@ class FabricEndpoint final : public Endpoint {
   void finish_emulated(std::uint32_t index) noexcept;
   Result<std::uint64_t> reply_address(std::span<const std::byte> name, std::size_t r) noexcept;
   Status rma_status(int rc) noexcept;
+  // The PeerId of a receive's source address (FI_SOURCE), or kAnyPeer.
+  PeerId peer_of_addr(std::uint64_t addr) const noexcept;
   void* local_desc(const OpDesc& op) noexcept;
 
   std::shared_ptr<FabricDomain> domain_;
@@ -215,6 +219,15 @@ class FabricEndpoint final : public Endpoint {
   bool manual_progress_ = true;
   bool delivery_complete_ = false;
   bool emulated_atomics_ = false;
+  // FI_SOURCE granted: receives are read with fi_cq_readfrom. Our own
+  // address is inserted first (self_addr_), so a provider that reports a
+  // sender it cannot map as address 0 (shm 1.17 does) names no real peer.
+  bool source_ = false;
+  std::uint64_t self_addr_ = ~std::uint64_t{0};
+  std::vector<std::uint32_t> handle_by_addr_;  // fi_addr_t (FI_AV_TABLE index) -> peers_ index
+  // Sleeping waits: an epoll set of the CQs' FI_WAIT_FD descriptors (-1
+  // when the provider has none: shm).
+  int wait_fd_ = -1;
 
   std::vector<PeerAddr> peers_;
   std::vector<ExposureRec> exposures_;
