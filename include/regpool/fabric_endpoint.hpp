@@ -41,6 +41,15 @@
 //  - reconnect(peer) removes the peer's addresses from the address vectors,
 //    progresses briefly so rxm retires the old connection, and inserts them
 //    again, which makes rxm open new connections.
+//  - Receive sources: with FI_SOURCE (see FabricDomain) receives are read
+//    with fi_cq_readfrom and the address mapped to the PeerId insert_peer
+//    gave. Our own address is inserted first: shm 1.17 reports a sender it
+//    cannot map as fi_addr 0, which would otherwise name the first peer.
+//    Unknown senders are kAnyPeer (docs/progress.md).
+//  - Sleeping waits (EndpointConfig::wait_mode sleep/adaptive): the CQs are
+//    opened with FI_WAIT_FD where the provider has it (tcp;ofi_rxm; shm
+//    refuses it and the base naps instead), their descriptors share one
+//    epoll set (do_wait_fd), and fi_trywait arms it (do_arm).
 //  - Hostile peers: insert_peer checks every field of a name against the
 //    local provider's address format and length before any provider call
 //    (Error(Status::malformed) naming the field). An emulating target checks
