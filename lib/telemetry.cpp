@@ -67,7 +67,8 @@ void print(std::ostream& out, const DomainStats& s) {
 void print(std::ostream& out, const EndpointStats& s) {
   out << "endpoint: " << s.posted << " posted, " << s.completed << " completed, " << s.failed << " failed, "
       << s.rejected << " rejected before the wire, " << s.timeouts << " timed out, " << s.in_flight
-      << " in flight, " << s.post_retries << " post retries, " << s.reconnects << " reconnects\n";
+      << " in flight, " << s.post_retries << " post retries, " << s.reconnects << " reconnects, "
+      << s.unknown_source << " receives from unknown senders, " << s.sleeps << " sleeps\n";
 }
 
 void print(std::ostream& out, const ExposureStats& s) {
@@ -170,7 +171,8 @@ std::string to_json(const EndpointStats& s) {
   std::ostringstream o;
   o << "{\"posted\":" << s.posted << ",\"completed\":" << s.completed << ",\"failed\":" << s.failed
     << ",\"rejected\":" << s.rejected << ",\"timeouts\":" << s.timeouts << ",\"post_retries\":" << s.post_retries
-    << ",\"in_flight\":" << s.in_flight << ",\"reconnects\":" << s.reconnects << "}";
+    << ",\"in_flight\":" << s.in_flight << ",\"reconnects\":" << s.reconnects
+    << ",\"unknown_source\":" << s.unknown_source << ",\"sleeps\":" << s.sleeps << "}";
   return o.str();
 }
 

@@ -10,8 +10,8 @@
 // and sends its configuration to the server through the TCP bootstrap, so
 // the server needs no options beyond where to listen. The server allocates a
 // target LDO from its pool, exposes it read-write, and serves every phase by
-// calling Endpoint::progress() in a loop until the client's end-of-phase
-// message arrives: manual-progress providers (tcp;ofi_rxm, shm) complete
+// waiting (Endpoint::wait(), spinning or sleeping as --wait says) for the
+// client's end-of-phase message: manual-progress providers (tcp;ofi_rxm, shm) complete
 // operations aimed at a process only while it progresses, and emulated
 // atomics are applied by the target's progress().
 //
@@ -120,6 +120,9 @@ void usage(std::FILE* to) {
       "  --ops LIST       put,get,send,atomic,expose or a subset (default all)\n"
       "  --expose-mode M  standard or scoped: the ExposureMode the expose test uses\n"
       "                   (default standard)\n"
+      "  --wait MODE      how both sides wait for completions: spin (default), sleep\n"
+      "                   (block on the provider's wait object) or adaptive (spin\n"
+      "                   briefly, then sleep); see docs/progress.md\n"
       "Output:\n"
       "  --json           one JSON object on stdout instead of the table\n"
       "  --progress       progress line on stderr even when it is not a terminal\n"
@@ -137,6 +140,13 @@ void usage(std::FILE* to) {
 
 enum class Mode { none, server, client, loopback };
 
+std::optional<regpool::WaitMode> parse_wait(const std::string& v) {
+  for (auto m : {regpool::WaitMode::spin, regpool::WaitMode::sleep, regpool::WaitMode::adaptive}) {
+    if (v == regpool::to_string(m)) return m;
+  }
+  return std::nullopt;
+}
+
 struct Config {
   std::string provider;
   std::vector<std::uint64_t> sizes{8, 4096, 65536, std::uint64_t{1} << 20};
@@ -144,11 +154,13 @@ struct Config {
   std::uint64_t window = 16;
   bool put = true, get = true, send = true, atomic = true, expose = true;
   regpool::ExposureMode expose_mode = regpool::ExposureMode::standard;
+  // How both sides wait for completions (EndpointConfig::wait_mode).
+  regpool::WaitMode wait = regpool::WaitMode::spin;
 
   // Serialised for the server: "key=value\n" lines.
   std::string encode() const {
     std::ostringstream o;
-    o << "provider=" << provider << "\niters=" << iters << "\nwindow=" << window << "\nops=" << (put ? "put," : "")
+    o << "provider=" << provider << "\nwait=" << regpool::to_string(wait) << "\niters=" << iters << "\nwindow=" << window << "\nops=" << (put ? "put," : "")
       << (get ? "get," : "") << (send ? "send," : "") << (atomic ? "atomic," : "") << (expose ? "expose," : "")
       << "\nexpose_mode=" << regpool::to_string(expose_mode) << "\nsizes=";
     for (std::size_t i = 0; i < sizes.size(); ++i) o << (i ? "," : "") << sizes[i];
@@ -164,6 +176,11 @@ struct Config {
       if (eq == std::string::npos) continue;
       const std::string k = line.substr(0, eq), v = line.substr(eq + 1);
       if (k == "provider") c.provider = v;
+      if (k == "wait") {
+        const auto m = parse_wait(v);
+        if (!m) throw regpool::Error(Status::malformed, 0, "bad wait mode from the client");
+        c.wait = *m;
+      }
       if (k == "iters") c.iters = std::strtoull(v.c_str(), nullptr, 10);
       if (k == "window") c.window = std::strtoull(v.c_str(), nullptr, 10);
       if (k == "ops") {
@@ -256,6 +273,12 @@ Options parse_args(int argc, char** argv, bool& help) {
     } else if (is_option(a, "--iters")) {
       o.config.iters = regpool_tools::parse_uint(option_value(argc, argv, i, "--iters"), "--iters", 1, 100000000);
       client_only_option = true;
+    } else if (is_option(a, "--wait")) {
+      const std::string v = option_value(argc, argv, i, "--wait");
+      const auto m = parse_wait(v);
+      if (!m) throw UsageError("--wait takes spin, sleep or adaptive (got '" + v + "')");
+      o.config.wait = *m;
+      client_only_option = true;
     } else if (is_option(a, "--window")) {
       o.config.window = regpool_tools::parse_uint(option_value(argc, argv, i, "--window"), "--window", 1, kMaxWindow);
       client_only_option = true;
@@ -324,6 +347,7 @@ struct Side {
     regpool::EndpointConfig ec;
     ec.max_in_flight = 2 * kMaxWindow + 16;
     ec.op_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(kPhaseTimeout);
+    ec.wait_mode = c.wait;
     if (is_verbs(c.provider)) {
 #if PERF_HAVE_VERBS
       regpool::VerbsConfig vc;
@@ -389,18 +413,8 @@ std::string to_string(const std::vector<std::byte>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size());
 }
 
-// Posts a receive whose callback raises a flag: the server's phase loops
-// call progress() until it is up, so the target keeps progressing.
-struct Flag {
-  std::atomic<bool> up{false};
-  Status status = Status::ok;
-};
-
-regpool::Token post_flagged_recv(Side& s, const Slice& slice, Flag& flag) {
-  auto t = s.ep->post_recv(slice, [&flag](const regpool::Completion& c) {
-    flag.status = c.status;
-    flag.up.store(true, std::memory_order_release);
-  });
+regpool::Token post_recv_or_throw(Side& s, const Slice& slice) {
+  auto t = s.ep->post_recv(slice);
   if (!t) throw regpool::Error(t.status(), 0, std::string("post_recv: ") + regpool::to_string(t.status()));
   return *t;
 }
@@ -443,19 +457,18 @@ void check_child(const char* what) {
   }
 }
 
-void progress_until(Side& s, Flag& flag, const char* what) {
+// The server's phase loops wait for the client's messages with wait(), so
+// the target keeps progressing (spinning or sleeping as --wait says), in
+// slices of 100 ms between which a loopback server checks its client.
+void wait_serving(Side& s, regpool::Token t, const char* what) {
   const auto deadline = Clock::now() + kPhaseTimeout;
-  auto next_check = Clock::now() + 100ms;
-  while (!flag.up.load(std::memory_order_acquire)) {
-    s.ep->progress();
-    const auto now = Clock::now();
-    if (now > next_check) {
-      check_child(what);
-      next_check = now + 100ms;
-    }
-    if (now > deadline) throw regpool::Error(Status::timeout, 0, std::string(what) + ": peer silent");
+  for (;;) {
+    const auto c = s.ep->wait(t, 100ms);
+    if (c.status == Status::ok) return;
+    if (c.status != Status::in_progress) op_failed(c.status, what);
+    check_child(what);
+    if (Clock::now() > deadline) throw regpool::Error(Status::timeout, 0, std::string(what) + ": peer silent");
   }
-  if (flag.status != Status::ok) op_failed(flag.status, what);
 }
 
 regpool::Completion wait_ok(Side& s, regpool::Result<regpool::Token> t, const char* what) {
@@ -537,10 +550,9 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
 
   // One-sided phases: progress until the client's end-of-phase message.
   auto serve_one_sided = [&]() {
-    Flag done;
-    post_flagged_recv(s, ctrl_slice, done);
+    const regpool::Token done = post_recv_or_throw(s, ctrl_slice);
     boot.barrier(kBootTimeout);
-    progress_until(s, done, "one-sided phase");
+    wait_serving(s, done, "one-sided phase");
     boot.barrier(kBootTimeout);
   };
   if (c.put) serve_one_sided();
@@ -563,34 +575,24 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
       // Latency: ping-pong, warm-up included.
       boot.barrier(kBootTimeout);
       for (std::uint64_t i = 0; i < c.iters + kWarmupOps; ++i) {
-        Flag got;
-        post_flagged_recv(s, in, got);
-        progress_until(s, got, "send latency");
+        const regpool::Token got = post_recv_or_throw(s, in);
+        wait_serving(s, got, "send latency");
         (void)wait_ok(s, s.ep->send(peer, out), "send reply");
       }
       // Bandwidth: keep `window` receives posted (into the same bytes: the
       // payload is not checked), then acknowledge the whole stream.
       boot.barrier(kBootTimeout);
       const std::uint64_t n = c.bw_ops(size);
-      std::vector<Flag> flags(window);
+      // Receives from one peer complete in posting order.
+      std::vector<regpool::Token> ring(window);
       std::uint64_t posted = 0, received = 0;
-      for (; posted < std::min(n, window); ++posted) post_flagged_recv(s, in, flags[posted % window]);
-      const auto deadline = Clock::now() + kPhaseTimeout;
+      for (; posted < std::min(n, window); ++posted) ring[posted % window] = post_recv_or_throw(s, in);
       while (received < n) {
-        s.ep->progress();
-        Flag& f = flags[received % window];
-        if (f.up.load(std::memory_order_acquire)) {
-          if (f.status != Status::ok) throw regpool::Error(f.status, 0, "send stream receive");
-          f.up.store(false, std::memory_order_relaxed);
-          ++received;
-          if (posted < n) {
-            post_flagged_recv(s, in, flags[posted % window]);
-            ++posted;
-          }
-        } else if (Clock::now() > deadline) {
-          throw regpool::Error(Status::timeout, 0, "send stream: peer silent");
-        } else if ((posted & 0xff) == 0) {
-          check_child("send stream");
+        wait_serving(s, ring[received % window], "send stream receive");
+        ++received;
+        if (posted < n) {
+          ring[posted % window] = post_recv_or_throw(s, in);
+          ++posted;
         }
       }
       (void)wait_ok(s, s.ep->send(peer, ctrl_slice), "send ack");
@@ -850,6 +852,7 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     s += ",\"provider\":" + json_escape(provider);
     s += ",\"mode\":" + json_escape(o.mode == Mode::loopback ? "loopback" : "client");
     s += ",\"iters\":" + std::to_string(c.iters) + ",\"window\":" + std::to_string(c.window);
+    s += ",\"wait\":" + json_escape(regpool::to_string(c.wait));
     s += ",\"emulated_atomics\":" + std::string(emulated_atomics ? "true" : "false");
     s += ",\"expose_mode\":" + json_escape(regpool::to_string(c.expose_mode));
     s += ",\"units\":{\"latency\":\"microseconds\",\"bandwidth\":\"MB/s (10^6 bytes per second)\",\"rate\":\"Mops/s\"}";
@@ -879,10 +882,10 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     std::fputs(s.c_str(), stdout);
     return;
   }
-  std::printf("regpool-perf: provider %s, %s, %llu iterations, window %llu%s\n", provider.c_str(),
+  std::printf("regpool-perf: provider %s, %s, %llu iterations, window %llu, wait %s%s\n", provider.c_str(),
               o.mode == Mode::loopback ? "two processes on this host (loopback)" : ("server " + o.host).c_str(),
               static_cast<unsigned long long>(c.iters), static_cast<unsigned long long>(c.window),
-              emulated_atomics ? ", atomics emulated by the target's progress()" : "");
+              regpool::to_string(c.wait), emulated_atomics ? ", atomics emulated by the target's progress()" : "");
   std::printf("%-13s %10s %12s %12s %12s %12s %14s %12s\n", "op", "size", "lat med us", "lat min us", "lat p99 us",
               "lat max us", "bw MB/s", "rate Mops/s");
   for (const Row& r : rows) {

@@ -76,6 +76,22 @@
 //                                           atomics). Returns how many events
 //                                           it handled (0 = idle).
 //   (index_of_context() maps a provider's context pointer back to an index.)
+//   int do_wait_fd() const                  optional: a file descriptor that
+//                                           becomes readable when do_poll
+//                                           may find work (default -1: none;
+//                                           the base then naps).
+//   bool do_arm(microseconds& max_sleep)    optional: called after a poll
+//                                           found nothing, before the base
+//                                           sleeps on do_wait_fd(): make the
+//                                           fd report anything that arrives
+//                                           from now on (fi_trywait,
+//                                           ibv_req_notify_cq) and return
+//                                           true, or return false when work
+//                                           is already pending (the base
+//                                           polls again). May lower
+//                                           max_sleep when something needs
+//                                           progress by time, not by event.
+//                                           Never blocks.
 //   void do_cancel(const OpDesc&)           best effort abort of a timed-out
 //                                           op. The user already got
 //                                           Status::timeout; the slot (and
@@ -198,7 +214,12 @@ struct Completion {
   // closed, transport_error. wait() also uses in_progress (its own bound
   // expired, the op goes on) and invalid_argument (unknown token).
   Status status = Status::ok;
-  PeerId peer = kAnyPeer;    // target, or for recv the sender when known
+  // Target; for recv the sender as the provider identifies it (libfabric:
+  // FI_SOURCE, the address the transport itself saw; verbs: the RC
+  // connection the message came in on), never taken from message bytes.
+  // kAnyPeer when the sender is not an inserted peer (counted in
+  // EndpointStats::unknown_source) or the provider cannot tell.
+  PeerId peer = kAnyPeer;
   std::uint64_t bytes = 0;   // moved (recv: received)
   std::uint64_t value = 0;   // atomics: the remote word before the op
 };
@@ -312,6 +333,25 @@ struct ExposureStats {
   std::uint64_t registrations = 0;      // domain registrations made for exposures
 };
 
+// What a waiting call does when a poll finds nothing to do.
+//  - spin: poll again at once (lowest latency on a free core; with more
+//    busy processes than cores it steals the CPU its peers need: measured,
+//    a put phase of 3 clients on 2 cores took 5-10 times longer);
+//  - sleep: block in poll(2) on the provider's wait object (libfabric
+//    FI_WAIT_FD + fi_trywait; verbs: a completion channel) and on an eventfd
+//    of the endpoint (another thread posted, completed the awaited op, or
+//    shutdown began) until there is work. Providers without a wait object
+//    (libfabric shm 1.17 refuses FI_WAIT_FD) nap instead: short timed sleeps
+//    growing from 16 us to the provider's cap (1 ms), still woken at once
+//    by the eventfd. Every sleep is bounded (10 ms at most) so operation
+//    deadlines are noticed within that much;
+//  - adaptive: spin for EndpointConfig::wait_spin after the last activity,
+//    then sleep: spinning latency for traffic that keeps coming, a sleeping
+//    process when it pauses.
+// The endpoint's mutex is never held while sleeping or napping.
+enum class WaitMode : std::uint8_t { spin, sleep, adaptive };
+REGPOOL_API const char* to_string(WaitMode m) noexcept;
+
 struct EndpointConfig {
   // Operation slots (put/get/send/recv/atomics in flight at once, receives
   // included). Posting beyond it returns Status::would_block.
@@ -345,7 +385,14 @@ struct EndpointConfig {
   // Callbacks then run on that thread.
   bool progress_thread = false;
   // Sleep of the progress thread after an idle poll (0 = spin, burns a core).
+  // WaitMode::spin only; the other modes sleep on the provider instead.
   std::chrono::microseconds progress_idle_sleep{20};
+  // How wait(), quiesce(), progress_for() and the progress thread pass the
+  // time when a poll finds nothing (see WaitMode and docs/progress.md).
+  WaitMode wait_mode = WaitMode::spin;
+  // WaitMode::adaptive: keep polling this long after the last activity
+  // before sleeping, so a ping-pong keeps spinning latency on a free core.
+  std::chrono::microseconds wait_spin{50};
   // Completions reaped per backend poll.
   std::size_t poll_batch = 32;
   // What expose() gives when no mode is named (see ExposureMode).
@@ -440,6 +487,12 @@ struct EndpointStats {
   std::uint64_t post_retries = 0;    // would_block answers from the backend
   std::uint64_t in_flight = 0;
   std::uint64_t reconnects = 0;
+  // Receives completed ok whose sender the backend could not name
+  // (Completion::peer == kAnyPeer): a sender never inserted with
+  // insert_peer, or a provider without source addressing.
+  std::uint64_t unknown_source = 0;
+  // Times a waiting call slept (WaitMode sleep/adaptive) instead of polling.
+  std::uint64_t sleeps = 0;
 };
 
 // Thread-safety: every public member may be called from any thread; calls
@@ -645,6 +698,9 @@ class REGPOOL_API Endpoint {
   };
   Result<ExposureView> find_live_exposure(std::uint64_t key, std::uint64_t address,
                                           std::uint64_t length) const noexcept;
+  // Sleeping waits (WaitMode sleep/adaptive); see the comment at the top.
+  virtual int do_wait_fd() const noexcept { return -1; }
+  virtual bool do_arm(std::chrono::microseconds& /*max_sleep*/) noexcept { return true; }
 
  private:
   friend class Exposure;
@@ -693,6 +749,25 @@ class REGPOOL_API Endpoint {
                      PeerId peer) noexcept;
   void revoke_exposure(std::uint32_t index, std::uint64_t exposure_id, Slice& slice) noexcept;
   void progress_thread_main() noexcept;
+  // progress(), also reporting the backend events its polls handled.
+  std::size_t progress_counting(std::size_t& events) noexcept;
+  // WaitMode sleep/adaptive. A waiting loop calls idle() without the mutex
+  // after each progress round with the work that round did (`work`) and
+  // the value of activity_ it saw before the round (`seen`). idle() spins
+  // (returns) while there is work or, in adaptive mode, for wait_spin after
+  // the last work; then it sleeps until the backend's wait object or the
+  // wake eventfd fires, `until`, or a bound (10 ms). It returns at once
+  // when activity_ moved past `seen` (a completion or a post since the
+  // caller looked) or the backend has work pending.
+  struct IdleState {
+    Clock::time_point since = Clock::now();  // last work seen
+    std::uint32_t naps = 0;                  // consecutive sleeps (naps grow)
+  };
+  void idle(std::size_t work, Clock::time_point until, std::uint64_t seen, IdleState& st) noexcept;
+  std::uint64_t activity() const noexcept;
+  // Under the mutex: something a sleeper may wait for happened.
+  void wake_sleepers_locked() noexcept;
+  bool sleeps() const noexcept { return config_.wait_mode != WaitMode::spin; }
   Status reject(Status st) noexcept;
   // ok when `peer` (used, not broken) may be posted to; would_block while it
   // waits out reconnect_settle(); re-inserts it once that has passed.
@@ -760,6 +835,14 @@ class REGPOOL_API Endpoint {
   std::thread progress_thread_;
   std::condition_variable done_cv_;    // progress thread mode: wait() sleeps here
   std::atomic<std::uint32_t> waiters_{0};
+  // Sleeping waits: an eventfd (owned) that wakes every sleeper, how many
+  // are inside sleep_until_work, and a counter of completions and posts
+  // (all under the mutex) so no wake-up between a look and a sleep is lost.
+  int wake_fd_ = -1;
+  std::uint32_t sleepers_ = 0;
+  std::uint64_t activity_ = 0;
+  std::atomic<std::uint64_t> sleeps_{0};
+  std::atomic<std::uint64_t> unknown_source_{0};
 
   std::atomic<std::uint64_t> posted_{0};
   std::atomic<std::uint64_t> completed_{0};

@@ -21,6 +21,8 @@
 //    its endpoint calls itself).
 //  - msg_order FI_ORDER_SAS when offered, else none; FI_ATOMIC when asked and
 //    offered (has_atomics() reflects the returned caps).
+//  - FI_SOURCE when offered (shm and tcp;ofi_rxm do), so receive completions
+//    name their sender (see FabricEndpoint); tried last in the fallbacks.
 //  - Descriptors: fi_mr_desc is always handed out, not only under FI_MR_LOCAL.
 //    Providers without FI_MR_LOCAL may ignore it, and some (rxm rendezvous,
 //    shm hmem detection) use it to skip an internal registration.

@@ -44,6 +44,15 @@
 //  - reconnect(peer) removes the peer's addresses from the address vectors,
 //    progresses briefly so rxm retires the old connection, and inserts them
 //    again, which makes rxm open new connections.
+//  - Receive sources: with FI_SOURCE (see FabricDomain) receives are read
+//    with fi_cq_readfrom and the address mapped to the PeerId insert_peer
+//    gave. Our own address is inserted first: shm 1.17 reports a sender it
+//    cannot map as fi_addr 0, which would otherwise name the first peer.
+//    Unknown senders are kAnyPeer (docs/progress.md).
+//  - Sleeping waits (EndpointConfig::wait_mode sleep/adaptive): the CQs are
+//    opened with FI_WAIT_FD where the provider has it (tcp;ofi_rxm; shm
+//    refuses it and the base naps instead), their descriptors share one
+//    epoll set (do_wait_fd), and fi_trywait arms it (do_arm).
 //  - Hostile peers: insert_peer checks every field of a name against the
 //    local provider's address format and length before any provider call
 //    (Error(Status::malformed) naming the field). An emulating target checks
@@ -160,6 +169,8 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
                                  std::uint64_t peer_handle) noexcept override;
   void do_revoke(std::uint64_t handle) noexcept override;
   Enforcement do_enforcement(ExposureMode mode, bool per_peer) const noexcept override;
+  int do_wait_fd() const noexcept override { return wait_fd_; }
+  bool do_arm(std::chrono::microseconds& max_sleep) noexcept override;
 
  private:
   struct PeerAddr {
@@ -198,6 +209,8 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   void finish_emulated(std::uint32_t index) noexcept;
   Result<std::uint64_t> reply_address(std::span<const std::byte> name, std::size_t r) noexcept;
   Status rma_status(int rc) noexcept;
+  // The PeerId of a receive's source address (FI_SOURCE), or kAnyPeer.
+  PeerId peer_of_addr(std::uint64_t addr) const noexcept;
   void* local_desc(const OpDesc& op) noexcept;
 
   std::shared_ptr<FabricDomain> domain_;
@@ -215,6 +228,15 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   bool manual_progress_ = true;
   bool delivery_complete_ = false;
   bool emulated_atomics_ = false;
+  // FI_SOURCE granted: receives are read with fi_cq_readfrom. Our own
+  // address is inserted first (self_addr_), so a provider that reports a
+  // sender it cannot map as address 0 (shm 1.17 does) names no real peer.
+  bool source_ = false;
+  std::uint64_t self_addr_ = ~std::uint64_t{0};
+  std::vector<std::uint32_t> handle_by_addr_;  // fi_addr_t (FI_AV_TABLE index) -> peers_ index
+  // Sleeping waits: an epoll set of the CQs' FI_WAIT_FD descriptors (-1
+  // when the provider has none: shm).
+  int wait_fd_ = -1;
 
   std::vector<PeerAddr> peers_;
   // Scoped exposures: one registration each (a slab with a free list).

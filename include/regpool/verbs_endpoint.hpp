@@ -99,6 +99,13 @@
 //  A peer using a revoked or out-of-range key gets bad_key and the target's
 //  memory is untouched; its QP (and ours) then need reconnect().
 //
+// Receive sources: the SRQ receive's wc.qp_num names the RC connection, so
+// Completion::peer is the PeerId of the peer whose QP it is (kAnyPeer for a
+// peer that connected but was never inserted here).
+// Sleeping waits (EndpointConfig::wait_mode sleep/adaptive): the CQ has a
+// completion channel; do_arm requests a notification (ibv_req_notify_cq)
+// and polls once more before the base sleeps on the channel's fd.
+//
 // Ownership: the endpoint keeps its VerbsDomain alive. Thread-safety: as
 // Endpoint (every backend call is serialised by the base class's mutex).
 
@@ -217,6 +224,8 @@ class REGPOOL_API VerbsEndpoint final : public Endpoint {
   // One peer (either mode): a type-2 window on its queue pair.
   Result<ExposureInfo> expose_window(const Slice& slice, RemoteAccess access, PeerId peer,
                                      std::uint64_t peer_handle) noexcept;
+  int do_wait_fd() const noexcept override;
+  bool do_arm(std::chrono::microseconds& max_sleep) noexcept override;
 
  private:
   struct Conn;

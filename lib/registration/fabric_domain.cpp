@@ -47,13 +47,14 @@ struct Attempt {
   bool atomics;
   bool thread_safe;
   bool order_sas;
+  bool source;  // FI_SOURCE: receive completions name the sender (fi_cq_readfrom)
 };
 
 InfoPtr make_hints(const FabricConfig& config, const Attempt& a) {
   InfoPtr hints(fi_allocinfo());
   if (!hints) throw Error(Status::out_of_memory, -FI_ENOMEM, "fabric domain: fi_allocinfo failed");
   hints->ep_attr->type = FI_EP_RDM;
-  hints->caps = kBaseCaps | (a.atomics ? FI_ATOMIC : 0);
+  hints->caps = kBaseCaps | (a.atomics ? FI_ATOMIC : 0) | (a.source ? FI_SOURCE : 0);
   // Realistic mode bits: the transport can supply contexts. mode = ~0 would
   // make rxm pick FI_BUFFERED_RECV (docs/provider-facts.md).
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
@@ -131,7 +132,7 @@ FabricDomain::FabricDomain(const FabricConfig& config) {
   const std::uint64_t flags = (node || service) ? FI_SOURCE : 0;
 
   // Fallback order, most wanted first: the preferred addressing mode, then
-  // atomics, then FI_THREAD_SAFE, then FI_ORDER_SAS. Declaring
+  // atomics, then FI_THREAD_SAFE, then FI_ORDER_SAS, then FI_SOURCE. Declaring
   // FI_MR_VIRT_ADDR only says we can use virtual addresses; the provider's
   // answer decides. When offsets are preferred we still retry with it, since
   // some providers (verbs) require it.
@@ -146,12 +147,16 @@ FabricDomain::FabricDomain(const FabricConfig& config) {
       for (bool at : atomic_options) {
         for (bool ts : {true, false}) {
           for (bool sas : {true, false}) {
-            InfoPtr hints = make_hints(config, Attempt{va, at, ts, sas});
-            found = nullptr;
-            rc = fi_getinfo(kApiVersion, node, service, flags, hints.get(), &found);
-            if (rc == 0 && found) return 0;
-            // Only "nothing matches" is worth relaxing the hints for.
-            if (rc != -FI_ENODATA) return rc;
+            // FI_SOURCE last: the least wanted (receives then report
+            // kAnyPeer), and shm and tcp;ofi_rxm grant it.
+            for (bool src : {true, false}) {
+              InfoPtr hints = make_hints(config, Attempt{va, at, ts, sas, src});
+              found = nullptr;
+              rc = fi_getinfo(kApiVersion, node, service, flags, hints.get(), &found);
+              if (rc == 0 && found) return 0;
+              // Only "nothing matches" is worth relaxing the hints for.
+              if (rc != -FI_ENODATA) return rc;
+            }
           }
         }
       }

@@ -1,6 +1,12 @@
 #include "regpool/endpoint.hpp"
 
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <random>
 
 namespace regpool {
@@ -16,6 +22,12 @@ constexpr auto kExpiryScanInterval = std::chrono::milliseconds(1);
 constexpr std::size_t kReleaseBatch = 32;
 // How long revoke() waits for a deferred revocation before leaving it parked.
 constexpr auto kRevokeConfirmWait = std::chrono::milliseconds(20);
+// Sleeping waits: the longest one sleep lasts (operation deadlines are
+// checked at least this often), and the naps of backends without a wait
+// object: from kNapMin, doubling per consecutive nap, up to kNapMax.
+constexpr auto kMaxSleep = std::chrono::microseconds(10000);
+constexpr auto kNapMin = std::chrono::microseconds(16);
+constexpr auto kNapMax = std::chrono::microseconds(1000);
 
 bool needs_peer(OpKind k) noexcept { return k != OpKind::recv; }
 
@@ -33,6 +45,15 @@ void back_off(std::uint32_t attempt) noexcept {
 }
 
 }  // namespace
+
+const char* to_string(WaitMode m) noexcept {
+  switch (m) {
+    case WaitMode::spin: return "spin";
+    case WaitMode::sleep: return "sleep";
+    case WaitMode::adaptive: return "adaptive";
+  }
+  return "?";
+}
 
 const char* to_string(OpKind k) noexcept {
   switch (k) {
@@ -152,6 +173,14 @@ Endpoint::Endpoint(const EndpointConfig& config) : config_(config) {
   link_ = std::make_shared<detail::ExposureLink>();
   link_->ep = this;
   exposures_.reserve(64);
+  if (sleeps()) {
+    wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd_ < 0) {
+      const int err = errno;
+      throw Error(Status::transport_error, err,
+                  std::string("endpoint: eventfd for sleeping waits failed: ") + std::strerror(err));
+    }
+  }
   // Exposure ids differ between endpoint incarnations, so a reference from a
   // previous run of a peer is not mistaken for a current one.
   std::random_device rd;
@@ -168,6 +197,7 @@ Endpoint::~Endpoint() {
     link_->ep = nullptr;
     link_->idle.wait(g, [this] { return link_->users == 0; });
   }
+  if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
 void Endpoint::start() {
@@ -178,6 +208,12 @@ void Endpoint::start() {
 
 void Endpoint::shutdown() noexcept {
   stopping_.store(true, std::memory_order_release);
+  {
+    // Sleepers (the progress thread among them) wake and see stopping_.
+    std::lock_guard<std::mutex> g(mutex_);
+    ++activity_;
+    wake_sleepers_locked();
+  }
   if (progress_thread_.joinable() && progress_thread_.get_id() != std::this_thread::get_id()) {
     progress_thread_.join();
   }
@@ -821,6 +857,10 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
   s.backend_owned = true;
   ++backend_owned_;
   posted_.fetch_add(1, std::memory_order_relaxed);
+  // A sleeping progress thread or waiter may need to progress this op (or
+  // at least to bound its sleep by the op's deadline).
+  ++activity_;
+  if (sleepers_ > 0) wake_sleepers_locked();
   return token;
 }
 
@@ -884,6 +924,9 @@ void Endpoint::complete(std::uint32_t index, Status status, std::uint64_t bytes,
   if (!s.backend_owned) return;  // a backend bug; never free a slot twice
   s.backend_owned = false;
   --backend_owned_;
+  if (!s.completed && s.desc.kind == OpKind::recv && status == Status::ok && peer == kAnyPeer) {
+    unknown_source_.fetch_add(1, std::memory_order_relaxed);
+  }
   if (!s.completed) finish_locked(s, index, status, bytes, value, peer);
   // The provider is done with the bytes: the in-flight reference goes now,
   // even if the user has not looked at the completion yet - but not under
@@ -914,6 +957,8 @@ void Endpoint::finish_locked(Slot& s, std::uint32_t index, Status st, std::uint6
     ++ready_count_;
   }
   if (waiters_.load(std::memory_order_relaxed) > 0) done_cv_.notify_all();
+  ++activity_;
+  if (sleepers_ > 0) wake_sleepers_locked();
 }
 
 void Endpoint::maybe_free_locked(std::uint32_t index) noexcept {
@@ -950,6 +995,11 @@ std::uint32_t Endpoint::index_of_context(const void* context) const noexcept {
 const Endpoint::OpDesc& Endpoint::op_at(std::uint32_t index) const noexcept { return slots_[index].desc; }
 
 std::size_t Endpoint::progress() noexcept {
+  std::size_t events = 0;
+  return progress_counting(events);
+}
+
+std::size_t Endpoint::progress_counting(std::size_t& events) noexcept {
   std::size_t delivered = 0;
   for (;;) {
     Callback cbs[kDeliverBatch];
@@ -957,7 +1007,7 @@ std::size_t Endpoint::progress() noexcept {
     std::size_t k = 0;
     {
       Lock g(*this);
-      if (!stopping_.load(std::memory_order_relaxed)) (void)poll_locked();
+      if (!stopping_.load(std::memory_order_relaxed)) events += poll_locked();
       while (ready_count_ > 0 && k < kDeliverBatch) {
         const std::uint32_t index = ready_[ready_head_];
         ready_head_ = (ready_head_ + 1) % ready_.size();
@@ -978,6 +1028,62 @@ std::size_t Endpoint::progress() noexcept {
   }
 }
 
+std::uint64_t Endpoint::activity() const noexcept {
+  std::lock_guard<std::mutex> g(mutex_);
+  return activity_;
+}
+
+void Endpoint::wake_sleepers_locked() noexcept {
+  if (wake_fd_ < 0) return;
+  const std::uint64_t one = 1;
+  // EAGAIN (the counter is saturated) still leaves the fd readable.
+  if (::write(wake_fd_, &one, sizeof one) < 0) return;
+}
+
+void Endpoint::idle(std::size_t work, Clock::time_point until, std::uint64_t seen, IdleState& st) noexcept {
+  if (!sleeps()) return;
+  const auto now = Clock::now();
+  if (work > 0) {
+    st.since = now;
+    st.naps = 0;
+    return;
+  }
+  if (config_.wait_mode == WaitMode::adaptive && now - st.since < config_.wait_spin) return;
+  if (now >= until) return;
+  std::chrono::microseconds max_sleep = kMaxSleep;
+  int fd = -1;
+  {
+    // Arming never completes anything, so nothing is released here.
+    std::lock_guard<std::mutex> g(mutex_);
+    if (stopping_.load(std::memory_order_relaxed) || activity_ != seen || ready_count_ > 0) return;
+    if (!do_arm(max_sleep)) return;
+    fd = do_wait_fd();
+    if (sleepers_ == 0) {
+      // Wake-ups before this point are in the state the caller checks
+      // (activity_); only someone already asleep could still need one.
+      std::uint64_t drained = 0;
+      if (::read(wake_fd_, &drained, sizeof drained) < 0) drained = 0;
+    }
+    ++sleepers_;
+  }
+  auto bound = max_sleep;
+  if (fd < 0) {
+    // No wait object: a nap, growing while nothing happens.
+    bound = std::min({bound, kNapMax, kNapMin * (1u << std::min<std::uint32_t>(st.naps, 6))});
+  }
+  const auto left = std::chrono::duration_cast<std::chrono::microseconds>(until - now);
+  if (left < bound) bound = left;
+  ++st.naps;
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(bound.count() / 1000000);
+  ts.tv_nsec = static_cast<long>((bound.count() % 1000000) * 1000);
+  pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {fd, POLLIN, 0}};
+  (void)::ppoll(fds, fd >= 0 ? 2 : 1, &ts, nullptr);
+  sleeps_.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> g(mutex_);
+  --sleepers_;
+}
+
 Completion Endpoint::wait(Token token, std::chrono::milliseconds timeout) noexcept {
   const std::uint32_t index = static_cast<std::uint32_t>(token.value & 0xffffffffu);
   const std::uint32_t gen = static_cast<std::uint32_t>(token.value >> 32);
@@ -985,7 +1091,9 @@ Completion Endpoint::wait(Token token, std::chrono::milliseconds timeout) noexce
   if (!token || index >= config_.max_in_flight) return bad;
   const auto deadline = Clock::now() + timeout;
   const bool threaded = progress_thread_.joinable();
+  IdleState idle_state;
   for (;;) {
+    std::uint64_t seen = 0;
     {
       Lock lk(*this);
       Slot& s = slots_[index];
@@ -1002,20 +1110,28 @@ Completion Endpoint::wait(Token token, std::chrono::milliseconds timeout) noexce
         return c;
       }
       if (threaded) {
+        // The progress thread completes it and notifies; a condition
+        // variable sleeps in every wait mode.
         waiters_.fetch_add(1, std::memory_order_relaxed);
         done_cv_.wait_until(lk.native(), std::min(deadline, Clock::now() + std::chrono::milliseconds(2)));
         waiters_.fetch_sub(1, std::memory_order_relaxed);
         continue;
       }
+      seen = activity_;
     }
-    (void)progress();
+    std::size_t events = 0;
+    const std::size_t delivered = progress_counting(events);
+    idle(delivered + events, deadline, seen, idle_state);
   }
 }
 
 Status Endpoint::quiesce(std::chrono::milliseconds timeout) noexcept {
   const auto deadline = Clock::now() + timeout;
+  IdleState idle_state;
   for (;;) {
-    (void)progress();
+    std::size_t events = 0;
+    const std::size_t delivered = progress_counting(events);
+    std::uint64_t seen = 0;
     {
       Lock g(*this);
       bool busy = ready_count_ > 0;
@@ -1024,35 +1140,46 @@ Status Endpoint::quiesce(std::chrono::milliseconds timeout) noexcept {
         busy = s.user_pending && !s.completed && s.desc.kind != OpKind::recv;
       }
       if (!busy) return Status::ok;
+      seen = activity_;
     }
     if (Clock::now() >= deadline) return Status::timeout;
-    if (progress_thread_.joinable()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (progress_thread_.joinable()) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    } else {
+      // Snapshot taken after this round's progress: a completion since then
+      // (another thread's progress) ends the sleep at once.
+      idle(delivered + events, deadline, seen, idle_state);
+    }
   }
 }
 
 void Endpoint::progress_for(std::chrono::milliseconds duration) noexcept {
   const auto deadline = Clock::now() + duration;
+  IdleState idle_state;
   while (Clock::now() < deadline) {
     if (progress_thread_.joinable()) {
       std::this_thread::sleep_for(std::min<Clock::duration>(deadline - Clock::now(), std::chrono::milliseconds(1)));
     } else {
-      (void)progress();
+      const std::uint64_t seen = sleeps() ? activity() : 0;
+      std::size_t events = 0;
+      const std::size_t delivered = progress_counting(events);
+      idle(delivered + events, deadline, seen, idle_state);
     }
   }
 }
 
 void Endpoint::progress_thread_main() noexcept {
+  IdleState idle_state;
   while (!stopping_.load(std::memory_order_acquire)) {
     // progress() counts user completions only; internal traffic (emulated
     // atomics served for peers, connection setup) is activity too, and
     // sleeping through it would add the idle sleep to a peer's latency.
-    const std::size_t delivered = progress();
+    const std::uint64_t seen = sleeps() ? activity() : 0;
     std::size_t events = 0;
-    {
-      std::lock_guard<std::mutex> g(mutex_);
-      events = last_poll_events_;
-    }
-    if (delivered == 0 && events == 0 && config_.progress_idle_sleep.count() > 0) {
+    const std::size_t delivered = progress_counting(events);
+    if (sleeps()) {
+      idle(delivered + events, Clock::time_point::max(), seen, idle_state);
+    } else if (delivered == 0 && events == 0 && config_.progress_idle_sleep.count() > 0) {
       std::this_thread::sleep_for(config_.progress_idle_sleep);
     }
   }
@@ -1067,6 +1194,8 @@ EndpointStats Endpoint::stats() const noexcept {
   st.timeouts = timeouts_.load(std::memory_order_relaxed);
   st.post_retries = retries_.load(std::memory_order_relaxed);
   st.reconnects = reconnects_.load(std::memory_order_relaxed);
+  st.unknown_source = unknown_source_.load(std::memory_order_relaxed);
+  st.sleeps = sleeps_.load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> g(mutex_);
   st.in_flight = backend_owned_;
   return st;

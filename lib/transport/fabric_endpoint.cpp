@@ -11,6 +11,9 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
+#include <sys/epoll.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -183,8 +186,27 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
     fi_cq_attr cq_attr{};
     cq_attr.format = FI_CQ_FORMAT_DATA;
     cq_attr.size = cq_size;
-    cq_attr.wait_obj = FI_WAIT_NONE;
+    // Sleeping waits want a file descriptor to block on; shm 1.17 refuses
+    // FI_WAIT_FD (-FI_ENOSYS) and then the base naps instead. Spinning
+    // endpoints ask for none: a wait object costs a signal per completion.
+    cq_attr.wait_obj = config().wait_mode != WaitMode::spin ? FI_WAIT_FD : FI_WAIT_NONE;
     rc = fi_cq_open(dom, &cq_attr, cq, nullptr);
+    if (rc != 0 && cq_attr.wait_obj != FI_WAIT_NONE) {
+      cq_attr.wait_obj = FI_WAIT_NONE;
+      rc = fi_cq_open(dom, &cq_attr, cq, nullptr);
+    }
+    if (rc == 0 && cq_attr.wait_obj == FI_WAIT_FD) {
+      int fd = -1;
+      if (fi_control(&(*cq)->fid, FI_GETWAIT, &fd) == 0 && fd >= 0) {
+        if (wait_fd_ < 0) wait_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        if (wait_fd_ < 0 || ::epoll_ctl(wait_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+          throw Error(Status::transport_error, errno,
+                      std::string("fabric endpoint: epoll set for the CQ's wait object (") + what + ") failed");
+        }
+      }
+    }
     if (rc != 0) {
       *cq = nullptr;
       throw Error(Status::transport_error, rc, std::string("fabric endpoint: fi_cq_open (") + what + "): " + fi_message(rc));
@@ -207,6 +229,18 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   };
   open_triplet(&av_, &cq_, &ep_, "data");
   const std::vector<std::byte> data_name = endpoint_name(ep_);
+  if ((info->caps & FI_SOURCE) != 0) {
+    // Address 0 of the table is ourselves: shm reports a sender it cannot
+    // map (one never inserted) as fi_addr 0, which would otherwise be the
+    // first peer inserted (measured, libfabric 1.17).
+    std::array<std::byte, fabric_wire::kMaxProviderAddr> self{};
+    std::copy(data_name.begin(), data_name.end(), self.begin());
+    fi_addr_t a = FI_ADDR_NOTAVAIL;
+    if (data_name.size() <= self.size() && fi_av_insert(av_, self.data(), 1, &a, 0, nullptr) == 1) {
+      source_ = true;
+      self_addr_ = a;
+    }
+  }
   // What a peer's address must look like: the format and length our own
   // provider uses (peers run the same provider, or insert_peer fails).
   addr_len_ = data_name.size();
@@ -309,6 +343,8 @@ void FabricEndpoint::close_resources() noexcept {
   }
   scoped_.clear();
   scoped_free_.clear();
+  if (wait_fd_ >= 0) ::close(wait_fd_);
+  wait_fd_ = -1;
   atomic_reg_.reset();
   ctrl_reg_.reset();
   overflow_reg_.reset();
@@ -375,14 +411,45 @@ std::uint64_t FabricEndpoint::do_insert_peer(std::span<const std::byte> name) {
     p.ctrl_name.assign(parsed.ctrl.begin(), parsed.ctrl.end());
   }
   p.used = true;
+  std::size_t handle = peers_.size();
   for (std::size_t i = 0; i < peers_.size(); ++i) {
     if (!peers_[i].used) {
-      peers_[i] = std::move(p);
-      return i;
+      handle = i;
+      break;
     }
   }
-  peers_.push_back(std::move(p));
-  return peers_.size() - 1;
+  try {
+    // FI_AV_TABLE addresses are small indices; anything else is looked up
+    // by a scan (peer_of_addr).
+    if (a < (std::uint64_t{1} << 20)) {
+      if (handle_by_addr_.size() <= a) handle_by_addr_.resize(a + 1, kNoEntry);
+      handle_by_addr_[a] = static_cast<std::uint32_t>(handle);
+    }
+    if (handle == peers_.size()) peers_.emplace_back();
+  } catch (...) {
+    (void)fi_av_remove(av_, &a, 1, 0);
+    if (has_ctrl) {
+      fi_addr_t c = p.ctrl;
+      (void)fi_av_remove(ctrl_av_, &c, 1, 0);
+    }
+    throw Error(Status::out_of_memory, -FI_ENOMEM, "fabric endpoint: out of memory inserting a peer");
+  }
+  peers_[handle] = std::move(p);
+  return handle;
+}
+
+PeerId FabricEndpoint::peer_of_addr(std::uint64_t addr) const noexcept {
+  // Never guess: an address we did not insert (FI_ADDR_NOTAVAIL, or our own
+  // placeholder at 0) is an unknown sender.
+  if (addr == FI_ADDR_NOTAVAIL || addr == self_addr_) return kAnyPeer;
+  if (addr < handle_by_addr_.size()) {
+    const std::uint32_t h = handle_by_addr_[addr];
+    return h == kNoEntry ? kAnyPeer : peer_for_handle(h);
+  }
+  for (std::size_t i = 0; i < peers_.size(); ++i) {
+    if (peers_[i].used && peers_[i].data == addr) return peer_for_handle(i);
+  }
+  return kAnyPeer;
 }
 
 void FabricEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
@@ -390,6 +457,7 @@ void FabricEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
   PeerAddr& p = peers_[handle];
   fi_addr_t a = p.data;
   (void)fi_av_remove(av_, &a, 1, 0);
+  if (a < handle_by_addr_.size()) handle_by_addr_[a] = kNoEntry;
   if (ctrl_av_) {
     fi_addr_t c = p.ctrl;
     (void)fi_av_remove(ctrl_av_, &c, 1, 0);
@@ -865,14 +933,22 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
   std::size_t events = 0;
   while (events < max) {
     fi_cq_data_entry entries[32];
+    fi_addr_t sources[32];
     const std::size_t want = std::min<std::size_t>(32, max - events);
-    const ssize_t got = fi_cq_read(cq_, entries, want);
+    const ssize_t got = source_ ? fi_cq_readfrom(cq_, entries, want, sources) : fi_cq_read(cq_, entries, want);
     if (got == -FI_EAVAIL) {
       fi_cq_err_entry err{};
       if (fi_cq_readerr(cq_, &err, 0) != 1) break;
       ++events;
       const std::uint32_t index = index_of_context(err.op_context);
       if (index == kNoIndex) continue;
+      if (err.err == FI_EADDRNOTAVAIL && op_at(index).kind == OpKind::recv) {
+        // FI_SOURCE_ERR providers: received whole, from an address not in
+        // our table; its bytes (err_data) are not trusted.
+        complete(index, err.len > op_at(index).length ? Status::out_of_bounds : Status::ok,
+                 std::min<std::uint64_t>(err.len, op_at(index).length), 0);
+        continue;
+      }
       Status st = status_from_fi(err.err);
       if (st == Status::ok) st = Status::transport_error;
       const OpKind kind = op_at(index).kind;
@@ -915,7 +991,7 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
           if (entries[i].len > op.length) {
             complete(index, Status::out_of_bounds, op.length, 0);
           } else {
-            complete(index, Status::ok, entries[i].len, 0);
+            complete(index, Status::ok, entries[i].len, 0, source_ ? peer_of_addr(sources[i]) : kAnyPeer);
           }
           break;
         case OpKind::fetch_add:
@@ -933,6 +1009,21 @@ std::size_t FabricEndpoint::do_poll(std::size_t max) noexcept {
   std::size_t events = poll_data(max);
   if (ctrl_cq_) events += poll_ctrl();
   return events;
+}
+
+bool FabricEndpoint::do_arm(std::chrono::microseconds& max_sleep) noexcept {
+  if (wait_fd_ < 0) {
+    // shm: no wait object, the base naps.
+    return true;
+  }
+  // Replies refused with -FI_EAGAIN are retried by time (flush_pending_replies).
+  if (!pending_replies_.empty()) max_sleep = std::min(max_sleep, std::chrono::microseconds(1000));
+  fid* fids[2] = {&cq_->fid, ctrl_cq_ ? &ctrl_cq_->fid : nullptr};
+  const int rc = fi_trywait(domain_->fabric(), fids, ctrl_cq_ ? 2 : 1);
+  if (rc == -FI_EAGAIN) return false;  // work pending: poll first
+  // Any other failure: the fd may not report everything, so sleep briefly.
+  if (rc != 0) max_sleep = std::min(max_sleep, std::chrono::microseconds(1000));
+  return true;
 }
 
 void FabricEndpoint::do_cancel(const OpDesc& op) noexcept {

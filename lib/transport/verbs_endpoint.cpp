@@ -2,6 +2,7 @@
 
 #include "transport/verbs_wire.hpp"
 
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 
 #include <algorithm>
@@ -193,6 +194,11 @@ struct SlotState {
 
 struct VerbsEndpoint::Impl {
   ibv_cq* cq = nullptr;
+  // Sleeping waits (EndpointConfig::wait_mode sleep/adaptive): the CQ's
+  // completion channel, non-blocking, and whether a notification is
+  // requested and not yet consumed (see do_arm).
+  ibv_comp_channel* channel = nullptr;
+  bool notify_armed = false;
   ibv_srq* srq = nullptr;
   ibv_qp* ud = nullptr;
   std::uint32_t sq_depth = 0;
@@ -297,7 +303,15 @@ void VerbsEndpoint::open_resources() {
   // device's max_cqe a mass flush of huge transfers could overrun it.
   const std::uint32_t cqe = static_cast<std::uint32_t>(
       std::min<std::size_t>(4 * n + kCtrlRecvs + kCtrlSends + 256, domain_->max_cqe()));
-  m.cq = ibv_create_cq(ctx, static_cast<int>(cqe), nullptr, nullptr, 0);
+  if (config().wait_mode != WaitMode::spin) {
+    m.channel = ibv_create_comp_channel(ctx);
+    const int fl = m.channel ? ::fcntl(m.channel->fd, F_GETFL) : -1;
+    if (!m.channel || fl < 0 || ::fcntl(m.channel->fd, F_SETFL, fl | O_NONBLOCK) != 0) {
+      const int err = errno;
+      throw Error(Status::transport_error, err, "verbs endpoint: completion channel for sleeping waits: " + errno_text(err));
+    }
+  }
+  m.cq = ibv_create_cq(ctx, static_cast<int>(cqe), nullptr, m.channel, 0);
   if (!m.cq) {
     const int err = errno;
     throw Error(Status::transport_error, err, "verbs endpoint: ibv_create_cq(" + std::to_string(cqe) + "): " + errno_text(err));
@@ -373,7 +387,9 @@ void VerbsEndpoint::close_resources() noexcept {
   }
   if (m.ud) (void)ibv_destroy_qp(m.ud);
   if (m.srq) (void)ibv_destroy_srq(m.srq);
-  if (m.cq) (void)ibv_destroy_cq(m.cq);
+  if (m.cq) (void)ibv_destroy_cq(m.cq);  // every event was acknowledged (do_arm)
+  if (m.channel) (void)ibv_destroy_comp_channel(m.channel);
+  m.channel = nullptr;
   m.ud = nullptr;
   m.srq = nullptr;
   m.cq = nullptr;
@@ -1084,6 +1100,30 @@ std::size_t VerbsEndpoint::do_poll(std::size_t max) noexcept {
   // completion that is already queued closes the tail for free.
   if (events < max) housekeeping();
   return events;
+}
+
+int VerbsEndpoint::do_wait_fd() const noexcept { return impl_->channel ? impl_->channel->fd : -1; }
+
+bool VerbsEndpoint::do_arm(std::chrono::microseconds& max_sleep) noexcept {
+  Impl& m = *impl_;
+  if (!m.channel) return true;  // spin endpoints have none (the base naps)
+  // A notification that fired is consumed (and acknowledged at once, so
+  // destroying the CQ never waits for us) and must be requested again.
+  ibv_cq* ev_cq = nullptr;
+  void* ev_ctx = nullptr;
+  while (ibv_get_cq_event(m.channel, &ev_cq, &ev_ctx) == 0) {
+    ibv_ack_cq_events(ev_cq, 1);
+    m.notify_armed = false;
+  }
+  if (m.notify_armed) return true;  // requested, and a poll since found nothing
+  if (ibv_req_notify_cq(m.cq, 0) != 0) {
+    max_sleep = std::min(max_sleep, std::chrono::microseconds(1000));
+    return true;
+  }
+  m.notify_armed = true;
+  // A completion queued before the request raises no event: poll once more
+  // before sleeping.
+  return false;
 }
 
 void VerbsEndpoint::do_cancel(const OpDesc& /*op*/) noexcept {

@@ -432,13 +432,15 @@ TEST_CASE("endpoint, domain and pool counters print and serialise every field", 
   e.post_retries = 7;
   e.in_flight = 4;
   e.reconnects = 1;
+  e.unknown_source = 6;
+  e.sleeps = 8;
   const std::string text = to_string(e);
   for (const char* want : {"101 posted", "97 completed", "3 failed", "5 rejected", "2 timed out", "4 in flight",
-                           "7 post retries", "1 reconnects"})
+                           "7 post retries", "1 reconnects", "6 receives from unknown senders", "8 sleeps"})
     CHECK(text.find(want) != std::string::npos);
   CHECK(to_json(e) ==
         "{\"posted\":101,\"completed\":97,\"failed\":3,\"rejected\":5,\"timeouts\":2,\"post_retries\":7,"
-        "\"in_flight\":4,\"reconnects\":1}");
+        "\"in_flight\":4,\"reconnects\":1,\"unknown_source\":6,\"sleeps\":8}");
   std::ostringstream o;
   print(o, e);
   CHECK(o.str() == text);

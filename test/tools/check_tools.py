@@ -256,7 +256,7 @@ def mode_perf(tool, readme, provider):
                         "--window", "4", "--json"], timeout=240)
     check(rc == 0, f"perf {provider} exits 0 (got {rc}: {err})")
     d = json.loads(out)
-    check(d["iters"] == 20 and d["window"] == 4, "perf echoes its configuration")
+    check(d["iters"] == 20 and d["window"] == 4 and d["wait"] == "spin", "perf echoes its configuration")
     seen = {(r["op"], r["size"]) for r in d["results"]}
     want = {("put", 8), ("put", 4096), ("get", 8), ("get", 4096), ("send", 8), ("send", 4096),
             ("fetch_add", 8), ("compare_swap", 8), ("expose", 8), ("expose", 4096)}
@@ -477,7 +477,7 @@ BAD_ARGS = {
     "regpool-perf": [[], ["--bogus"], ["--server", "--client", "x"], ["--loopback", "--ops", "fly"],
                      ["--loopback", "--iters", "-1"], ["--server", "--sizes", "8"],
                      ["--client", "host:99999"], ["--loopback", "--window", "0"], ["--loopback", "--sizes", "0"],
-                     ["--client"], ["--loopback", "--expose-mode", "loose"], ["--server", "--expose-mode", "scoped"]],
+                     ["--client"], ["--loopback", "--expose-mode", "loose"], ["--server", "--expose-mode", "scoped"], ["--loopback", "--wait", "nap"]],
 }
 
 
