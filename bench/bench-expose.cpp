@@ -144,8 +144,8 @@ class RawRegistration {
 #if REGPOOL_HAVE_FABRIC
 class FabricRaw final : public RawRegistration {
  public:
-  explicit FabricRaw(const regpool::FabricDomain& d) : domain_(d.domain()) {
-    const fi_info* info = d.info();
+  explicit FabricRaw(const regpool::FabricDomain& d) : domain_(d.native_domain()) {
+    const fi_info* info = d.native_info();
     prov_key_ = (d.mr_mode() & FI_MR_PROV_KEY) != 0;
     const std::size_t key_size = info && info->domain_attr ? info->domain_attr->mr_key_size : 8;
     key_mask_ = key_size >= 8 ? ~std::uint64_t{0} : (std::uint64_t{1} << (8 * key_size)) - 1;
@@ -188,7 +188,7 @@ class FabricRaw final : public RawRegistration {
 #if BENCH_HAVE_VERBS
 class VerbsRaw final : public RawRegistration {
  public:
-  explicit VerbsRaw(const regpool::VerbsDomain& d) : pd_(d.pd()) {}
+  explicit VerbsRaw(const regpool::VerbsDomain& d) : pd_(d.native_pd()) {}
   bool once(void* addr, std::size_t len, std::string& error) noexcept override {
     ibv_mr* mr = ibv_reg_mr(pd_, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
     if (!mr) {

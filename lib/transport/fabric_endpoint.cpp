@@ -1019,7 +1019,7 @@ bool FabricEndpoint::do_arm(std::chrono::microseconds& max_sleep) noexcept {
   // Replies refused with -FI_EAGAIN are retried by time (flush_pending_replies).
   if (!pending_replies_.empty()) max_sleep = std::min(max_sleep, std::chrono::microseconds(1000));
   fid* fids[2] = {&cq_->fid, ctrl_cq_ ? &ctrl_cq_->fid : nullptr};
-  const int rc = fi_trywait(domain_->fabric(), fids, ctrl_cq_ ? 2 : 1);
+  const int rc = fi_trywait(domain_->native_fabric(), fids, ctrl_cq_ ? 2 : 1);
   if (rc == -FI_EAGAIN) return false;  // work pending: poll first
   // Any other failure: the fd may not report everything, so sleep briefly.
   if (rc != 0) max_sleep = std::min(max_sleep, std::chrono::microseconds(1000));
