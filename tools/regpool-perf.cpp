@@ -382,6 +382,11 @@ bool g_child_reaped = false;
 // as would_block or timeout after post/op timeouts).
 std::string g_peer_label = "peer";
 pid_t g_server_pid = -1;  // loopback client: the parent
+// The server's PeerId for its client: its loops watch Endpoint::usable(peer),
+// which the transport clears when it finds the client gone (shm: its
+// process died; tcp: its connection failed), so a dead client ends the run
+// at once instead of after kPhaseTimeout.
+regpool::PeerId g_peer = regpool::kAnyPeer;
 
 bool peer_gone() {
   if (g_child > 0) {
@@ -415,6 +420,7 @@ void progress_until(Side& s, Flag& flag, const char* what) {
     const auto now = Clock::now();
     if (now > next_check) {
       check_child(what);
+      if (g_peer != regpool::kAnyPeer && !s.ep->usable(g_peer)) op_failed(Status::peer_unreachable, what);
       next_check = now + 100ms;
     }
     if (now > deadline) throw regpool::Error(Status::timeout, 0, std::string(what) + ": peer silent");
@@ -454,6 +460,7 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
   blob.insert(blob.end(), name.begin(), name.end());
   auto names = boot.allgather(blob, kBootTimeout);
   const auto peer = s.ep->insert_peer(names[1]);
+  g_peer = peer;
   if (!json) std::fprintf(stderr, "regpool-perf server: provider %s, serving a client\n", s.provider.c_str());
 
   // One-sided phases: progress until the client's end-of-phase message.
@@ -502,6 +509,7 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
           throw regpool::Error(Status::timeout, 0, "send stream: peer silent");
         } else if ((posted & 0xff) == 0) {
           check_child("send stream");
+          if (!s.ep->usable(peer)) op_failed(Status::peer_unreachable, "send stream");
         }
       }
       (void)wait_ok(s, s.ep->send(peer, ctrl_slice), "send ack");
