@@ -131,7 +131,10 @@ Mappers region_mappers(const std::string& name) noexcept {
     std::snprintf(path, sizeof path, "/proc/%ld/maps", pid);
     const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-      if (errno != ENOENT) m.complete = false;  // a process we may not look into
+      // Gone, or a process we may not look into (another user's, or a
+      // sandbox's init): it cannot open a region that is mode 0600 and
+      // ours unless it is privileged, and is not counted.
+      if (errno != ENOENT) ++m.unreadable;
       continue;
     }
     // Lines end in the mapped path; look for ours at a line end.

@@ -93,14 +93,16 @@ class RegionLock {
   std::string name_;
 };
 
-// Processes other than this one that map /dev/shm/<name>, from /proc/*/maps
-// (only processes of this user, or all as root). `stopped`: of those, how
-// many are stopped or traced (one of them may be holding the lock and will
-// release it when it runs on). `complete` is false when /proc could not be
-// read.
+// Processes other than this one that map /dev/shm/<name>, from /proc/*/maps.
+// `stopped`: of those, how many are stopped or traced (one of them may be
+// holding the lock and will release it when it runs on). Processes whose
+// maps we may not read (`unreadable`: other users', a sandbox's init) are
+// not counted: the region is mode 0600 and ours, so only a privileged
+// process could map it. `complete` is false when /proc could not be read.
 struct Mappers {
   std::size_t live = 0;
   std::size_t stopped = 0;
+  std::size_t unreadable = 0;
   bool complete = true;
 };
 Mappers region_mappers(const std::string& name) noexcept;
