@@ -41,6 +41,14 @@
 //  - reconnect(peer) removes the peer's addresses from the address vectors,
 //    progresses briefly so rxm retires the old connection, and inserts them
 //    again, which makes rxm open new connections.
+//  - shm and dead peers (libfabric 1.17 spins for ever on a region lock a
+//    killed peer held): the endpoint tries each such lock before the
+//    provider call that takes it and skips the call while it is held,
+//    checks peers' processes by the pid in their shm address (a dead peer's
+//    ops complete peer_unreachable, the peer is marked broken), and releases
+//    its own region lock only once its holder is proven dead
+//    (FabricEndpointOptions::peer_check_interval, stuck_lock_patience;
+//    shm_stats()).
 //  - Hostile peers: insert_peer checks every field of a name against the
 //    local provider's address format and length before any provider call
 //    (Error(Status::malformed) naming the field). An emulating target checks
