@@ -21,6 +21,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <thread>
 
 namespace regpool {
 namespace {
@@ -288,6 +289,16 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
 }
 
 void FabricEndpoint::close_resources() noexcept {
+  // shm: closing may take our region locks. One still held after a short
+  // grace (a killed peer's, not recovered) is released: the region is
+  // being unlinked, and a live holder's writes land in its own mapping of
+  // it, so nothing of ours can be hurt by it any more.
+  for (OwnRegion* r : {&own_data_, &own_ctrl_}) {
+    if (!r->lock) continue;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    while (r->lock->held() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    if (r->lock->held()) r->lock->force_release();
+  }
   // Endpoints first (they reference the CQs, AVs and registrations), then
   // the queues, then the registrations.
   for (fid_ep** ep : {&ctrl_ep_, &ep_}) {
