@@ -432,6 +432,11 @@ bool g_child_reaped = false;
 // as would_block or timeout after post/op timeouts).
 std::string g_peer_label = "peer";
 pid_t g_server_pid = -1;  // loopback client: the parent
+// The server's PeerId for its client: its loops watch Endpoint::usable(peer),
+// which the transport clears when it finds the client gone (shm: its
+// process died; tcp: its connection failed), so a dead client ends the run
+// at once instead of after kPhaseTimeout.
+regpool::PeerId g_peer = regpool::kAnyPeer;
 
 bool peer_gone() {
   if (g_child > 0) {
@@ -467,6 +472,7 @@ void wait_serving(Side& s, regpool::Token t, const char* what) {
     if (c.status == Status::ok) return;
     if (c.status != Status::in_progress) op_failed(c.status, what);
     check_child(what);
+    if (g_peer != regpool::kAnyPeer && !s.ep->usable(g_peer)) op_failed(Status::peer_unreachable, what);
     if (Clock::now() > deadline) throw regpool::Error(Status::timeout, 0, std::string(what) + ": peer silent");
   }
 }
@@ -546,6 +552,7 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
   blob.insert(blob.end(), name.begin(), name.end());
   auto names = boot.allgather(blob, kBootTimeout);
   const auto peer = s.ep->insert_peer(names[1]);
+  g_peer = peer;
   if (!json) std::fprintf(stderr, "regpool-perf server: provider %s, serving a client\n", s.provider.c_str());
 
   // One-sided phases: progress until the client's end-of-phase message.

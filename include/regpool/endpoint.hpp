@@ -641,6 +641,10 @@ class REGPOOL_API Endpoint {
   void complete(std::uint32_t index, Status status, std::uint64_t bytes, std::uint64_t value = 0,
                 PeerId peer = kAnyPeer) noexcept;
   void mark_peer_broken(PeerId peer) noexcept;
+  // The peer is gone (e.g. its process died): every operation in flight to
+  // it completes with `st` now, and the peer is marked broken. As after a
+  // timeout, the backend keeps the slots until it reports them itself.
+  void fail_peer_ops(PeerId peer, Status st) noexcept;
   void mark_unusable() noexcept { usable_.store(false, std::memory_order_release); }
   // PeerId whose handle is `handle`, or kAnyPeer.
   PeerId peer_for_handle(std::uint64_t handle) const noexcept;

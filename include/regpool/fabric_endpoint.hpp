@@ -53,6 +53,14 @@
 //    opened with FI_WAIT_FD where the provider has it (tcp;ofi_rxm; shm
 //    refuses it and the base naps instead), their descriptors share one
 //    epoll set (do_wait_fd), and fi_trywait arms it (do_arm).
+//  - shm and dead peers (libfabric 1.17 spins for ever on a region lock a
+//    killed peer held): the endpoint tries each such lock before the
+//    provider call that takes it and skips the call while it is held,
+//    checks peers' processes by the pid in their shm address (a dead peer's
+//    ops complete peer_unreachable, the peer is marked broken), and releases
+//    its own region lock only once its holder is proven dead
+//    (FabricEndpointOptions::peer_check_interval, stuck_lock_patience;
+//    shm_stats()).
 //  - Hostile peers: insert_peer checks every field of a name against the
 //    local provider's address format and length before any provider call
 //    (Error(Status::malformed) naming the field). An emulating target checks
@@ -83,6 +91,9 @@ namespace fabric_wire {
 struct AddrRules;
 struct CtrlMsg;
 }  // namespace fabric_wire
+namespace fabric_shm {
+class RegionLock;
+}  // namespace fabric_shm
 
 struct FabricEndpointOptions {
   enum class Atomics : std::uint8_t {
@@ -113,6 +124,33 @@ struct FabricEndpointOptions {
   // least recently used one goes first, so made-up reply addresses cannot
   // grow the address vector without bound.
   std::size_t max_reply_peers = 256;
+  // shm only. A killed peer process is noticed by its pid (shm addresses
+  // carry it): progress checks the processes behind inserted peers this
+  // often, and every post checks its target at most once a millisecond. A
+  // dead peer's operations in flight then complete peer_unreachable and the
+  // peer is marked broken; nothing more is posted to it (0 = no checks).
+  std::chrono::milliseconds peer_check_interval{50};
+  // shm only (libfabric 1.17, see docs/provider-facts.md). The provider's
+  // calls spin on locks in shared memory that a killed peer may have been
+  // holding. The endpoint tries such a lock before every call that takes
+  // it and, while it is held, skips the call (progress reaps nothing that
+  // round, posts answer would_block), so no call ever spins. When this
+  // endpoint's own region lock stays held this long at every poll, its
+  // holder is looked for: if no other live process maps the region, or a
+  // peer of ours has died and no process that maps the region is stopped
+  // or traced, the holder was the dead process and the lock is released
+  // (FabricShmStats::lock_recoveries); otherwise the endpoint keeps
+  // skipping and says so (FabricShmStats::region_stuck).
+  std::chrono::milliseconds stuck_lock_patience{2000};
+};
+
+// What an shm endpoint saw of dead peers (relaxed snapshot).
+struct FabricShmStats {
+  bool lock_checks = false;           // the provider's region layout is the measured one (libfabric 1.17)
+  std::uint64_t dead_peers = 0;       // inserted peers whose process was found gone
+  std::uint64_t lock_skips = 0;       // provider calls skipped because a region lock was held
+  std::uint64_t lock_recoveries = 0;  // own region lock released after its holder was proven dead
+  bool region_stuck = false;          // own region lock held past stuck_lock_patience, holder not proven dead
 };
 
 // Emulated-atomics traffic seen by a target (relaxed snapshot).
@@ -141,6 +179,8 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   bool uses_delivery_complete() const noexcept { return delivery_complete_; }
   // Thread-safe (atomics); zero when atomics are native.
   FabricControlStats control_stats() const noexcept;
+  // Thread-safe; all zero / false on providers other than shm.
+  FabricShmStats shm_stats() const noexcept;
   // Native handle: an escape hatch for code that calls libfabric directly
   // (benchmarks and tests comparing with direct libfabric use); not needed
   // for regpool's own API. Owned by the endpoint; do not close it or post
@@ -178,6 +218,23 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
     std::uint64_t data = 0;  // fi_addr_t in av_
     std::uint64_t ctrl = 0;  // fi_addr_t in ctrl_av_ (emulated atomics)
     std::vector<std::byte> ctrl_name;
+    // shm: the peer's process, its regions' locks (when their layout is
+    // known), and what the last check found.
+    std::int64_t pid = 0;
+    bool dead = false;
+    bool reported = false;  // its ops were failed and it was counted
+    std::chrono::steady_clock::time_point checked{};
+    std::unique_ptr<fabric_shm::RegionLock> lock;
+    std::unique_ptr<fabric_shm::RegionLock> ctrl_lock;
+  };
+  // One of this endpoint's own shm regions (data, control) and how long its
+  // lock has been seen held.
+  struct OwnRegion {
+    std::unique_ptr<fabric_shm::RegionLock> lock;
+    bool held = false;
+    bool stuck = false;  // held past stuck_lock_patience, holder not proven dead
+    std::chrono::steady_clock::time_point held_since{};
+    std::chrono::steady_clock::time_point next_look{};
   };
   // Emulated atomics, per operation slot.
   struct EmuOp {
@@ -211,6 +268,14 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   Status rma_status(int rc) noexcept;
   // The PeerId of a receive's source address (FI_SOURCE), or kAnyPeer.
   PeerId peer_of_addr(std::uint64_t addr) const noexcept;
+  // shm dead-peer handling (fabric_endpoint.cpp, "shm and dead peers").
+  void open_shm_watch(const std::vector<std::byte>& data_name);
+  void shm_peer_insert(PeerAddr& p, std::span<const std::byte> data, std::span<const std::byte> ctrl);
+  void shm_check_peers(std::chrono::steady_clock::time_point now) noexcept;
+  bool shm_peer_gone(std::uint64_t handle) noexcept;
+  Status shm_peer_gate(std::uint64_t handle, bool ctrl) noexcept;
+  bool shm_region_blocked(OwnRegion& r) noexcept;
+  void shm_try_recover(OwnRegion& r, std::chrono::steady_clock::time_point now) noexcept;
   void* local_desc(const OpDesc& op) noexcept;
 
   std::shared_ptr<FabricDomain> domain_;
@@ -245,6 +310,14 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   // The target checks keys, registration ranges and rights (measured:
   // tcp;ofi_rxm; see do_enforcement).
   bool target_checks_keys_ = false;
+  bool shm_ = false;
+  OwnRegion own_data_;
+  OwnRegion own_ctrl_;
+  std::chrono::steady_clock::time_point next_peer_check_{};
+  std::atomic<std::uint64_t> dead_peers_{0};
+  std::atomic<std::uint64_t> lock_skips_{0};
+  std::atomic<std::uint64_t> lock_recoveries_{0};
+  std::atomic<bool> region_stuck_{false};
 
   // Native atomics: operand / compare / result words per slot, registered
   // once so FI_MR_LOCAL providers get descriptors.

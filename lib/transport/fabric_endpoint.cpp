@@ -1,5 +1,6 @@
 #include "regpool/fabric_endpoint.hpp"
 
+#include "transport/fabric_shm.hpp"
 #include "transport/fabric_wire.hpp"
 #include "transport/wire_le.hpp"
 
@@ -10,6 +11,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+#include <unistd.h>
 
 #include <sys/epoll.h>
 #include <unistd.h>
@@ -22,6 +24,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <thread>
 
 namespace regpool {
 namespace {
@@ -312,6 +315,8 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
     }
   }
 
+  open_shm_watch(data_name);
+
   name_.resize(kNameHeader);
   name_[0] = std::byte{'R'};
   name_[1] = std::byte{'P'};
@@ -324,6 +329,16 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
 }
 
 void FabricEndpoint::close_resources() noexcept {
+  // shm: closing may take our region locks. One still held after a short
+  // grace (a killed peer's, not recovered) is released: the region is
+  // being unlinked, and a live holder's writes land in its own mapping of
+  // it, so nothing of ours can be hurt by it any more.
+  for (OwnRegion* r : {&own_data_, &own_ctrl_}) {
+    if (!r->lock) continue;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    while (r->lock->held() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    if (r->lock->held()) r->lock->force_release();
+  }
   // Endpoints first (they reference the CQs, AVs and registrations), then
   // the queues, then the registrations.
   for (fid_ep** ep : {&ctrl_ep_, &ep_}) {
@@ -410,6 +425,7 @@ std::uint64_t FabricEndpoint::do_insert_peer(std::span<const std::byte> name) {
     p.ctrl = c;
     p.ctrl_name.assign(parsed.ctrl.begin(), parsed.ctrl.end());
   }
+  if (shm_) shm_peer_insert(p, parsed.data, parsed.ctrl);
   p.used = true;
   std::size_t handle = peers_.size();
   for (std::size_t i = 0; i < peers_.size(); ++i) {
@@ -495,6 +511,9 @@ Status FabricEndpoint::rma_status(int rc) noexcept {
 }
 
 Status FabricEndpoint::do_put(const OpDesc& op) noexcept {
+  if (shm_) {
+    if (const Status g = shm_peer_gate(op.peer_handle, false); g != Status::ok) return g;
+  }
   auto region = op.local->ldo().region(*domain_);
   if (!region) return region.status();
   void* buf = op.local->address();
@@ -518,6 +537,9 @@ Status FabricEndpoint::do_put(const OpDesc& op) noexcept {
 }
 
 Status FabricEndpoint::do_get(const OpDesc& op) noexcept {
+  if (shm_) {
+    if (const Status g = shm_peer_gate(op.peer_handle, false); g != Status::ok) return g;
+  }
   auto region = op.local->ldo().region(*domain_);
   if (!region) return region.status();
   return rma_status(static_cast<int>(fi_read(ep_, op.local->address(), op.length, region->descriptor,
@@ -526,6 +548,9 @@ Status FabricEndpoint::do_get(const OpDesc& op) noexcept {
 }
 
 Status FabricEndpoint::do_send(const OpDesc& op) noexcept {
+  if (shm_) {
+    if (const Status g = shm_peer_gate(op.peer_handle, false); g != Status::ok) return g;
+  }
   auto region = op.local->ldo().region(*domain_);
   if (!region) return region.status();
   return rma_status(static_cast<int>(
@@ -533,6 +558,8 @@ Status FabricEndpoint::do_send(const OpDesc& op) noexcept {
 }
 
 Status FabricEndpoint::do_recv(const OpDesc& op) noexcept {
+  // shm posts receives under our own region lock.
+  if (shm_ && shm_region_blocked(own_data_)) return Status::would_block;
   auto region = op.local->ldo().region(*domain_);
   if (!region) return region.status();
   if (overflow_.empty()) {
@@ -552,6 +579,9 @@ Status FabricEndpoint::do_recv(const OpDesc& op) noexcept {
 }
 
 Status FabricEndpoint::do_atomic(const OpDesc& op) noexcept {
+  if (shm_) {
+    if (const Status g = shm_peer_gate(op.peer_handle, emulated_atomics_); g != Status::ok) return g;
+  }
   if (emulated_atomics_) return post_emulated(op);
   std::uint64_t* w = &atomic_words_[3 * std::size_t{op.index}];
   w[0] = op.operand;
@@ -577,6 +607,7 @@ Status FabricEndpoint::post_ctrl_recv(std::size_t k) noexcept {
   std::byte* buf = ctrl_buffers_.data() + (n + k) * kCtrlMsgSize;
   void* ctx = ctrl_contexts_.get() + (n + k) * kContextSize;
   for (int tries = 0;; ++tries) {
+    if (shm_ && shm_region_blocked(own_ctrl_)) return Status::would_block;
     const ssize_t rc = fi_recv(ctrl_ep_, buf, kCtrlMsgSize, ctrl_reg_.descriptor(), FI_ADDR_UNSPEC, ctx);
     if (rc == 0) return Status::ok;
     if (rc != -FI_EAGAIN || tries > 1000) return status_from_fi(static_cast<int>(rc));
@@ -794,6 +825,17 @@ void FabricEndpoint::flush_pending_replies() noexcept {
     const std::size_t r = pending_replies_[i];
     std::byte* buf = ctrl_buffers_.data() + (n + kk + r) * kCtrlMsgSize;
     void* ctx = ctrl_contexts_.get() + (n + kk + r) * kContextSize;
+    if (shm_ && reply_entry_[r] != kNoEntry && reply_entry_[r] < reply_addrs_.size()) {
+      // A requester we never inserted: its process must exist before we
+      // take its region's lock (fi_send).
+      const ReplyAddr& ra = reply_addrs_[reply_entry_[r]];
+      if (!fabric_shm::process_alive(fabric_shm::pid_from_address(ra.name, addr_scheme_))) {
+        reply_state_[r] = kReplyFree;
+        reply_entry_[r] = kNoEntry;
+        replies_dropped_.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+    }
     const ssize_t rc = fi_send(ctrl_ep_, buf, kCtrlMsgSize, ctrl_reg_.descriptor(), reply_dest_[r], ctx);
     if (rc == 0) {
       reply_state_[r] = kReplyPosted;
@@ -996,6 +1038,15 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
           break;
         case OpKind::fetch_add:
         case OpKind::compare_swap: complete(index, Status::ok, 8, atomic_words_[3 * std::size_t{index} + 2]); break;
+        case OpKind::send:
+          // shm completes a send once the message sits in the target's
+          // queue; a target known to be dead will never read it.
+          if (shm_ && shm_peer_gone(op.peer_handle)) {
+            complete(index, Status::peer_unreachable, 0, 0);
+          } else {
+            complete(index, Status::ok, op.length, 0);
+          }
+          break;
         default: complete(index, Status::ok, op.length, 0); break;
       }
     }
@@ -1006,7 +1057,20 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
 }
 
 std::size_t FabricEndpoint::do_poll(std::size_t max) noexcept {
-  std::size_t events = poll_data(max);
+  std::size_t events = 0;
+  if (shm_) {
+    const auto now = std::chrono::steady_clock::now();
+    if (options_.peer_check_interval.count() > 0 && now >= next_peer_check_) {
+      next_peer_check_ = now + options_.peer_check_interval;
+      shm_check_peers(now);
+    }
+    // fi_cq_read takes our own region lock: never call it while that lock
+    // is held (a killed peer may be holding it for ever).
+    if (!shm_region_blocked(own_data_)) events = poll_data(max);
+    if (ctrl_cq_ && !shm_region_blocked(own_ctrl_)) events += poll_ctrl();
+    return events;
+  }
+  events = poll_data(max);
   if (ctrl_cq_) events += poll_ctrl();
   return events;
 }
@@ -1038,6 +1102,167 @@ void FabricEndpoint::do_cancel(const OpDesc& op) noexcept {
     return;
   }
   (void)fi_cancel(&ep_->fid, op.context);
+}
+
+// ------------------------------------------------------------ shm and dead peers
+//
+// libfabric 1.17 shm (docs/provider-facts.md, measured with gdb): each
+// endpoint's region has a pthread spin lock that peers take to post to it
+// and its owner takes in fi_cq_read and fi_recv; a process killed while
+// holding one leaves it held, and the provider's next call that wants it
+// spins for ever. So: every call that takes a region lock is preceded by a
+// try of that lock (skipped while it is held), peers' processes are
+// checked by pid, and our own lock is released only when its holder is
+// proven dead.
+
+void FabricEndpoint::open_shm_watch(const std::vector<std::byte>& data_name) {
+  shm_ = domain_->provider_name() == "shm" && addr_kind_ == static_cast<std::uint8_t>(fabric_wire::AddrKind::string);
+  if (!shm_) return;
+  // The lock layout is the one measured on 1.17; any other version gets the
+  // pid checks only.
+  const std::uint32_t v = fi_version();
+  if (FI_MAJOR(v) != 1 || FI_MINOR(v) != 17) return;
+  const std::int64_t self = ::getpid();
+  auto own = [&](OwnRegion& r, std::span<const std::byte> addr) {
+    if (addr.empty()) return;
+    auto lock = std::make_unique<fabric_shm::RegionLock>();
+    if (lock->open(fabric_shm::region_name(addr, addr_scheme_), self)) r.lock = std::move(lock);
+  };
+  own(own_data_, data_name);
+  own(own_ctrl_, ctrl_name_);
+}
+
+void FabricEndpoint::shm_peer_insert(PeerAddr& p, std::span<const std::byte> data, std::span<const std::byte> ctrl) {
+  p.pid = fabric_shm::pid_from_address(data, addr_scheme_);
+  if (p.pid == 0) return;
+  p.checked = std::chrono::steady_clock::now();
+  p.dead = !fabric_shm::process_alive(p.pid);
+  if (!own_data_.lock) return;  // layout unknown: pid checks only
+  auto open = [&](std::span<const std::byte> addr) -> std::unique_ptr<fabric_shm::RegionLock> {
+    if (addr.empty()) return nullptr;
+    auto lock = std::make_unique<fabric_shm::RegionLock>();
+    if (!lock->open(fabric_shm::region_name(addr, addr_scheme_), p.pid)) return nullptr;
+    return lock;
+  };
+  p.lock = open(data);
+  p.ctrl_lock = open(ctrl);
+}
+
+void FabricEndpoint::shm_check_peers(std::chrono::steady_clock::time_point now) noexcept {
+  for (std::size_t h = 0; h < peers_.size(); ++h) {
+    PeerAddr& p = peers_[h];
+    if (!p.used || p.pid == 0) continue;
+    if (!p.dead) {
+      p.checked = now;
+      if (fabric_shm::process_alive(p.pid)) continue;
+      p.dead = true;
+    }
+    // Dead: whatever is still in flight to it will never complete (shm
+    // reports a failed fast RMA without the op's context, and a request
+    // whose answer the peer owed never gets one).
+    if (p.reported) continue;
+    p.reported = true;
+    dead_peers_.fetch_add(1, std::memory_order_relaxed);
+    const PeerId peer = peer_for_handle(h);
+    if (peer != kAnyPeer) fail_peer_ops(peer, Status::peer_unreachable);
+  }
+}
+
+bool FabricEndpoint::shm_peer_gone(std::uint64_t handle) noexcept {
+  if (handle >= peers_.size()) return false;
+  PeerAddr& p = peers_[handle];
+  if (!p.used || p.pid == 0) return false;
+  if (!p.dead && options_.peer_check_interval.count() > 0) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - p.checked >= std::chrono::milliseconds(1)) {
+      p.checked = now;
+      p.dead = !fabric_shm::process_alive(p.pid);
+    }
+  }
+  return p.dead;
+}
+
+Status FabricEndpoint::shm_peer_gate(std::uint64_t handle, bool ctrl) noexcept {
+  if (handle >= peers_.size()) return Status::ok;
+  PeerAddr& p = peers_[handle];
+  if (shm_peer_gone(handle)) {
+    if (!p.reported) {
+      p.reported = true;
+      dead_peers_.fetch_add(1, std::memory_order_relaxed);
+      const PeerId peer = peer_for_handle(handle);
+      if (peer != kAnyPeer) fail_peer_ops(peer, Status::peer_unreachable);
+    }
+    return Status::peer_unreachable;
+  }
+  fabric_shm::RegionLock* lock = ctrl ? p.ctrl_lock.get() : p.lock.get();
+  if (lock && lock->held()) {
+    // The post would spin on it. Held by the peer itself (busy, or killed
+    // while holding it) or by another of its peers: try again after
+    // progress; the pid check above ends the wait once the peer is gone.
+    lock_skips_.fetch_add(1, std::memory_order_relaxed);
+    p.checked = std::chrono::steady_clock::time_point{};  // check the pid on the retry
+    return Status::would_block;
+  }
+  return Status::ok;
+}
+
+bool FabricEndpoint::shm_region_blocked(OwnRegion& r) noexcept {
+  if (!r.lock) return false;
+  const auto now = std::chrono::steady_clock::now();
+  if (!r.lock->held()) {
+    if (r.held) {
+      r.held = false;
+      r.stuck = false;
+      region_stuck_.store(own_data_.stuck || own_ctrl_.stuck, std::memory_order_relaxed);
+    }
+    return false;
+  }
+  lock_skips_.fetch_add(1, std::memory_order_relaxed);
+  if (!r.held) {
+    // Held at this look; a live holder lets go within one post of its own.
+    r.held = true;
+    r.held_since = now;
+    r.next_look = now + options_.stuck_lock_patience;
+    return true;
+  }
+  if (now >= r.next_look) {
+    r.next_look = now + options_.stuck_lock_patience;
+    shm_try_recover(r, now);
+  }
+  return true;
+}
+
+void FabricEndpoint::shm_try_recover(OwnRegion& r, std::chrono::steady_clock::time_point now) noexcept {
+  // Held at every poll for stuck_lock_patience. Who can hold it: a process
+  // that maps the region (not us: every call of ours into this endpoint's
+  // provider runs under the mutex we hold, and none is running).
+  shm_check_peers(now);
+  bool peer_died = false;
+  for (const PeerAddr& p : peers_) peer_died = peer_died || (p.used && p.dead);
+  const fabric_shm::Mappers m = fabric_shm::region_mappers(r.lock->name());
+  const bool nobody_alive = m.complete && m.live == 0;
+  const bool dead_holder = m.complete && m.stopped == 0 && peer_died;
+  if (nobody_alive || dead_holder) {
+    r.lock->force_release();
+    r.held = false;
+    r.stuck = false;
+    lock_recoveries_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    // Not proven: keep skipping the calls that would spin; operations time
+    // out by their own bounds, and the stats say why.
+    r.stuck = true;
+  }
+  region_stuck_.store(own_data_.stuck || own_ctrl_.stuck, std::memory_order_relaxed);
+}
+
+FabricShmStats FabricEndpoint::shm_stats() const noexcept {
+  FabricShmStats st;
+  st.lock_checks = own_data_.lock != nullptr;
+  st.dead_peers = dead_peers_.load(std::memory_order_relaxed);
+  st.lock_skips = lock_skips_.load(std::memory_order_relaxed);
+  st.lock_recoveries = lock_recoveries_.load(std::memory_order_relaxed);
+  st.region_stuck = region_stuck_.load(std::memory_order_relaxed);
+  return st;
 }
 
 // ------------------------------------------------------------ exposures

@@ -9,14 +9,21 @@
 //  - each accepted address satisfies the rules by construction, checked
 //    independently here (NUL-terminated string of the right scheme, exact
 //    sockaddr length and family, ...), so fi_av_insert never reads past it;
-//  - re-encoding the parsed name gives back exactly the input bytes.
+//  - re-encoding the parsed name gives back exactly the input bytes;
+//  - shm addresses: the pid the backend's dead-peer checks read from them
+//    (fabric_shm::pid_from_address) is the decimal number right after the
+//    scheme, 1..2^31-1, followed by ':', or 0; the region name it opens is
+//    the address without scheme and NUL, and never holds a '/'.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <span>
 #include <vector>
 
+#include "transport/fabric_shm.hpp"
 #include "transport/fabric_wire.hpp"
 
 namespace fw = regpool::fabric_wire;
@@ -47,6 +54,25 @@ fw::AddrRules rules_for(std::uint8_t selector) {
   return r;
 }
 
+void check_shm_pid(std::span<const std::byte> a, const fw::AddrRules& r) {
+  const std::int64_t pid = regpool::fabric_shm::pid_from_address(a, r.scheme);
+  if (pid < 0 || pid > 0x7fffffff) std::abort();
+  if (pid != 0) {
+    char digits[16];
+    const int n = std::snprintf(digits, sizeof digits, "%lld:", static_cast<long long>(pid));
+    if (a.size() < r.scheme.size() + static_cast<std::size_t>(n) ||
+        std::memcmp(a.data() + r.scheme.size(), digits, static_cast<std::size_t>(n)) != 0) {
+      std::abort();
+    }
+  }
+  const std::string name = regpool::fabric_shm::region_name(a, r.scheme);
+  if (name.find('/') != std::string::npos) std::abort();
+  if (!name.empty() && (name.size() + r.scheme.size() + 1 != a.size() ||
+                        std::memcmp(name.data(), a.data() + r.scheme.size(), name.size()) != 0)) {
+    std::abort();
+  }
+}
+
 void check_address_invariants(std::span<const std::byte> a, const fw::AddrRules& r) {
   if (a.empty() || a.size() > fw::kMaxProviderAddr) std::abort();
   switch (r.kind) {
@@ -57,6 +83,7 @@ void check_address_invariants(std::span<const std::byte> a, const fw::AddrRules&
         std::abort();
       }
       if (std::memchr(a.data() + r.scheme.size(), '/', a.size() - 1 - r.scheme.size()) != nullptr) std::abort();
+      check_shm_pid(a, r);
       break;
     }
     case fw::AddrKind::sockaddr_in:

@@ -7,6 +7,9 @@
     check_tools.py badargs TOOL            (exit code 2 on bad arguments)
     check_tools.py perf-hostile REGPOOL_PERF
                                            (--server under bootstrap attacks)
+    check_tools.py perf-kill REGPOOL_PERF PROVIDER
+                                           (kill -9 one side mid-run: the other
+                                           exits 1 in bounded time, naming it)
 
 Each mode runs the tool on a small configuration and checks what it prints:
 JSON parses, the expected fields are there, numbers are positive, simulated
@@ -468,6 +471,68 @@ def hostile_scenarios(tool, base, tmp, servers):
         s.close()
 
 
+# A peer killed with SIGKILL must end the survivor's run within this (the
+# transport notices on shm by pid within 50 ms, on tcp through the
+# connection or the bootstrap socket); seconds, generous for a busy machine.
+KILL_BOUND = 15
+
+
+def mode_perf_kill(tool, provider):
+    # tcp: only a killed server is checked. A server that merely progresses
+    # while its client puts learns of the client's death only if rxm reports
+    # the connection (not reliably: no operation of its own is in flight),
+    # and a client waiting for a pong has only an unbound receive posted;
+    # peer events are the membership layer's (docs/provider-facts.md).
+    # tcp send and atomics: a client waiting for a dead server's answer (a
+    # pong, an atomic's reply) has nothing in flight that rxm can fail, so
+    # it waits for perf's op bound; not checked here.
+    ops = ["put", "get", "send", "atomic"] if provider == "shm" else ["put", "get"]
+    victims = ("client", "server") if provider == "shm" else ("server",)
+    with tempfile.TemporaryDirectory() as tmp:
+        for op in ops:
+            for victim in victims:
+                perf_kill_once(tool, provider, op, victim, tmp)
+
+
+def perf_kill_once(tool, provider, op, victim, tmp):
+    what = f"{provider} {op}, {victim} killed"
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "REGPOOL_BOOTSTRAP_KEY"}
+    srv, errname = start_server(tool, port, env, tmp, f"kill-{op}-{victim}")
+    cerr = open(os.path.join(tmp, f"client-{op}-{victim}.err"), "w+", encoding="utf-8")
+    cli = subprocess.Popen([tool, "--client", f"127.0.0.1:{port}", "--provider", provider, "--sizes", "1M",
+                            "--iters", "100000000", "--ops", op, "--no-progress"], stdout=subprocess.DEVNULL,
+                           stderr=cerr, env=env)
+    try:
+        # Let the run reach its operations (large transfers: the kill lands
+        # inside one, where shm holds a lock in shared memory).
+        # (tcp endpoints take about a second each to open.)
+        time.sleep(2.0 if provider == "shm" else 4.0)
+        dead, survivor, labels = ((cli, srv, ("the client", "rank 1")) if victim == "client"
+                                  else (srv, cli, ("the server at", "rank 0")))
+        dead.kill()
+        dead.wait()
+        t0 = time.monotonic()
+        try:
+            rc = survivor.wait(timeout=KILL_BOUND)
+        except subprocess.TimeoutExpired:
+            rc = None
+        took = time.monotonic() - t0
+        err = open(errname if survivor is srv else cerr.name, encoding="utf-8").read()
+        check(rc is not None, f"{what}: survivor exits within {KILL_BOUND} s (still running; stderr: {err!r})")
+        if rc is not None:
+            check(rc == 1, f"{what}: survivor exits 1 (got {rc}: {err!r})")
+            check(any(l in err for l in labels) and ("unreachable" in err or "closed its connection" in err or "send failed" in err),
+                  f"{what}: survivor names the dead peer ({err!r})")
+            print(f"{what}: survivor exited {rc} after {took:.2f} s", file=sys.stderr)
+    finally:
+        for p in (srv, cli):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        cerr.close()
+
+
 BAD_ARGS = {
     "regpool-info": [["--bogus"], ["--json", "extra"]],
     "regpool-regcost": [["--bogus"], ["--min", "0"], ["--sizes", "4X"], ["--reps", "0"], ["--reps", "abc"],
@@ -505,6 +570,8 @@ def main():
         mode_badargs(tool)
     elif mode == "perf-hostile":
         mode_perf_hostile(tool)
+    elif mode == "perf-kill":
+        mode_perf_kill(tool, sys.argv[3])
     else:
         print(__doc__, file=sys.stderr)
         return 2

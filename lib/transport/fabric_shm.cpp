@@ -1,0 +1,179 @@
+#include "transport/fabric_shm.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+namespace regpool::fabric_shm {
+namespace {
+
+// The header of a libfabric 1.17 shm region (struct smr_region, measured
+// with gdb on a live region: docs/provider-facts.md):
+//   0x00 u8 version (4), u8 resv, u16 flags
+//   0x04 i32 pid of the owner
+//   0x18 pthread_spinlock_t lock
+//   0x28 size_t total_size (the file's size)
+constexpr std::uint8_t kRegionVersion = 4;
+constexpr std::size_t kPidOffset = 0x04;
+constexpr std::size_t kLockOffset = 0x18;
+constexpr std::size_t kTotalSizeOffset = 0x28;
+constexpr std::size_t kHeaderBytes = 4096;
+
+pthread_spinlock_t* lock_word(void* header) noexcept {
+  return reinterpret_cast<pthread_spinlock_t*>(static_cast<std::byte*>(header) + kLockOffset);
+}
+
+}  // namespace
+
+std::string region_name(std::span<const std::byte> addr, std::string_view scheme) {
+  if (addr.size() <= scheme.size()) return {};
+  std::size_t end = addr.size();
+  if (addr[end - 1] == std::byte{0}) --end;
+  std::string out;
+  out.reserve(end - scheme.size());
+  for (std::size_t i = scheme.size(); i < end; ++i) {
+    const char c = static_cast<char>(addr[i]);
+    if (c == '\0' || c == '/') return {};
+    out.push_back(c);
+  }
+  return out;
+}
+
+bool process_alive(std::int64_t pid) noexcept {
+  if (pid <= 0) return true;
+  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
+  // A zombie still answers kill(); its state letter says it is gone.
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%lld/stat", static_cast<long long>(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno != ENOENT;
+  char buf[256];
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return true;
+  buf[n] = '\0';
+  const char* paren = std::strrchr(buf, ')');  // the command name may hold spaces and parentheses
+  if (paren == nullptr || paren[1] != ' ') return true;
+  return paren[2] != 'Z' && paren[2] != 'X';
+}
+
+RegionLock::~RegionLock() {
+  if (header_) ::munmap(header_, mapped_);
+}
+
+bool RegionLock::open(const std::string& name, std::int64_t pid) noexcept {
+  if (name.empty() || name.find('/') != std::string::npos) return false;
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return false;
+  struct stat st {};
+  void* p = MAP_FAILED;
+  if (::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) >= kHeaderBytes) {
+    p = ::mmap(nullptr, kHeaderBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  ::close(fd);
+  if (p == MAP_FAILED) return false;
+  const auto* h = static_cast<const std::byte*>(p);
+  std::int32_t owner = 0;
+  std::uint64_t total = 0;
+  std::memcpy(&owner, h + kPidOffset, sizeof owner);
+  std::memcpy(&total, h + kTotalSizeOffset, sizeof total);
+  if (static_cast<std::uint8_t>(h[0]) != kRegionVersion || owner != pid || total != static_cast<std::uint64_t>(st.st_size)) {
+    ::munmap(p, kHeaderBytes);
+    return false;
+  }
+  try {
+    name_ = name;
+  } catch (...) {
+    ::munmap(p, kHeaderBytes);
+    return false;
+  }
+  header_ = p;
+  mapped_ = kHeaderBytes;
+  return true;
+}
+
+bool RegionLock::held() noexcept {
+  if (!header_) return false;
+  pthread_spinlock_t* w = lock_word(header_);
+  if (pthread_spin_trylock(w) != 0) return true;
+  pthread_spin_unlock(w);
+  return false;
+}
+
+void RegionLock::force_release() noexcept {
+  if (header_) pthread_spin_unlock(lock_word(header_));
+}
+
+Mappers region_mappers(const std::string& name) noexcept {
+  Mappers m;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) {
+    m.complete = false;
+    return m;
+  }
+  const pid_t self = ::getpid();
+  char needle[300];
+  std::snprintf(needle, sizeof needle, "/dev/shm/%s", name.c_str());
+  const std::size_t needle_len = std::strlen(needle);
+  while (const dirent* d = ::readdir(proc)) {
+    char* end = nullptr;
+    const long pid = std::strtol(d->d_name, &end, 10);
+    if (pid <= 0 || *end != '\0' || pid == self) continue;
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%ld/maps", pid);
+    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      // Gone, or a process we may not look into (another user's, or a
+      // sandbox's init): it cannot open a region that is mode 0600 and
+      // ours unless it is privileged, and is not counted.
+      if (errno != ENOENT) ++m.unreadable;
+      continue;
+    }
+    // Lines end in the mapped path; look for ours at a line end.
+    char buf[8192];
+    std::size_t have = 0;
+    bool maps = false;
+    for (;;) {
+      const ssize_t n = ::read(fd, buf + have, sizeof buf - 1 - have);
+      if (n <= 0) break;
+      have += static_cast<std::size_t>(n);
+      buf[have] = '\0';
+      char* line_end = nullptr;
+      char* start = buf;
+      while ((line_end = std::strchr(start, '\n')) != nullptr) {
+        const std::size_t len = static_cast<std::size_t>(line_end - start);
+        if (len >= needle_len && std::memcmp(line_end - needle_len, needle, needle_len) == 0) maps = true;
+        start = line_end + 1;
+      }
+      have = static_cast<std::size_t>(buf + have - start);
+      std::memmove(buf, start, have);
+      if (have == sizeof buf - 1) have = 0;  // an absurdly long line: drop it
+      if (maps) break;
+    }
+    ::close(fd);
+    if (!maps || !process_alive(pid)) continue;
+    ++m.live;
+    std::snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    const int sfd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (sfd < 0) continue;
+    char st[256];
+    const ssize_t n = ::read(sfd, st, sizeof st - 1);
+    ::close(sfd);
+    if (n <= 0) continue;
+    st[n] = '\0';
+    const char* paren = std::strrchr(st, ')');
+    if (paren != nullptr && paren[1] == ' ' && (paren[2] == 'T' || paren[2] == 't')) ++m.stopped;
+  }
+  ::closedir(proc);
+  return m;
+}
+
+}  // namespace regpool::fabric_shm

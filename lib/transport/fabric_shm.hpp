@@ -1,0 +1,110 @@
+#pragma once
+// libfabric shm and dead peers (docs/provider-facts.md, "shm and dead
+// peers"). libfabric 1.17's shm provider guards each endpoint's shared
+// region with a pthread spin lock that lives in the region itself
+// (/dev/shm/<pid>:<domain>:<endpoint>, offset 0x18). A peer takes *our*
+// lock whenever it posts to us (and holds it across the whole CMA copy of a
+// fast RMA), we take it in every fi_cq_read and fi_recv, and we take a
+// peer's lock in every post to it. A process killed while holding a lock
+// leaves it held for ever, and the next provider call that wants it spins
+// for ever: no timeout of ours can fire from inside that call.
+//
+// What this file gives FabricEndpoint so that it never makes such a call:
+//  - the pid a shm address names ("fi_shm://<pid>:<n>:<n>"; a pure
+//    function, fuzzed in test/fuzz/fabric_name_fuzz.cpp), and whether that
+//    process still exists;
+//  - RegionLock: our own mapping of the first page of a region, on which we
+//    *try* the provider's lock (pthread_spin_trylock, the same glibc
+//    protocol the provider uses) before any call that would spin on it, and
+//    which can release it once its holder is proven dead;
+//  - who maps a region (from /proc), the evidence for that proof.
+// Everything here is used only when the region header has the exact layout
+// measured on libfabric 1.17 (RegionLock::open checks it), so another
+// libfabric version gets the pid checks only, never a write into its
+// region.
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace regpool::fabric_shm {
+
+// The process id in a shm address: scheme, decimal pid (1..2^31-1, no
+// leading zero), ':', rest. 0 when the address is not of that shape. The
+// address may carry its terminating NUL.
+inline std::int64_t pid_from_address(std::span<const std::byte> addr, std::string_view scheme) noexcept {
+  if (addr.size() <= scheme.size()) return 0;
+  for (std::size_t i = 0; i < scheme.size(); ++i) {
+    if (static_cast<char>(addr[i]) != scheme[i]) return 0;
+  }
+  std::int64_t pid = 0;
+  std::size_t i = scheme.size();
+  const std::size_t first = i;
+  for (; i < addr.size(); ++i) {
+    const auto c = static_cast<unsigned char>(addr[i]);
+    if (c < '0' || c > '9') break;
+    if (i == first && c == '0') return 0;
+    pid = pid * 10 + (c - '0');
+    if (pid > 0x7fffffff) return 0;
+  }
+  if (i == first || i >= addr.size() || static_cast<char>(addr[i]) != ':') return 0;
+  return pid;
+}
+
+// The region's file name under /dev/shm: the address without its scheme and
+// NUL. Empty when it is not one.
+std::string region_name(std::span<const std::byte> addr, std::string_view scheme);
+
+// Whether process `pid` exists and is not a zombie (a killed process whose
+// parent has not reaped it yet is dead for us). Pids that cannot be checked
+// (EPERM) count as alive.
+bool process_alive(std::int64_t pid) noexcept;
+
+// The provider's spin lock of one shm region, through our own mapping of
+// the region's first page. Not thread-safe (used under the endpoint's mutex).
+class RegionLock {
+ public:
+  RegionLock() = default;
+  RegionLock(const RegionLock&) = delete;
+  RegionLock& operator=(const RegionLock&) = delete;
+  ~RegionLock();
+
+  // Maps /dev/shm/<name> and checks that its header is the libfabric 1.17
+  // layout (version 4, `pid` at offset 4, total size at 0x28 equal to the
+  // file's size). false (and nothing mapped) otherwise.
+  bool open(const std::string& name, std::int64_t pid) noexcept;
+  bool valid() const noexcept { return header_ != nullptr; }
+  const std::string& name() const noexcept { return name_; }
+
+  // true when someone holds the lock right now. When it is free we take it
+  // and give it back at once (the provider's own protocol), so this never
+  // waits.
+  bool held() noexcept;
+  // Releases the lock on behalf of a holder proven dead.
+  void force_release() noexcept;
+
+ private:
+  void* header_ = nullptr;
+  std::size_t mapped_ = 0;
+  std::string name_;
+};
+
+// Processes other than this one that map /dev/shm/<name>, from /proc/*/maps.
+// `stopped`: of those, how many are stopped or traced (one of them may be
+// holding the lock and will release it when it runs on). Processes whose
+// maps we may not read (`unreadable`: other users', a sandbox's init) are
+// not counted: the region is mode 0600 and ours, so only a privileged
+// process could map it. `complete` is false when /proc could not be read.
+struct Mappers {
+  std::size_t live = 0;
+  std::size_t stopped = 0;
+  std::size_t unreadable = 0;
+  bool complete = true;
+};
+Mappers region_mappers(const std::string& name) noexcept;
+
+}  // namespace regpool::fabric_shm
