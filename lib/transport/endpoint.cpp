@@ -978,13 +978,7 @@ void Endpoint::mark_peer_broken(PeerId peer) noexcept {
 void Endpoint::fail_peer_ops(PeerId peer, Status st) noexcept {
   if (peer >= peers_.size()) return;
   peers_[peer].broken = true;
-  for (std::size_t i = 0; i < config_.max_in_flight; ++i) {
-    Slot& s = slots_[i];
-    if (s.backend_owned && !s.completed && s.desc.kind != OpKind::recv && s.desc.peer == peer) {
-      finish_locked(s, static_cast<std::uint32_t>(i), st, 0, 0, kAnyPeer);
-      do_cancel(s.desc);
-    }
-  }
+  fail_ops_locked(peer, st);
 }
 
 PeerId Endpoint::peer_for_handle(std::uint64_t handle) const noexcept {
