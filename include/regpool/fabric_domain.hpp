@@ -30,6 +30,7 @@
 //    Access documents; remote rights map to FI_REMOTE_READ/FI_REMOTE_WRITE,
 //    remote_atomic to both.
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -114,6 +115,11 @@ class REGPOOL_API FabricDomain final : public Domain {
   bool has_atomics_ = false;
   bool thread_safe_ = false;
   std::uint64_t max_key_ = ~std::uint64_t{0};  // from domain_attr->mr_key_size
+  // Random key bits, drawn from getrandom(2) in batches (random_key_bits()).
+  std::uint64_t random_key_bits();
+  std::mutex key_mutex_;
+  std::array<std::uint64_t, 32> key_batch_{};
+  std::size_t keys_left_ = 0;
   std::mutex reg_mutex_;  // serialises fi_mr_reg/fi_close unless thread_safe_
   std::mutex endpoints_mutex_;  // guards endpoints_ and live_mrs_
   std::vector<fid_ep*> endpoints_;
