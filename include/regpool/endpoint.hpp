@@ -421,6 +421,11 @@ struct ExposureInfo {
   bool owned = true;
   // The backend made a domain registration for it (telemetry).
   bool registered = false;
+  // The backend keeps the key open while the revoked exposure's bytes are
+  // quarantined (to reuse it): do_revoke is called when the quarantine
+  // ends, not at revoke(). Only meaningful where the target does not revoke
+  // (Enforcement::revocation false), which is what quarantines the bytes.
+  bool revoke_after_quarantine = false;
 };
 
 namespace detail {
@@ -817,6 +822,7 @@ class REGPOOL_API Endpoint {
     RemoteAccess access = RemoteAccess::read_only;
     bool owned = false;            // the backend holds `handle`
     bool target_revokes = false;   // enforcement(mode, per_peer).revocation
+    bool late_revoke = false;      // ExposureInfo::revoke_after_quarantine
     std::uint32_t next = kNoExposure;  // free list / quarantine FIFO / release list
     Slice parked;  // held while binding, revoking or quarantined
   };

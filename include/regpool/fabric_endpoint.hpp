@@ -77,6 +77,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "regpool/endpoint.hpp"
@@ -124,6 +125,20 @@ struct FabricEndpointOptions {
   // least recently used one goes first, so made-up reply addresses cannot
   // grow the address vector without bound.
   std::size_t max_reply_peers = 256;
+  // Scoped exposures (ExposureMode::scoped) register exactly the slice with
+  // a random key, and by default revoking closes that registration, so the
+  // target refuses the key at once (tcp) and the next scoped exposure of the
+  // same bytes registers again (about 2 us on shm/tcp, far more where
+  // registration pins pages). With reuse_scoped, a revoked scoped
+  // exposure's registration stays open while its bytes sit in the revoke
+  // quarantine (EndpointConfig::revoke_quarantine), and a scoped exposure of
+  // the same bytes with the same rights in that time reuses it: a service
+  // that exposes the same objects again and again registers nothing in
+  // steady state. The price: after revoke() the key keeps working at the
+  // target on those same bytes (never on another object: the quarantine
+  // holds them) until the interval ends, so enforcement(scoped).revocation
+  // is false. Keys, bounds and write rights stay enforced (tcp).
+  bool reuse_scoped = false;
   // shm only. A killed peer process is noticed by its pid (shm addresses
   // carry it): progress checks the processes behind inserted peers this
   // often, and every post checks its target at most once a millisecond. A
@@ -266,6 +281,7 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   void finish_emulated(std::uint32_t index) noexcept;
   Result<std::uint64_t> reply_address(std::span<const std::byte> name, std::size_t r) noexcept;
   Status rma_status(int rc) noexcept;
+  void forget_scoped(std::size_t slot, const std::byte* base) noexcept;
   // The PeerId of a receive's source address (FI_SOURCE), or kAnyPeer.
   PeerId peer_of_addr(std::uint64_t addr) const noexcept;
   // shm dead-peer handling (fabric_endpoint.cpp, "shm and dead peers").
@@ -305,8 +321,19 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
 
   std::vector<PeerAddr> peers_;
   // Scoped exposures: one registration each (a slab with a free list).
-  std::vector<Registration> scoped_;
+  // One scoped registration, shared by the exposures (live or quarantined)
+  // of the same bytes and rights when options_.reuse_scoped is set.
+  struct ScopedReg {
+    Registration registration;
+    const std::byte* base = nullptr;
+    std::uint64_t length = 0;
+    RemoteAccess access = RemoteAccess::read_only;
+    std::uint32_t holders = 0;
+  };
+  std::vector<ScopedReg> scoped_;
   std::vector<std::size_t> scoped_free_;
+  // reuse_scoped: open scoped registrations by their first byte's address.
+  std::unordered_multimap<const std::byte*, std::size_t> scoped_by_base_;
   // The target checks keys, registration ranges and rights (measured:
   // tcp;ofi_rxm; see do_enforcement).
   bool target_checks_keys_ = false;

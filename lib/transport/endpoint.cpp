@@ -251,6 +251,7 @@ void Endpoint::shutdown() noexcept {
     quarantine_head_ = exposures_[i].next;
     --exposure_stats_.quarantined;
     exposure_stats_.quarantined_bytes -= exposures_[i].length;
+    if (exposures_[i].owned && exposures_[i].late_revoke) do_revoke(exposures_[i].handle);
     queue_release_locked(i);
   }
   quarantine_tail_ = kNoExposure;
@@ -476,7 +477,11 @@ void Endpoint::expire_quarantine_locked(Clock::time_point now) noexcept {
     --exposure_stats_.quarantined;
     exposure_stats_.quarantined_bytes -= exposures_[i].length;
     ++exposure_stats_.quarantine_released;
-    queue_release_locked(i);  // the reference is dropped after the unlock
+    // Backends never defer the revoke of an exposure the target does not
+    // revoke (nothing to wait for): the key is closed now, before the
+    // reference is dropped after the unlock.
+    if (exposures_[i].owned && exposures_[i].late_revoke) do_revoke(exposures_[i].handle);
+    queue_release_locked(i);
   }
 }
 
@@ -563,6 +568,7 @@ Result<Exposure> Endpoint::expose_impl(const Slice& slice, RemoteAccess access, 
     entry.base = slice.address();
     entry.access = access;
     entry.target_revokes = do_enforcement(mode, peer != kAnyPeer).revocation;
+    entry.late_revoke = info->revoke_after_quarantine && !entry.target_revokes;
     entry.state = info->pending ? ExposureState::binding : ExposureState::live;
   }
   if (info->registered) ++exposure_stats_.registrations;
@@ -638,13 +644,17 @@ void Endpoint::revoke_exposure(std::uint32_t index, std::uint64_t exposure_id, S
   ++exposure_stats_.revoked;
   --exposure_stats_.live;
   revoke_deferred_ = false;
-  if (exposures_[index].owned) do_revoke(exposures_[index].handle);
+  // The key keeps working at the target (shm; tcp's arena key; a scoped
+  // registration kept for reuse): the bytes stay ours for the interval, so a
+  // late write lands in them and never in an object allocated there
+  // afterwards. An owned exposure whose backend keeps its key open for
+  // reuse (late_revoke) is given back to it only when the interval ends
+  // (expire_quarantine_locked), so the key dies before the bytes go.
+  const bool quarantine = !exposures_[index].target_revokes && config_.revoke_quarantine.count() > 0;
+  const bool late = quarantine && exposures_[index].late_revoke;
+  if (exposures_[index].owned && !late) do_revoke(exposures_[index].handle);
   if (!revoke_deferred_) {
-    ExposureEntry& e = exposures_[index];
-    if (!e.target_revokes && config_.revoke_quarantine.count() > 0) {
-      // The key keeps working at the target (shm; tcp's arena key): the
-      // bytes stay ours for the interval, so a late write lands in them and
-      // never in an object allocated there afterwards.
+    if (quarantine) {
       quarantine_locked(index, std::move(slice), now);
       return;
     }

@@ -1274,6 +1274,25 @@ Result<ExposureInfo> FabricEndpoint::do_expose(const Slice& slice, RemoteAccess 
   // Scoped: a registration of exactly the slice with exactly the rights and
   // a random key (FabricDomain): on providers that check keys it grants that
   // slice only, and closing it revokes it.
+  const std::byte* base = slice.address();
+  if (options_.reuse_scoped) {
+    // An open registration of the same bytes and rights (its exposure live,
+    // or revoked and quarantined: the base then holds the bytes until after
+    // do_revoke has closed it).
+    auto [first, last] = scoped_by_base_.equal_range(base);
+    for (auto it = first; it != last; ++it) {
+      ScopedReg& x = scoped_[it->second];
+      if (x.length != slice.length() || x.access != access) continue;
+      ++x.holders;
+      ExposureInfo info;
+      info.key = x.registration.remote_key();
+      info.address = x.registration.remote_address(slice.address());
+      info.mode = x.registration.address_mode();
+      info.handle = it->second;
+      info.revoke_after_quarantine = true;
+      return info;
+    }
+  }
   std::size_t slot = scoped_.size();
   try {
     if (scoped_free_.empty()) {
@@ -1283,29 +1302,59 @@ Result<ExposureInfo> FabricEndpoint::do_expose(const Slice& slice, RemoteAccess 
       slot = scoped_free_.back();
       scoped_free_.pop_back();
     }
+    if (options_.reuse_scoped) scoped_by_base_.emplace(base, slot);
   } catch (...) {
+    if (slot != scoped_.size()) scoped_free_.push_back(slot);
     return Status::out_of_memory;
   }
   auto reg = domain_->try_register(slice.address(), static_cast<std::size_t>(slice.length()), registration_access(access));
   if (!reg) {
-    scoped_free_.push_back(slot);  // capacity reserved above
+    forget_scoped(slot, base);
     return reg.status();
   }
-  Registration& r = scoped_[slot];
-  r = std::move(*reg);
+  ScopedReg& x = scoped_[slot];
+  x.registration = std::move(*reg);
+  x.base = base;
+  x.length = slice.length();
+  x.access = access;
+  x.holders = 1;
   ExposureInfo info;
-  info.key = r.remote_key();
-  info.address = r.remote_address(slice.address());
-  info.mode = r.address_mode();
+  info.key = x.registration.remote_key();
+  info.address = x.registration.remote_address(slice.address());
+  info.mode = x.registration.address_mode();
   info.handle = slot;
   info.registered = true;
+  info.revoke_after_quarantine = options_.reuse_scoped;
   return info;
 }
 
+void FabricEndpoint::forget_scoped(std::size_t slot, const std::byte* base) noexcept {
+  if (options_.reuse_scoped) {
+    auto [first, last] = scoped_by_base_.equal_range(base);
+    for (auto it = first; it != last; ++it) {
+      if (it->second == slot) {
+        scoped_by_base_.erase(it);
+        break;
+      }
+    }
+  }
+  scoped_free_.push_back(slot);  // capacity: one per slot, reserved when it was made
+}
+
 void FabricEndpoint::do_revoke(std::uint64_t handle) noexcept {
-  if (handle >= scoped_.size() || !scoped_[handle]) return;
-  scoped_[handle].reset();
-  scoped_free_.push_back(handle);  // capacity: one per slot, reserved when it was made
+  // With reuse_scoped the base calls this when the last exposure using the
+  // registration leaves the quarantine (the target does not revoke), so
+  // the key dies before the bytes go back to the pool.
+  if (handle >= scoped_.size() || !scoped_[handle].registration) return;
+  ScopedReg& x = scoped_[handle];
+  if (x.holders > 1) {
+    --x.holders;
+    return;
+  }
+  x.holders = 0;
+  x.registration.reset();
+  forget_scoped(handle, x.base);
+  x.base = nullptr;
 }
 
 Enforcement FabricEndpoint::do_enforcement(ExposureMode mode, bool /*per_peer*/) const noexcept {
@@ -1325,7 +1374,8 @@ Enforcement FabricEndpoint::do_enforcement(ExposureMode mode, bool /*per_peer*/)
   if (mode == ExposureMode::scoped) {
     e.bounds = true;
     e.rights = true;
-    e.revocation = true;
+    // reuse_scoped keeps a revoked key open while its bytes are quarantined.
+    e.revocation = !options_.reuse_scoped;
   }
   return e;
 }

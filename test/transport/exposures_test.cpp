@@ -516,3 +516,76 @@ TEST_CASE("a standard exposure cannot grant rights its object's registration lac
   CHECK(ep->expose(slice, RemoteAccess::read_only, static_cast<ExposureMode>(7)).status() ==
         Status::invalid_argument);
 }
+
+TEST_CASE("reuse_scoped: exposing the same object again registers nothing; the key dies with the quarantine",
+          "[fabric]") {
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("provider " << prov);
+  constexpr auto kQuarantine = 300ms;
+  // The server's stack, by hand: the option is the fabric backend's.
+  auto domain = regpool::FabricDomain::open(rpt::fabric_config(prov));
+  regpool::FabricEndpointOptions opts;
+  opts.reuse_scoped = true;
+  auto server_ep = regpool::FabricEndpoint::open(domain, server_config(kQuarantine), opts);
+  regpool::PoolConfig pc;
+  pc.arena_size = std::size_t{16} << 20;
+  auto server_pool = std::make_unique<regpool::Pool>(std::vector<std::shared_ptr<regpool::Domain>>{domain}, pc);
+  rpt::Stack client(prov, client_config());
+  const PeerId peer = client.ep->insert_peer(server_ep->name());
+
+  const Enforcement enf = server_ep->enforcement(ExposureMode::scoped);
+  CHECK_FALSE(enf.revocation);  // the key outlives revoke() by up to the quarantine
+  if (prov == "tcp") CHECK((enf.keys && enf.bounds && enf.rights));
+
+  constexpr std::uint64_t kSize = 4096;
+  auto obj = server_pool->allocate(kSize);
+  REQUIRE(obj.ok());
+  auto src = client.alloc(kSize);
+  auto from = rpt::slice_or_die(Slice::data(src));
+  auto obj_slice = rpt::slice_or_die(Slice::data(*obj));
+
+  // The first scoped exposure registers; re-exposing the same bytes with the
+  // same rights while the previous one is live or quarantined does not.
+  const auto regs0 = domain->stats().registrations;
+  std::uint64_t first_key = 0;
+  constexpr int kRounds = 20;
+  for (int i = 0; i < kRounds; ++i) {
+    auto e = server_ep->expose(obj_slice, RemoteAccess::read_write, ExposureMode::scoped);
+    REQUIRE(e.ok());
+    if (i == 0) first_key = e->ref().key;
+    CHECK(e->ref().key == first_key);
+    rpt::fill(src.data(), static_cast<int>(i + 1));
+    CHECK(put_status(client, peer, e->ref(), 0, from) == Status::ok);
+    e->revoke();
+  }
+  CHECK(domain->stats().registrations == regs0 + 1);
+  auto st = server_ep->exposure_stats();
+  CHECK(st.registrations == 1);
+  CHECK(st.quarantined == std::uint64_t{kRounds});
+  // Other rights are another registration (a read-only key must not write).
+  {
+    auto ro = server_ep->expose(obj_slice, RemoteAccess::read_only, ExposureMode::scoped);
+    REQUIRE(ro.ok());
+    CHECK(ro->ref().key != first_key);
+    CHECK(domain->stats().registrations == regs0 + 2);
+  }
+  // Once the quarantine is over, the shared registration is closed (after
+  // its last holder) before the bytes are released, and the next scoped
+  // exposure registers afresh with a new key.
+  const auto live_before = domain->stats().live_registrations;
+  std::this_thread::sleep_for(kQuarantine + 100ms);
+  server_ep->progress_for(20ms);
+  st = server_ep->exposure_stats();
+  CHECK(st.quarantined == 0);
+  CHECK(domain->stats().live_registrations + 2 == live_before);
+  auto again = server_ep->expose(obj_slice, RemoteAccess::read_write, ExposureMode::scoped);
+  REQUIRE(again.ok());
+  CHECK(again->ref().key != first_key);
+  CHECK(domain->stats().registrations == regs0 + 3);
+  again->revoke();
+  CHECK(server_ep->exposure_stats().quarantined == 1);
+  server_ep.reset();  // releases the quarantine at once, closing the key first
+  // What is left registered with the server's domain is the pool's arenas.
+  const auto ps = server_pool->stats();
+  CHECK(domain->stats().live_registrations == ps.registrations - ps.deregistrations);
+}
