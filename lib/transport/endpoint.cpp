@@ -1,13 +1,17 @@
 #include "regpool/endpoint.hpp"
 
+#include "regpool/endpoint_backend.hpp"
+
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <random>
+#include <thread>
 
 namespace regpool {
 namespace {
@@ -66,6 +70,22 @@ const char* to_string(OpKind k) noexcept {
   }
   return "?";
 }
+
+struct Endpoint::Slot {
+  BackendOp desc;
+  Slice local;
+  RemoteRef remote;
+  Callback cb;
+  Completion result;
+  Clock::time_point deadline{};
+  std::uint32_t gen = 0;
+  bool backend_owned = false;  // the backend holds desc.context
+  bool user_pending = false;   // completion not yet delivered/retrieved
+  bool completed = false;      // result is final
+  bool has_callback = false;
+  bool release_pending = false;  // `local` waits in releases_ for an unlock
+  alignas(16) std::byte context[kBackendContextSize];
+};
 
 // ---------------------------------------------------------------- Exposure
 
@@ -490,7 +510,7 @@ std::uint32_t Endpoint::find_handle_locked(std::uint64_t handle) const noexcept 
   return kNoExposure;
 }
 
-Result<Endpoint::ExposureView> Endpoint::find_live_exposure(std::uint64_t key, std::uint64_t address,
+Result<ExposureView> Endpoint::find_live_exposure(std::uint64_t key, std::uint64_t address,
                                                              std::uint64_t length) const noexcept {
   bool key_known = false;
   for (const ExposureEntry& e : exposures_) {
@@ -786,7 +806,7 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
   if (++s.gen == 0) s.gen = 1;
   if (local) s.local = *local;  // the in-flight reference to the LDO
   if (remote) s.remote = *remote;
-  s.desc = OpDesc{};
+  s.desc = BackendOp{};
   s.desc.index = index;
   s.desc.kind = kind;
   s.desc.peer = needs_peer(kind) ? peer : kAnyPeer;
@@ -998,7 +1018,7 @@ std::uint32_t Endpoint::index_of_context(const void* context) const noexcept {
   return index < config_.max_in_flight ? static_cast<std::uint32_t>(index) : kNoIndex;
 }
 
-const Endpoint::OpDesc& Endpoint::op_at(std::uint32_t index) const noexcept { return slots_[index].desc; }
+const BackendOp& Endpoint::op_at(std::uint32_t index) const noexcept { return slots_[index].desc; }
 
 std::size_t Endpoint::progress() noexcept {
   std::size_t events = 0;
