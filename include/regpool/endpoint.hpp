@@ -39,7 +39,6 @@
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -47,7 +46,6 @@
 #include <mutex>
 #include <new>
 #include <span>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -65,6 +63,10 @@ class Endpoint;
 struct BackendOp;
 struct ExposureInfo;
 struct ExposureView;
+namespace detail {
+// Shared between an endpoint and its exposures (defined in the library).
+struct ExposureLink;
+}  // namespace detail
 
 // Index of an inserted peer, dense from 0. kAnyPeer in a receive completion
 // means the backend could not tell who sent it.
@@ -283,20 +285,6 @@ struct EndpointConfig {
   // due, and at endpoint close without waiting. 0 = no quarantine.
   std::chrono::milliseconds revoke_quarantine{1000};
 };
-
-namespace detail {
-// Shared between an endpoint and its exposures so an Exposure that outlives
-// its endpoint does not touch it (the endpoint nulls `ep` at shutdown and
-// then waits until no revoke is using it). `mutex` guards `ep` and `users`
-// only and is never held while calling into the endpoint, so a revoke may
-// run user code (an LDO cleanup) that destroys another Exposure.
-struct ExposureLink {
-  std::mutex mutex;
-  std::condition_variable idle;
-  Endpoint* ep = nullptr;
-  std::uint32_t users = 0;  // revokes calling into `ep` right now
-};
-}  // namespace detail
 
 // A slice made reachable by peers. Holds the Slice (so the LDO stays alive
 // while peers may write to it) and the RemoteRef to send them. Revoked on
@@ -665,9 +653,12 @@ class REGPOOL_API Endpoint {
 
   std::atomic<bool> usable_{true};
   std::atomic<bool> stopping_{false};
-  std::thread progress_thread_;
-  std::condition_variable done_cv_;    // progress thread mode: wait() sleeps here
-  std::atomic<std::uint32_t> waiters_{0};
+  // The progress thread and the condition variable wait() sleeps on in
+  // progress thread mode (defined in endpoint.cpp, so this header needs
+  // neither <thread> nor <condition_variable>; neither is on the post path).
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::atomic<std::uint32_t> waiters_{0};  // sleeping on impl_->done_cv
   // Sleeping waits: an eventfd (owned) that wakes every sleeper, how many
   // are inside sleep_until_work, and a counter of completions and posts
   // (all under the mutex) so no wake-up between a look and a sleep is lost.
