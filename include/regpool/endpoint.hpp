@@ -453,8 +453,7 @@ class REGPOOL_API Endpoint {
   EndpointStats stats() const noexcept;
 
  protected:
-  // The backend interface: what each virtual below must do, and the rules
-  // for backends, are documented in regpool/endpoint_backend.hpp.
+  // For backends: the contract below is documented in regpool/endpoint_backend.hpp.
 
   explicit Endpoint(const EndpointConfig& config);
 
@@ -486,7 +485,7 @@ class REGPOOL_API Endpoint {
   PeerId peer_for_handle(std::uint64_t handle) const noexcept;
   // The op in slot `index` (valid while the backend owns it).
   const BackendOp& op_at(std::uint32_t index) const noexcept;
-  // Slot index of an BackendOp::context pointer handed back by a provider, or
+  // Slot index of a BackendOp::context pointer handed back by a provider, or
   // kNoIndex when it is not one (providers may overwrite the context bytes
   // themselves, FI_CONTEXT2, so the index cannot be stored inside them).
   static constexpr std::uint32_t kNoIndex = ~std::uint32_t{0};
