@@ -1,172 +1,44 @@
 #pragma once
 // Layer 7: the transport. An Endpoint moves bytes between LDO slices of this
-// process and remote references exposed by peers: put, get, send, post_recv,
-// fetch_add and compare_swap. Endpoint is backend-neutral; FabricEndpoint
-// (libfabric FI_EP_RDM) and the verbs endpoint derive from it.
+// process and remote references exposed by peers (put, get, send, post_recv,
+// fetch_add, compare_swap) and exposes slices of this process to peers
+// (expose()). Endpoint is backend-neutral: construct a FabricEndpoint
+// (libfabric FI_EP_RDM, fabric_endpoint.hpp) or a VerbsEndpoint (verbs RC
+// queue pairs, verbs_endpoint.hpp) and use it through this interface.
 //
-// What the base class does for every backend (so backends cannot get it
-// wrong, and so every backend gives the same statuses):
+// Thread-safety: every public member may be called from any thread; the
+// endpoint serialises calls itself and never holds its lock while waiting
+// or while running callbacks (details on class Endpoint below).
+//
+// Ownership: an operation in flight holds a Slice, i.e. a reference to its
+// LDO, from post until the backend is done with it, so dropping the user's
+// handle early cannot free bytes under a transfer; an Exposure holds its
+// Slice until revoked. The endpoint itself is not movable (hold it by
+// unique_ptr) and keeps its domain alive.
+//
+// What every endpoint does, whatever the backend (so every backend gives the
+// same statuses):
 //  - checks before anything reaches the wire: local slice inside its object,
 //    remote reference well formed (RemoteRef::well_formed(): malformed),
 //    remote range inside the remote reference, remote reference from this
 //    backend, access rights (put/atomics need a read-write export), 8-byte
 //    alignment of atomic words, message size, peer known and not broken.
 //    A violation returns the Status immediately and posts nothing;
-//  - a preallocated in-flight table (EndpointConfig::max_in_flight slots).
-//    Each slot holds a Slice, i.e. a reference to its LDO, from post until the
-//    backend gives the operation back, so dropping the user's handle early
-//    cannot free bytes under a transfer. Posting never allocates;
+//  - a preallocated in-flight table (EndpointConfig::max_in_flight slots):
+//    posting never allocates;
 //  - tokens, wait(token, timeout), progress() running callbacks, quiesce(),
 //    the optional background progress thread, per-operation timeouts scaled
-//    by transfer size (Status::timeout), retrying posts the backend refuses
-//    with would_block (after progressing, without holding the mutex while
-//    backing off), per-peer broken state, usable() and reconnect().
+//    by transfer size (Status::timeout), retrying posts the provider refuses
+//    for now (bounded by EndpointConfig::post_timeout, without holding the
+//    lock while backing off), per-peer broken state, usable() and
+//    reconnect().
 //
-// ---------------------------------------------------------------------------
-// Backend interface (the protected virtuals below). A backend implements:
-//
-//   Backend backend_kind() const            fabric or verbs: stamped into
-//                                           remote refs and checked on use.
-//   Domain& domain() const                  the registration domain whose
-//                                           regions (Ldo::region) it uses.
-//   std::uint64_t max_message_size() const  largest send/recv.
-//   bool needs_target_progress() const      true when a target must call
-//                                           progress() for operations aimed
-//                                           at it to complete (manual
-//                                           progress, emulated atomics).
-//   std::vector<std::byte> do_name() const  address blob peers insert (setup:
-//                                           may throw Error).
-//   std::uint64_t do_insert_peer(bytes)     make a peer addressable; returns
-//                                           the backend's handle for it
-//                                           (fi_addr_t, QP index...); setup:
-//                                           throws Error on failure.
-//   void do_remove_peer(handle)             forget a peer (noexcept).
-//   Result<std::uint64_t> do_reconnect(peer, handle, name)
-//                                           re-establish a broken peer; the
-//                                           default removes and re-inserts.
-//   milliseconds reconnect_settle() const   optional: how long a removed
-//                                           peer must stay out of the
-//                                           address table before it may be
-//                                           inserted again (default 0). When
-//                                           non-zero, reconnect() removes the
-//                                           peer and returns at once; posts
-//                                           to it answer would_block (retried
-//                                           by the base without the mutex)
-//                                           until the time has passed, then
-//                                           the base re-inserts it.
-//   Status do_put / do_get / do_send / do_recv / do_atomic(const OpDesc&)
-//                                           post one operation. Return
-//                                           - ok: posted; the backend owns
-//                                             op.context (kBackendContextSize
-//                                             bytes, 16-byte aligned, stable)
-//                                             until it reports the op with
-//                                             complete(op.index, ...);
-//                                           - would_block: nothing posted;
-//                                             the base calls do_poll and
-//                                             retries until post_timeout;
-//                                           - anything else: nothing posted,
-//                                             returned to the caller as is.
-//                                           The base has already done every
-//                                           check listed above; the backend
-//                                           only maps to its own calls.
-//   std::size_t do_poll(std::size_t max)    reap up to `max` completions and
-//                                           report each with complete();
-//                                           also serve internal traffic
-//                                           (connection setup, emulated
-//                                           atomics). Returns how many events
-//                                           it handled (0 = idle).
-//   (index_of_context() maps a provider's context pointer back to an index.)
-//   int do_wait_fd() const                  optional: a file descriptor that
-//                                           becomes readable when do_poll
-//                                           may find work (default -1: none;
-//                                           the base then naps).
-//   bool do_arm(microseconds& max_sleep)    optional: called after a poll
-//                                           found nothing, before the base
-//                                           sleeps on do_wait_fd(): make the
-//                                           fd report anything that arrives
-//                                           from now on (fi_trywait,
-//                                           ibv_req_notify_cq) and return
-//                                           true, or return false when work
-//                                           is already pending (the base
-//                                           polls again). May lower
-//                                           max_sleep when something needs
-//                                           progress by time, not by event.
-//                                           Never blocks.
-//   void do_cancel(const OpDesc&)           best effort abort of a timed-out
-//                                           op. The user already got
-//                                           Status::timeout; the slot (and
-//                                           its LDO reference) stays owned by
-//                                           the backend until it calls
-//                                           complete() for it (any status is
-//                                           then ignored) or the endpoint
-//                                           closes.
-//   Result<ExposureInfo> do_expose(slice, access, mode, peer, handle)
-//                                           only what the backend alone can
-//                                           do: a scoped exposure (libfabric:
-//                                           a registration of the slice with
-//                                           a random key; verbs: a window or
-//                                           a slice registration), or a
-//                                           standard one for one peer (verbs:
-//                                           a window over the arena MR).
-//                                           Standard exposures for any peer
-//                                           are made by the base from the
-//                                           object's registration and never
-//                                           reach the backend.
-//   void do_revoke(handle)                  undo an owned exposure; later
-//                                           remote use fails where the
-//                                           target enforces revocation.
-//   Enforcement do_enforcement(mode, per_peer)
-//                                           what the target enforces (keys,
-//                                           bounds, rights, revocation):
-//                                           measured facts, never more. The
-//                                           base quarantines revoked bytes
-//                                           where revocation is false.
-//
-// Operations and exposures that take time (verbs: a window bind or
-// invalidate queued behind other work requests) are never waited for inside
-// a do_* call. A backend answers in one of these ways instead:
-//  - would_block from do_expose (e.g. the connection is still being set
-//    up): the base retries it exactly like a post (below);
-//  - ExposureInfo::pending = true from do_expose: the key is
-//    not usable yet; the backend later reports the outcome with
-//    exposure_settled(handle, status) from inside do_poll (status != ok:
-//    the backend has already released the exposure and its handle);
-//  - revoke_deferred(handle) called from inside do_revoke: the key may still
-//    work; the backend reports the end with exposure_settled(handle, ...)
-//    from inside do_poll (or releases it when the endpoint closes). Until
-//    then the base keeps the exposed slice's LDO reference parked, so the
-//    bytes are never reused while the key may still grant access.
-//
-// Rules for backends:
-//  - every do_* call is made with the endpoint's mutex held, so calls are
-//    serialised (FI_THREAD_DOMAIN is fine); complete(), mark_peer_broken(),
-//    peer_for_handle(), exposure_settled() and revoke_deferred() may only be
-//    called from inside them;
-//  - no do_* call may wait for the network or for a peer (no loops until a
-//    completion arrives): return would_block or pending and let the base
-//    wait. The base never waits, sleeps or backs off with the mutex held: a
-//    post the backend refuses with would_block is retried after a poll, with
-//    the mutex released between attempts (yield, then short sleeps) until
-//    EndpointConfig::post_timeout, so progress(), other posts and stats()
-//    from other threads go on meanwhile;
-//  - complete() must be called exactly once per op the backend accepted;
-//    it must never be called for an op the backend refused;
-//  - nothing a backend does under the mutex drops the last reference to a
-//    user's object: complete() keeps the slot's Slice until the base has
-//    released the mutex, and the base destroys Slices, callbacks and parked
-//    exposure references only after unlocking (in bounded batches), because
-//    the last drop may run the pool's free or a user LDO's cleanup, which
-//    may call into this endpoint;
-//  - the derived destructor must call shutdown() first (stops the progress
-//    thread and revokes exposures while the backend still exists), then
-//    close its resources; slots still held and parked exposure references
-//    are released by the base after that, without running callbacks.
-// ---------------------------------------------------------------------------
+// Writing a backend: the protected interface and its rules are documented
+// in regpool/endpoint_backend.hpp.
 
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -174,7 +46,6 @@
 #include <mutex>
 #include <new>
 #include <span>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -188,6 +59,14 @@
 namespace regpool {
 
 class Endpoint;
+// Backend-side types, defined in regpool/endpoint_backend.hpp.
+struct BackendOp;
+struct ExposureInfo;
+struct ExposureView;
+namespace detail {
+// Shared between an endpoint and its exposures (defined in the library).
+struct ExposureLink;
+}  // namespace detail
 
 // Index of an inserted peer, dense from 0. kAnyPeer in a receive completion
 // means the backend could not tell who sent it.
@@ -407,41 +286,6 @@ struct EndpointConfig {
   std::chrono::milliseconds revoke_quarantine{1000};
 };
 
-// What a backend returns when it exposes a slice.
-struct ExposureInfo {
-  std::uint64_t key = 0;
-  std::uint64_t address = 0;  // of the slice's first byte, per mode
-  AddressMode mode = AddressMode::virtual_address;
-  std::uint64_t handle = 0;   // backend's own, passed back to do_revoke
-  // The key is not usable yet (a bind is in flight): the backend reports the
-  // outcome with exposure_settled(handle, status) from do_poll.
-  bool pending = false;
-  // The backend holds resources under `handle` (do_revoke is called); false
-  // for an exposure through the object's own registration.
-  bool owned = true;
-  // The backend made a domain registration for it (telemetry).
-  bool registered = false;
-  // The backend keeps the key open while the revoked exposure's bytes are
-  // quarantined (to reuse it): do_revoke is called when the quarantine
-  // ends, not at revoke(). Only meaningful where the target does not revoke
-  // (Enforcement::revocation false), which is what quarantines the bytes.
-  bool revoke_after_quarantine = false;
-};
-
-namespace detail {
-// Shared between an endpoint and its exposures so an Exposure that outlives
-// its endpoint does not touch it (the endpoint nulls `ep` at shutdown and
-// then waits until no revoke is using it). `mutex` guards `ep` and `users`
-// only and is never held while calling into the endpoint, so a revoke may
-// run user code (an LDO cleanup) that destroys another Exposure.
-struct ExposureLink {
-  std::mutex mutex;
-  std::condition_variable idle;
-  Endpoint* ep = nullptr;
-  std::uint32_t users = 0;  // revokes calling into `ep` right now
-};
-}  // namespace detail
-
 // A slice made reachable by peers. Holds the Slice (so the LDO stays alive
 // while peers may write to it) and the RemoteRef to send them. Revoked on
 // destruction or revoke(); afterwards peers' operations fail only where the
@@ -609,21 +453,7 @@ class REGPOOL_API Endpoint {
   EndpointStats stats() const noexcept;
 
  protected:
-  // One operation as handed to a backend. Pointers stay valid until the
-  // backend reports the op with complete().
-  struct OpDesc {
-    std::uint32_t index = 0;        // report back to complete()
-    OpKind kind = OpKind::put;
-    PeerId peer = kAnyPeer;
-    std::uint64_t peer_handle = 0;  // from do_insert_peer (recv: unused)
-    const Slice* local = nullptr;   // put/get/send/recv; nullptr for atomics
-    std::uint64_t length = 0;       // bytes (atomics: 8)
-    const RemoteRef* remote = nullptr;  // put/get/atomics
-    std::uint64_t remote_address = 0;   // remote->address_at(remote_offset)
-    std::uint64_t operand = 0;      // fetch_add addend; compare_swap desired
-    std::uint64_t compare = 0;      // compare_swap expected
-    void* context = nullptr;        // kBackendContextSize bytes, 16-aligned
-  };
+  // For backends: the contract below is documented in regpool/endpoint_backend.hpp.
 
   explicit Endpoint(const EndpointConfig& config);
 
@@ -654,14 +484,14 @@ class REGPOOL_API Endpoint {
   // PeerId whose handle is `handle`, or kAnyPeer.
   PeerId peer_for_handle(std::uint64_t handle) const noexcept;
   // The op in slot `index` (valid while the backend owns it).
-  const OpDesc& op_at(std::uint32_t index) const noexcept;
-  // Slot index of an OpDesc::context pointer handed back by a provider, or
+  const BackendOp& op_at(std::uint32_t index) const noexcept;
+  // Slot index of a BackendOp::context pointer handed back by a provider, or
   // kNoIndex when it is not one (providers may overwrite the context bytes
   // themselves, FI_CONTEXT2, so the index cannot be stored inside them).
   static constexpr std::uint32_t kNoIndex = ~std::uint32_t{0};
   std::uint32_t index_of_context(const void* context) const noexcept;
 
-  // --- the backend interface (see the comment at the top) ---
+  // --- the backend interface (endpoint_backend.hpp) ---
   virtual Backend backend_kind() const noexcept = 0;
   virtual Domain& domain() const noexcept = 0;
   virtual std::uint64_t max_message_size() const noexcept = 0;
@@ -673,13 +503,13 @@ class REGPOOL_API Endpoint {
   virtual std::chrono::milliseconds reconnect_settle() const noexcept { return std::chrono::milliseconds{0}; }
   virtual Result<std::uint64_t> do_reconnect(PeerId peer, std::uint64_t handle,
                                              std::span<const std::byte> name) noexcept;
-  virtual Status do_put(const OpDesc& op) noexcept = 0;
-  virtual Status do_get(const OpDesc& op) noexcept = 0;
-  virtual Status do_send(const OpDesc& op) noexcept = 0;
-  virtual Status do_recv(const OpDesc& op) noexcept = 0;
-  virtual Status do_atomic(const OpDesc& op) noexcept = 0;
+  virtual Status do_put(const BackendOp& op) noexcept = 0;
+  virtual Status do_get(const BackendOp& op) noexcept = 0;
+  virtual Status do_send(const BackendOp& op) noexcept = 0;
+  virtual Status do_recv(const BackendOp& op) noexcept = 0;
+  virtual Status do_atomic(const BackendOp& op) noexcept = 0;
   virtual std::size_t do_poll(std::size_t max) noexcept = 0;
-  virtual void do_cancel(const OpDesc& op) noexcept = 0;
+  virtual void do_cancel(const BackendOp& op) noexcept = 0;
   // Called for scoped exposures and for standard ones made for one peer
   // (peer != kAnyPeer); a standard exposure for any peer never reaches the
   // backend. The default: standard -> standard_exposure(), scoped ->
@@ -699,15 +529,9 @@ class REGPOOL_API Endpoint {
   // range holds [address, address + length), by the RemoteRef's addressing.
   // bad_key when no live exposure has the key, out_of_bounds when none with
   // it holds the range. Linear in the live exposures.
-  struct ExposureView {
-    std::byte* base = nullptr;  // local address of the exposure's first byte
-    std::uint64_t address = 0;  // the RemoteRef's address of that byte
-    std::uint64_t length = 0;
-    RemoteAccess access = RemoteAccess::read_only;
-  };
   Result<ExposureView> find_live_exposure(std::uint64_t key, std::uint64_t address,
                                           std::uint64_t length) const noexcept;
-  // Sleeping waits (WaitMode sleep/adaptive); see the comment at the top.
+  // Sleeping waits (WaitMode sleep/adaptive); see endpoint_backend.hpp.
   virtual int do_wait_fd() const noexcept { return -1; }
   virtual bool do_arm(std::chrono::microseconds& /*max_sleep*/) noexcept { return true; }
 
@@ -716,21 +540,8 @@ class REGPOOL_API Endpoint {
   using Clock = std::chrono::steady_clock;
   class Lock;
 
-  struct Slot {
-    OpDesc desc;
-    Slice local;
-    RemoteRef remote;
-    Callback cb;
-    Completion result;
-    Clock::time_point deadline{};
-    std::uint32_t gen = 0;
-    bool backend_owned = false;  // the backend holds desc.context
-    bool user_pending = false;   // completion not yet delivered/retrieved
-    bool completed = false;      // result is final
-    bool has_callback = false;
-    bool release_pending = false;  // `local` waits in releases_ for an unlock
-    alignas(16) std::byte context[kBackendContextSize];
-  };
+  // One operation slot (defined in endpoint.cpp; slots_ owns them).
+  struct Slot;
   struct Peer {
     bool used = false;
     bool broken = false;
@@ -842,9 +653,12 @@ class REGPOOL_API Endpoint {
 
   std::atomic<bool> usable_{true};
   std::atomic<bool> stopping_{false};
-  std::thread progress_thread_;
-  std::condition_variable done_cv_;    // progress thread mode: wait() sleeps here
-  std::atomic<std::uint32_t> waiters_{0};
+  // The progress thread and the condition variable wait() sleeps on in
+  // progress thread mode (defined in endpoint.cpp, so this header needs
+  // neither <thread> nor <condition_variable>; neither is on the post path).
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::atomic<std::uint32_t> waiters_{0};  // sleeping on impl_->done_cv
   // Sleeping waits: an eventfd (owned) that wakes every sleeper, how many
   // are inside sleep_until_work, and a counter of completions and posts
   // (all under the mutex) so no wake-up between a look and a sleep is lost.

@@ -81,6 +81,7 @@
 #include <vector>
 
 #include "regpool/endpoint.hpp"
+#include "regpool/endpoint_backend.hpp"
 #include "regpool/fabric_domain.hpp"
 
 struct fid_av;
@@ -213,13 +214,13 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   std::uint64_t do_insert_peer(std::span<const std::byte> name) override;
   void do_remove_peer(std::uint64_t handle) noexcept override;
   std::chrono::milliseconds reconnect_settle() const noexcept override;
-  Status do_put(const OpDesc& op) noexcept override;
-  Status do_get(const OpDesc& op) noexcept override;
-  Status do_send(const OpDesc& op) noexcept override;
-  Status do_recv(const OpDesc& op) noexcept override;
-  Status do_atomic(const OpDesc& op) noexcept override;
+  Status do_put(const BackendOp& op) noexcept override;
+  Status do_get(const BackendOp& op) noexcept override;
+  Status do_send(const BackendOp& op) noexcept override;
+  Status do_recv(const BackendOp& op) noexcept override;
+  Status do_atomic(const BackendOp& op) noexcept override;
   std::size_t do_poll(std::size_t max) noexcept override;
-  void do_cancel(const OpDesc& op) noexcept override;
+  void do_cancel(const BackendOp& op) noexcept override;
   Result<ExposureInfo> do_expose(const Slice& slice, RemoteAccess access, ExposureMode mode, PeerId peer,
                                  std::uint64_t peer_handle) noexcept override;
   void do_revoke(std::uint64_t handle) noexcept override;
@@ -268,7 +269,7 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
 
   void open_resources(const FabricEndpointOptions& options);
   void close_resources() noexcept;
-  Status post_emulated(const OpDesc& op) noexcept;
+  Status post_emulated(const BackendOp& op) noexcept;
   void count_reply_peers() noexcept;
   std::size_t poll_data(std::size_t max) noexcept;
   std::size_t poll_ctrl() noexcept;
@@ -292,7 +293,7 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   Status shm_peer_gate(std::uint64_t handle, bool ctrl) noexcept;
   bool shm_region_blocked(OwnRegion& r) noexcept;
   void shm_try_recover(OwnRegion& r, std::chrono::steady_clock::time_point now) noexcept;
-  void* local_desc(const OpDesc& op) noexcept;
+  void* local_desc(const BackendOp& op) noexcept;
 
   std::shared_ptr<FabricDomain> domain_;
   FabricEndpointOptions options_;

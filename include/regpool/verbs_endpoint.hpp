@@ -115,6 +115,7 @@
 #include <vector>
 
 #include "regpool/endpoint.hpp"
+#include "regpool/endpoint_backend.hpp"
 #include "regpool/verbs_domain.hpp"
 
 struct ibv_cq;
@@ -208,13 +209,13 @@ class REGPOOL_API VerbsEndpoint final : public Endpoint {
   void do_remove_peer(std::uint64_t handle) noexcept override;
   Result<std::uint64_t> do_reconnect(PeerId peer, std::uint64_t handle,
                                      std::span<const std::byte> name) noexcept override;
-  Status do_put(const OpDesc& op) noexcept override;
-  Status do_get(const OpDesc& op) noexcept override;
-  Status do_send(const OpDesc& op) noexcept override;
-  Status do_recv(const OpDesc& op) noexcept override;
-  Status do_atomic(const OpDesc& op) noexcept override;
+  Status do_put(const BackendOp& op) noexcept override;
+  Status do_get(const BackendOp& op) noexcept override;
+  Status do_send(const BackendOp& op) noexcept override;
+  Status do_recv(const BackendOp& op) noexcept override;
+  Status do_atomic(const BackendOp& op) noexcept override;
   std::size_t do_poll(std::size_t max) noexcept override;
-  void do_cancel(const OpDesc& op) noexcept override;
+  void do_cancel(const BackendOp& op) noexcept override;
   Result<ExposureInfo> do_expose(const Slice& slice, RemoteAccess access, ExposureMode mode, PeerId peer,
                                  std::uint64_t peer_handle) noexcept override;
   void do_revoke(std::uint64_t handle) noexcept override;
@@ -248,7 +249,7 @@ class REGPOOL_API VerbsEndpoint final : public Endpoint {
   std::uint32_t conn_by_id(std::uint64_t endpoint_id) const noexcept;
   std::uint32_t conn_by_qpn(std::uint32_t qpn) const noexcept;
   // Data path.
-  Status post_rc(const OpDesc& op) noexcept;
+  Status post_rc(const BackendOp& op) noexcept;
   std::size_t poll_cq(std::size_t max) noexcept;
   void handle_wc(const ibv_wc& wc) noexcept;
   void handle_send_wc(std::uint32_t ci, std::uint64_t seq, const ibv_wc& wc) noexcept;

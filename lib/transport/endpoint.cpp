@@ -1,13 +1,17 @@
 #include "regpool/endpoint.hpp"
 
+#include "regpool/endpoint_backend.hpp"
+
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <random>
+#include <thread>
 
 namespace regpool {
 namespace {
@@ -66,6 +70,45 @@ const char* to_string(OpKind k) noexcept {
   }
   return "?";
 }
+
+namespace detail {
+// Shared between an endpoint and its exposures so an Exposure that outlives
+// its endpoint does not touch it (the endpoint nulls `ep` at shutdown and
+// then waits until no revoke is using it). `mutex` guards `ep` and `users`
+// only and is never held while calling into the endpoint, so a revoke may
+// run user code (an LDO cleanup) that destroys another Exposure.
+struct ExposureLink {
+  std::mutex mutex;
+  std::condition_variable idle;
+  Endpoint* ep = nullptr;
+  std::uint32_t users = 0;  // revokes calling into `ep` right now
+};
+}  // namespace detail
+
+struct Endpoint::Slot {
+  BackendOp desc;
+  Slice local;
+  RemoteRef remote;
+  Callback cb;
+  Completion result;
+  Clock::time_point deadline{};
+  std::uint32_t gen = 0;
+  bool backend_owned = false;  // the backend holds desc.context
+  bool user_pending = false;   // completion not yet delivered/retrieved
+  bool completed = false;      // result is final
+  bool has_callback = false;
+  bool release_pending = false;  // `local` waits in releases_ for an unlock
+  alignas(16) std::byte context[kBackendContextSize];
+};
+
+// State kept out of the public header because its types need <thread> and
+// <condition_variable>. Only setup, shutdown, wait() in progress-thread mode
+// and a completion some thread is sleeping on (waiters_ > 0) reach it: the
+// post and poll paths never follow impl_.
+struct Endpoint::Impl {
+  std::thread progress_thread;
+  std::condition_variable done_cv;  // progress thread mode: wait() sleeps here
+};
 
 // ---------------------------------------------------------------- Exposure
 
@@ -157,6 +200,7 @@ void Endpoint::unlock_and_release(std::unique_lock<std::mutex>& lk) noexcept {
 }
 
 Endpoint::Endpoint(const EndpointConfig& config) : config_(config) {
+  impl_ = std::make_unique<Impl>();
   if (config_.max_in_flight == 0 || config_.max_in_flight > (std::size_t{1} << 24)) {
     throw Error(Status::invalid_argument, 0,
                 "endpoint: max_in_flight must be between 1 and 2^24 (got " + std::to_string(config_.max_in_flight) +
@@ -191,7 +235,7 @@ Endpoint::~Endpoint() {
   // Derived destructors call shutdown(); this is the safety net for the
   // thread and the exposures' back pointer only (no virtual calls here).
   stopping_.store(true, std::memory_order_release);
-  if (progress_thread_.joinable()) progress_thread_.join();
+  if (impl_->progress_thread.joinable()) impl_->progress_thread.join();
   if (link_) {
     std::unique_lock<std::mutex> g(link_->mutex);
     link_->ep = nullptr;
@@ -201,8 +245,8 @@ Endpoint::~Endpoint() {
 }
 
 void Endpoint::start() {
-  if (config_.progress_thread && !progress_thread_.joinable()) {
-    progress_thread_ = std::thread([this] { progress_thread_main(); });
+  if (config_.progress_thread && !impl_->progress_thread.joinable()) {
+    impl_->progress_thread = std::thread([this] { progress_thread_main(); });
   }
 }
 
@@ -214,8 +258,8 @@ void Endpoint::shutdown() noexcept {
     ++activity_;
     wake_sleepers_locked();
   }
-  if (progress_thread_.joinable() && progress_thread_.get_id() != std::this_thread::get_id()) {
-    progress_thread_.join();
+  if (impl_->progress_thread.joinable() && impl_->progress_thread.get_id() != std::this_thread::get_id()) {
+    impl_->progress_thread.join();
   }
   {
     // From now on no Exposure calls in; wait for revokes already inside
@@ -495,7 +539,7 @@ std::uint32_t Endpoint::find_handle_locked(std::uint64_t handle) const noexcept 
   return kNoExposure;
 }
 
-Result<Endpoint::ExposureView> Endpoint::find_live_exposure(std::uint64_t key, std::uint64_t address,
+Result<ExposureView> Endpoint::find_live_exposure(std::uint64_t key, std::uint64_t address,
                                                              std::uint64_t length) const noexcept {
   bool key_known = false;
   for (const ExposureEntry& e : exposures_) {
@@ -796,7 +840,7 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
   if (++s.gen == 0) s.gen = 1;
   if (local) s.local = *local;  // the in-flight reference to the LDO
   if (remote) s.remote = *remote;
-  s.desc = OpDesc{};
+  s.desc = BackendOp{};
   s.desc.index = index;
   s.desc.kind = kind;
   s.desc.peer = needs_peer(kind) ? peer : kAnyPeer;
@@ -966,7 +1010,7 @@ void Endpoint::finish_locked(Slot& s, std::uint32_t index, Status st, std::uint6
     ready_[(ready_head_ + ready_count_) % ready_.size()] = index;
     ++ready_count_;
   }
-  if (waiters_.load(std::memory_order_relaxed) > 0) done_cv_.notify_all();
+  if (waiters_.load(std::memory_order_relaxed) > 0) impl_->done_cv.notify_all();
   ++activity_;
   if (sleepers_ > 0) wake_sleepers_locked();
 }
@@ -1008,7 +1052,7 @@ std::uint32_t Endpoint::index_of_context(const void* context) const noexcept {
   return index < config_.max_in_flight ? static_cast<std::uint32_t>(index) : kNoIndex;
 }
 
-const Endpoint::OpDesc& Endpoint::op_at(std::uint32_t index) const noexcept { return slots_[index].desc; }
+const BackendOp& Endpoint::op_at(std::uint32_t index) const noexcept { return slots_[index].desc; }
 
 std::size_t Endpoint::progress() noexcept {
   std::size_t events = 0;
@@ -1106,7 +1150,7 @@ Completion Endpoint::wait(Token token, std::chrono::milliseconds timeout) noexce
   Completion bad{token, OpKind::put, Status::invalid_argument, kAnyPeer, 0, 0};
   if (!token || index >= config_.max_in_flight) return bad;
   const auto deadline = Clock::now() + timeout;
-  const bool threaded = progress_thread_.joinable();
+  const bool threaded = impl_->progress_thread.joinable();
   IdleState idle_state;
   for (;;) {
     std::uint64_t seen = 0;
@@ -1129,7 +1173,7 @@ Completion Endpoint::wait(Token token, std::chrono::milliseconds timeout) noexce
         // The progress thread completes it and notifies; a condition
         // variable sleeps in every wait mode.
         waiters_.fetch_add(1, std::memory_order_relaxed);
-        done_cv_.wait_until(lk.native(), std::min(deadline, Clock::now() + std::chrono::milliseconds(2)));
+        impl_->done_cv.wait_until(lk.native(), std::min(deadline, Clock::now() + std::chrono::milliseconds(2)));
         waiters_.fetch_sub(1, std::memory_order_relaxed);
         continue;
       }
@@ -1159,7 +1203,7 @@ Status Endpoint::quiesce(std::chrono::milliseconds timeout) noexcept {
       seen = activity_;
     }
     if (Clock::now() >= deadline) return Status::timeout;
-    if (progress_thread_.joinable()) {
+    if (impl_->progress_thread.joinable()) {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     } else {
       // Snapshot taken after this round's progress: a completion since then
@@ -1173,7 +1217,7 @@ void Endpoint::progress_for(std::chrono::milliseconds duration) noexcept {
   const auto deadline = Clock::now() + duration;
   IdleState idle_state;
   while (Clock::now() < deadline) {
-    if (progress_thread_.joinable()) {
+    if (impl_->progress_thread.joinable()) {
       std::this_thread::sleep_for(std::min<Clock::duration>(deadline - Clock::now(), std::chrono::milliseconds(1)));
     } else {
       const std::uint64_t seen = sleeps() ? activity() : 0;

@@ -500,7 +500,7 @@ void FabricEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
 // its mutex (see Endpoint::reconnect).
 std::chrono::milliseconds FabricEndpoint::reconnect_settle() const noexcept { return kReconnectSettle; }
 
-void* FabricEndpoint::local_desc(const OpDesc& op) noexcept {
+void* FabricEndpoint::local_desc(const BackendOp& op) noexcept {
   auto r = op.local->ldo().region(*domain_);
   return r ? r->descriptor : nullptr;
 }
@@ -510,7 +510,7 @@ Status FabricEndpoint::rma_status(int rc) noexcept {
   return status_from_fi(rc);
 }
 
-Status FabricEndpoint::do_put(const OpDesc& op) noexcept {
+Status FabricEndpoint::do_put(const BackendOp& op) noexcept {
   if (shm_) {
     if (const Status g = shm_peer_gate(op.peer_handle, false); g != Status::ok) return g;
   }
@@ -536,7 +536,7 @@ Status FabricEndpoint::do_put(const OpDesc& op) noexcept {
   return rma_status(static_cast<int>(fi_writemsg(ep_, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE)));
 }
 
-Status FabricEndpoint::do_get(const OpDesc& op) noexcept {
+Status FabricEndpoint::do_get(const BackendOp& op) noexcept {
   if (shm_) {
     if (const Status g = shm_peer_gate(op.peer_handle, false); g != Status::ok) return g;
   }
@@ -547,7 +547,7 @@ Status FabricEndpoint::do_get(const OpDesc& op) noexcept {
                                              op.context)));
 }
 
-Status FabricEndpoint::do_send(const OpDesc& op) noexcept {
+Status FabricEndpoint::do_send(const BackendOp& op) noexcept {
   if (shm_) {
     if (const Status g = shm_peer_gate(op.peer_handle, false); g != Status::ok) return g;
   }
@@ -557,7 +557,7 @@ Status FabricEndpoint::do_send(const OpDesc& op) noexcept {
       fi_send(ep_, op.local->address(), op.length, region->descriptor, peers_[op.peer_handle].data, op.context)));
 }
 
-Status FabricEndpoint::do_recv(const OpDesc& op) noexcept {
+Status FabricEndpoint::do_recv(const BackendOp& op) noexcept {
   // shm posts receives under our own region lock.
   if (shm_ && shm_region_blocked(own_data_)) return Status::would_block;
   auto region = op.local->ldo().region(*domain_);
@@ -578,7 +578,7 @@ Status FabricEndpoint::do_recv(const OpDesc& op) noexcept {
   return rma_status(static_cast<int>(fi_recvv(ep_, iov, desc, 2, FI_ADDR_UNSPEC, op.context)));
 }
 
-Status FabricEndpoint::do_atomic(const OpDesc& op) noexcept {
+Status FabricEndpoint::do_atomic(const BackendOp& op) noexcept {
   if (shm_) {
     if (const Status g = shm_peer_gate(op.peer_handle, emulated_atomics_); g != Status::ok) return g;
   }
@@ -617,7 +617,7 @@ Status FabricEndpoint::post_ctrl_recv(std::size_t k) noexcept {
   }
 }
 
-Status FabricEndpoint::post_emulated(const OpDesc& op) noexcept {
+Status FabricEndpoint::post_emulated(const BackendOp& op) noexcept {
   const PeerAddr& p = peers_[op.peer_handle];
   if (p.ctrl_name.empty()) return Status::unsupported;
   EmuOp& e = emu_[op.index];
@@ -1025,7 +1025,7 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
     for (ssize_t i = 0; i < got; ++i) {
       const std::uint32_t index = index_of_context(entries[i].op_context);
       if (index == kNoIndex) continue;
-      const OpDesc& op = op_at(index);
+      const BackendOp& op = op_at(index);
       switch (op.kind) {
         case OpKind::recv:
           // Bytes beyond the slice went to the overflow area: the message
@@ -1090,7 +1090,7 @@ bool FabricEndpoint::do_arm(std::chrono::microseconds& max_sleep) noexcept {
   return true;
 }
 
-void FabricEndpoint::do_cancel(const OpDesc& op) noexcept {
+void FabricEndpoint::do_cancel(const BackendOp& op) noexcept {
   if ((op.kind == OpKind::fetch_add || op.kind == OpKind::compare_swap) && emulated_atomics_) {
     EmuOp& e = emu_[op.index];
     if (e.token == 0) return;

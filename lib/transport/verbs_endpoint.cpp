@@ -807,7 +807,7 @@ void VerbsEndpoint::handle_ctrl(std::uint32_t k, std::uint32_t byte_len) noexcep
 
 // ----------------------------------------------------------------- data path
 
-Status VerbsEndpoint::post_rc(const OpDesc& op) noexcept {
+Status VerbsEndpoint::post_rc(const BackendOp& op) noexcept {
   Impl& m = *impl_;
   if (op.peer_handle >= m.conns.size() || !m.conns[op.peer_handle].used) return Status::invalid_argument;
   const auto ci = static_cast<std::uint32_t>(op.peer_handle);
@@ -903,12 +903,12 @@ Status VerbsEndpoint::post_rc(const OpDesc& op) noexcept {
   return Status::ok;
 }
 
-Status VerbsEndpoint::do_put(const OpDesc& op) noexcept { return post_rc(op); }
-Status VerbsEndpoint::do_get(const OpDesc& op) noexcept { return post_rc(op); }
-Status VerbsEndpoint::do_send(const OpDesc& op) noexcept { return post_rc(op); }
-Status VerbsEndpoint::do_atomic(const OpDesc& op) noexcept { return post_rc(op); }
+Status VerbsEndpoint::do_put(const BackendOp& op) noexcept { return post_rc(op); }
+Status VerbsEndpoint::do_get(const BackendOp& op) noexcept { return post_rc(op); }
+Status VerbsEndpoint::do_send(const BackendOp& op) noexcept { return post_rc(op); }
+Status VerbsEndpoint::do_atomic(const BackendOp& op) noexcept { return post_rc(op); }
 
-Status VerbsEndpoint::do_recv(const OpDesc& op) noexcept {
+Status VerbsEndpoint::do_recv(const BackendOp& op) noexcept {
   Impl& m = *impl_;
   if (op.length > 0xffffffffu) return Status::invalid_argument;
   auto region = op.local->ldo().region(*domain_);
@@ -1026,7 +1026,7 @@ void VerbsEndpoint::handle_send_wc(std::uint32_t ci, std::uint64_t seq, const ib
   if (!s.live || s.conn != ci || seq < s.post_seq || seq > s.qp_seq) return;  // stale
   if (st == Status::ok && seq != s.qp_seq) return;  // an early chunk (not normally signalled)
   s.live = false;
-  const OpDesc& op = op_at(index);
+  const BackendOp& op = op_at(index);
   const bool atomic = op.kind == OpKind::fetch_add || op.kind == OpKind::compare_swap;
   if (st != Status::ok) {
     complete(index, st, 0, 0);
@@ -1126,7 +1126,7 @@ bool VerbsEndpoint::do_arm(std::chrono::microseconds& max_sleep) noexcept {
   return false;
 }
 
-void VerbsEndpoint::do_cancel(const OpDesc& /*op*/) noexcept {
+void VerbsEndpoint::do_cancel(const BackendOp& /*op*/) noexcept {
   // Verbs cannot withdraw one posted WR. The op stays with the QP until it
   // completes or is flushed (reconnect, remove_peer, endpoint close); a
   // receive stays on the SRQ until a message fills it or the endpoint closes.

@@ -1,0 +1,220 @@
+#pragma once
+// The backend contract of Endpoint: what a class deriving from Endpoint (a
+// transport backend, such as FabricEndpoint or VerbsEndpoint) implements,
+// and the rules it follows. Users of an endpoint never need this header;
+// regpool/endpoint.hpp is the user API.
+//
+// What the base class does for every backend, so backends cannot get it
+// wrong and every backend gives the same statuses:
+//  - every check before the wire that endpoint.hpp lists (local slice
+//    inside its object, remote reference well formed, remote range inside
+//    it, reference from this backend, rights, atomic alignment, message
+//    size, peer known and not broken): a violation never reaches a do_* call;
+//  - the preallocated in-flight table (EndpointConfig::max_in_flight slots),
+//    each slot holding its Slice (so its LDO) from post until the backend
+//    gives the operation back with complete(); posting never allocates;
+//  - tokens, wait(), progress() running callbacks, quiesce(), the optional
+//    progress thread, per-operation timeouts, retrying posts the backend
+//    refuses with would_block (after progressing, without holding the mutex
+//    while backing off), per-peer broken state, usable() and reconnect();
+//  - the exposure table: ids, standard exposures for any peer, quarantine of
+//    revoked bytes where the target cannot revoke.
+//
+// ---------------------------------------------------------------------------
+// Backend interface (the protected virtuals of Endpoint). A backend
+// implements:
+//
+//   Backend backend_kind() const            fabric or verbs: stamped into
+//                                           remote refs and checked on use.
+//   Domain& domain() const                  the registration domain whose
+//                                           regions (Ldo::region) it uses.
+//   std::uint64_t max_message_size() const  largest send/recv.
+//   bool needs_target_progress() const      true when a target must call
+//                                           progress() for operations aimed
+//                                           at it to complete (manual
+//                                           progress, emulated atomics).
+//   std::vector<std::byte> do_name() const  address blob peers insert (setup:
+//                                           may throw Error).
+//   std::uint64_t do_insert_peer(bytes)     make a peer addressable; returns
+//                                           the backend's handle for it
+//                                           (fi_addr_t, QP index...); setup:
+//                                           throws Error on failure.
+//   void do_remove_peer(handle)             forget a peer (noexcept).
+//   Result<std::uint64_t> do_reconnect(peer, handle, name)
+//                                           re-establish a broken peer; the
+//                                           default removes and re-inserts.
+//   milliseconds reconnect_settle() const   optional: how long a removed
+//                                           peer must stay out of the
+//                                           address table before it may be
+//                                           inserted again (default 0). When
+//                                           non-zero, reconnect() removes the
+//                                           peer and returns at once; posts
+//                                           to it answer would_block (retried
+//                                           by the base without the mutex)
+//                                           until the time has passed, then
+//                                           the base re-inserts it.
+//   Status do_put / do_get / do_send / do_recv / do_atomic(const BackendOp&)
+//                                           post one operation. Return
+//                                           - ok: posted; the backend owns
+//                                             op.context (kBackendContextSize
+//                                             bytes, 16-byte aligned, stable)
+//                                             until it reports the op with
+//                                             complete(op.index, ...);
+//                                           - would_block: nothing posted;
+//                                             the base calls do_poll and
+//                                             retries until post_timeout;
+//                                           - anything else: nothing posted,
+//                                             returned to the caller as is.
+//                                           The base has already done every
+//                                           check listed at the top; the
+//                                           backend only maps to its own
+//                                           calls.
+//   std::size_t do_poll(std::size_t max)    reap up to `max` completions and
+//                                           report each with complete();
+//                                           also serve internal traffic
+//                                           (connection setup, emulated
+//                                           atomics). Returns how many events
+//                                           it handled (0 = idle).
+//   (index_of_context() maps a provider's context pointer back to an index.)
+//   int do_wait_fd() const                  optional: a file descriptor that
+//                                           becomes readable when do_poll
+//                                           may find work (default -1: none;
+//                                           the base then naps).
+//   bool do_arm(microseconds& max_sleep)    optional: called after a poll
+//                                           found nothing, before the base
+//                                           sleeps on do_wait_fd(): make the
+//                                           fd report anything that arrives
+//                                           from now on (fi_trywait,
+//                                           ibv_req_notify_cq) and return
+//                                           true, or return false when work
+//                                           is already pending (the base
+//                                           polls again). May lower
+//                                           max_sleep when something needs
+//                                           progress by time, not by event.
+//                                           Never blocks.
+//   void do_cancel(const BackendOp&)           best effort abort of a timed-out
+//                                           op. The user already got
+//                                           Status::timeout; the slot (and
+//                                           its LDO reference) stays owned by
+//                                           the backend until it calls
+//                                           complete() for it (any status is
+//                                           then ignored) or the endpoint
+//                                           closes.
+//   Result<ExposureInfo> do_expose(slice, access, mode, peer, handle)
+//                                           only what the backend alone can
+//                                           do: a scoped exposure (libfabric:
+//                                           a registration of the slice with
+//                                           a random key; verbs: a window or
+//                                           a slice registration), or a
+//                                           standard one for one peer (verbs:
+//                                           a window over the arena MR).
+//                                           Standard exposures for any peer
+//                                           are made by the base from the
+//                                           object's registration and never
+//                                           reach the backend.
+//   void do_revoke(handle)                  undo an owned exposure; later
+//                                           remote use fails where the
+//                                           target enforces revocation.
+//   Enforcement do_enforcement(mode, per_peer)
+//                                           what the target enforces (keys,
+//                                           bounds, rights, revocation):
+//                                           measured facts, never more. The
+//                                           base quarantines revoked bytes
+//                                           where revocation is false.
+//
+// Operations and exposures that take time (verbs: a window bind or
+// invalidate queued behind other work requests) are never waited for inside
+// a do_* call. A backend answers in one of these ways instead:
+//  - would_block from do_expose (e.g. the connection is still being set
+//    up): the base retries it exactly like a post (below);
+//  - ExposureInfo::pending = true from do_expose: the key is
+//    not usable yet; the backend later reports the outcome with
+//    exposure_settled(handle, status) from inside do_poll (status != ok:
+//    the backend has already released the exposure and its handle);
+//  - revoke_deferred(handle) called from inside do_revoke: the key may still
+//    work; the backend reports the end with exposure_settled(handle, ...)
+//    from inside do_poll (or releases it when the endpoint closes). Until
+//    then the base keeps the exposed slice's LDO reference parked, so the
+//    bytes are never reused while the key may still grant access.
+//
+// Rules for backends:
+//  - every do_* call is made with the endpoint's mutex held, so calls are
+//    serialised (FI_THREAD_DOMAIN is fine); complete(), mark_peer_broken(),
+//    peer_for_handle(), exposure_settled() and revoke_deferred() may only be
+//    called from inside them;
+//  - no do_* call may wait for the network or for a peer (no loops until a
+//    completion arrives): return would_block or pending and let the base
+//    wait. The base never waits, sleeps or backs off with the mutex held: a
+//    post the backend refuses with would_block is retried after a poll, with
+//    the mutex released between attempts (yield, then short sleeps) until
+//    EndpointConfig::post_timeout, so progress(), other posts and stats()
+//    from other threads go on meanwhile;
+//  - complete() must be called exactly once per op the backend accepted;
+//    it must never be called for an op the backend refused;
+//  - nothing a backend does under the mutex drops the last reference to a
+//    user's object: complete() keeps the slot's Slice until the base has
+//    released the mutex, and the base destroys Slices, callbacks and parked
+//    exposure references only after unlocking (in bounded batches), because
+//    the last drop may run the pool's free or a user LDO's cleanup, which
+//    may call into this endpoint;
+//  - the derived destructor must call shutdown() first (stops the progress
+//    thread and revokes exposures while the backend still exists), then
+//    close its resources; slots still held and parked exposure references
+//    are released by the base after that, without running callbacks.
+
+// ---------------------------------------------------------------------------
+
+#include <cstddef>
+#include <cstdint>
+
+#include "regpool/endpoint.hpp"
+
+namespace regpool {
+
+// One operation as handed to a backend. Pointers stay valid until the
+// backend reports the op with complete().
+struct BackendOp {
+  std::uint32_t index = 0;        // report back to complete()
+  OpKind kind = OpKind::put;
+  PeerId peer = kAnyPeer;
+  std::uint64_t peer_handle = 0;  // from do_insert_peer (recv: unused)
+  const Slice* local = nullptr;   // put/get/send/recv; nullptr for atomics
+  std::uint64_t length = 0;       // bytes (atomics: 8)
+  const RemoteRef* remote = nullptr;  // put/get/atomics
+  std::uint64_t remote_address = 0;   // remote->address_at(remote_offset)
+  std::uint64_t operand = 0;      // fetch_add addend; compare_swap desired
+  std::uint64_t compare = 0;      // compare_swap expected
+  void* context = nullptr;        // Endpoint::kBackendContextSize bytes, 16-aligned
+};
+
+// What a backend returns when it exposes a slice.
+struct ExposureInfo {
+  std::uint64_t key = 0;
+  std::uint64_t address = 0;  // of the slice's first byte, per mode
+  AddressMode mode = AddressMode::virtual_address;
+  std::uint64_t handle = 0;   // backend's own, passed back to do_revoke
+  // The key is not usable yet (a bind is in flight): the backend reports the
+  // outcome with exposure_settled(handle, status) from do_poll.
+  bool pending = false;
+  // The backend holds resources under `handle` (do_revoke is called); false
+  // for an exposure through the object's own registration.
+  bool owned = true;
+  // The backend made a domain registration for it (telemetry).
+  bool registered = false;
+  // The backend keeps the key open while the revoked exposure's bytes are
+  // quarantined (to reuse it): do_revoke is called when the quarantine
+  // ends, not at revoke(). Only meaningful where the target does not revoke
+  // (Enforcement::revocation false), which is what quarantines the bytes.
+  bool revoke_after_quarantine = false;
+};
+
+// A live exposure as find_live_exposure() reports it, for backends that
+// serve remote requests themselves (emulated atomics).
+struct ExposureView {
+  std::byte* base = nullptr;  // local address of the exposure's first byte
+  std::uint64_t address = 0;  // the RemoteRef's address of that byte
+  std::uint64_t length = 0;
+  RemoteAccess access = RemoteAccess::read_only;
+};
+
+}  // namespace regpool
