@@ -214,6 +214,9 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
       *cq = nullptr;
       throw Error(Status::transport_error, rc, std::string("fabric endpoint: fi_cq_open (") + what + "): " + fi_message(rc));
     }
+    // A killed process's region under our pid would make fi_enable fail
+    // with -FI_EBUSY (fabric_shm.hpp).
+    if (prov == "shm") (void)fabric_shm::remove_stale_own_regions();
     rc = fi_endpoint(dom, info, ep, nullptr);
     if (rc != 0) {
       *ep = nullptr;

@@ -176,4 +176,76 @@ Mappers region_mappers(const std::string& name) noexcept {
   return m;
 }
 
+namespace {
+
+// This process's start, in CLOCK_REALTIME nanoseconds, rounded down (the
+// boot time in /proc/stat has whole seconds): a region created by this
+// process has a ctime at or after it. 0 when it cannot be read.
+std::int64_t own_start_ns() noexcept {
+  std::int64_t btime = 0;
+  if (std::FILE* f = std::fopen("/proc/stat", "re")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f)) {
+      long long v = 0;
+      if (std::sscanf(line, "btime %lld", &v) == 1) {
+        btime = v;
+        break;
+      }
+    }
+    std::fclose(f);
+  }
+  if (btime <= 0) return 0;
+  char buf[1024];
+  const int fd = ::open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  buf[n] = '\0';
+  // The command name may hold spaces and parentheses: fields start after
+  // the last ')'. starttime is field 22, i.e. the 20th after it.
+  const char* p = std::strrchr(buf, ')');
+  if (!p) return 0;
+  unsigned long long start_ticks = 0;
+  int field = 2;
+  for (const char* q = p + 1; *q; ++q) {
+    if (*q != ' ') continue;
+    ++field;
+    if (field == 22) {
+      if (std::sscanf(q + 1, "%llu", &start_ticks) != 1) return 0;
+      break;
+    }
+  }
+  const long hz = ::sysconf(_SC_CLK_TCK);
+  if (start_ticks == 0 || hz <= 0) return 0;
+  return btime * 1'000'000'000LL + static_cast<std::int64_t>(start_ticks / static_cast<unsigned long long>(hz)) * 1'000'000'000LL;
+}
+
+}  // namespace
+
+std::size_t remove_stale_own_regions() noexcept {
+  const std::int64_t start = own_start_ns();
+  if (start == 0) return 0;
+  return remove_stale_regions(static_cast<long>(::getpid()), start);
+}
+
+std::size_t remove_stale_regions(long pid, std::int64_t start) noexcept {
+  char prefix[32];
+  const int plen = std::snprintf(prefix, sizeof prefix, "%ld:", pid);
+  if (plen <= 0) return 0;
+  DIR* dir = ::opendir("/dev/shm");
+  if (!dir) return 0;
+  std::size_t removed = 0;
+  while (const dirent* e = ::readdir(dir)) {
+    if (std::strncmp(e->d_name, prefix, static_cast<std::size_t>(plen)) != 0) continue;
+    struct stat st {};
+    if (::fstatat(::dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+    const std::int64_t ctime_ns = static_cast<std::int64_t>(st.st_ctim.tv_sec) * 1'000'000'000LL + st.st_ctim.tv_nsec;
+    if (ctime_ns >= start) continue;  // possibly ours: made since we started
+    if (::unlinkat(::dirfd(dir), e->d_name, 0) == 0) ++removed;
+  }
+  ::closedir(dir);
+  return removed;
+}
+
 }  // namespace regpool::fabric_shm

@@ -64,6 +64,18 @@ std::string region_name(std::span<const std::byte> addr, std::string_view scheme
 // (EPERM) count as alive.
 bool process_alive(std::int64_t pid) noexcept;
 
+// libfabric 1.17 shm names an endpoint's region /dev/shm/<pid>:<domain>:<ep>
+// and never removes the region of a killed process. A later process given
+// the same pid then cannot open an endpoint whose name is taken: fi_enable
+// fails with -FI_EBUSY (seen in CI after many killed peers). A region named
+// with our own pid that was created before this process started can only be
+// a dead process's (no other live process has our pid in this pid
+// namespace): remove those. Returns how many were removed.
+std::size_t remove_stale_own_regions() noexcept;
+// The rule itself, for tests: remove /dev/shm/<pid>:* created before
+// start_ns (CLOCK_REALTIME nanoseconds).
+std::size_t remove_stale_regions(long pid, std::int64_t start_ns) noexcept;
+
 // The provider's spin lock of one shm region, through our own mapping of
 // the region's first page. Not thread-safe (used under the endpoint's mutex).
 class RegionLock {

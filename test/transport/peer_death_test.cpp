@@ -11,6 +11,7 @@
 // it. The "killed initiator" cases check that they really hit that moment
 // (our lock held right after the kill) for put and get, retrying the kill
 // a few times until they do.
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <random>
 #include <string>
 #include <thread>
@@ -355,4 +357,37 @@ TEST_CASE("a target killed while our put, get, send or atomic is in flight fails
   }
   CHECK(p.ep->usable());
   ::alarm(0);
+}
+
+TEST_CASE("a killed process's shm region under a reused pid is removed; a live one's is kept", "[fabric]") {
+  // libfabric 1.17 shm leaves /dev/shm/<pid>:<dom>:<ep> of a killed process
+  // behind; a later process given that pid failed fi_enable with -FI_EBUSY
+  // (CI, after many killed peers). The rule: a region named with our pid
+  // and created before we started is a dead process's. pid 999999999 is
+  // above any pid_max, so no live process owns these names.
+  constexpr long kPid = 999999999;
+  const std::string name = "/dev/shm/" + std::to_string(kPid) + ":0:7";
+  const std::string other = "/dev/shm/" + std::to_string(kPid) + "1:0:7";  // another pid's prefix
+  for (const auto& n : {name, other}) {
+    const int fd = ::open(n.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      WARN("cannot create " << n << ": " << std::strerror(errno));
+      return;
+    }
+    ::close(fd);
+  }
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  const std::int64_t now_ns = static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000LL + now.tv_nsec;
+  // Started after the region was made: it is not ours, remove it.
+  CHECK(regpool::fabric_shm::remove_stale_regions(kPid, now_ns - 10'000'000'000LL) == 0);
+  CHECK(::access(name.c_str(), F_OK) == 0);
+  CHECK(regpool::fabric_shm::remove_stale_regions(kPid, now_ns + 10'000'000'000LL) == 1);
+  CHECK(::access(name.c_str(), F_OK) != 0);
+  CHECK(::access(other.c_str(), F_OK) == 0);  // "9999999991:" is not "999999999:"
+  ::unlink(other.c_str());
+  // And the real entry point finds nothing of ours to remove in a process
+  // whose regions are all its own.
+  rpt::Stack s("shm");
+  CHECK(regpool::fabric_shm::remove_stale_own_regions() == 0);
 }
