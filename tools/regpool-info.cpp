@@ -396,6 +396,16 @@ ExposureReport exposure_report(const FabricReport& f, const VerbsReport& vr) {
     ExposureEntry x;
     x.backend = "fabric";
     x.provider = e.provider;
+    // Only providers whose enforcement regpool has measured get an endpoint
+    // opened (FabricEndpoint claims nothing for the others). Opening one of
+    // the others is also not free of side effects: a provider of libfabric
+    // 1.17 leaks the fi_info its fi_endpoint duplicates (LeakSanitizer, in
+    // the tools test of the ASan build).
+    if (e.provider != "shm" && e.provider != "tcp;ofi_rxm") {
+      x.error = "not measured by regpool: nothing claimed, no endpoint opened";
+      r.entries.push_back(std::move(x));
+      continue;
+    }
     try {
       regpool::FabricConfig fc;
       fc.provider = e.provider;
@@ -405,7 +415,7 @@ ExposureReport exposure_report(const FabricReport& f, const VerbsReport& vr) {
       // libfabric keys are not scoped to a connection (no per-peer rows).
       add_rows(x, *ep, false);
     } catch (const std::exception& ex) {
-      x.error = ex.what();
+      x.error = std::string("could not open: ") + ex.what();
     }
     r.entries.push_back(std::move(x));
   }
@@ -434,7 +444,7 @@ ExposureReport exposure_report(const FabricReport& f, const VerbsReport& vr) {
       // Verbs can scope a key to one peer's queue pair (a memory window).
       add_rows(x, *ep, true);
     } catch (const std::exception& ex) {
-      x.error = ex.what();
+      x.error = std::string("could not open: ") + ex.what();
     }
     r.entries.push_back(std::move(x));
   }
@@ -461,7 +471,7 @@ void print_exposures_text(const ExposureReport& r) {
               "revocation");
   for (const auto& x : r.entries) {
     if (!x.error.empty()) {
-      std::printf("    %-13s could not open: %s\n", x.provider.c_str(), x.error.c_str());
+      std::printf("    %-13s %s\n", x.provider.c_str(), x.error.c_str());
       continue;
     }
     for (const auto& row : x.rows) {

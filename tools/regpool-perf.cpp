@@ -437,6 +437,22 @@ pid_t g_server_pid = -1;  // loopback client: the parent
 // process died; tcp: its connection failed), so a dead client ends the run
 // at once instead of after kPhaseTimeout.
 regpool::PeerId g_peer = regpool::kAnyPeer;
+// The endpoint talking to g_peer, so a failed operation can ask it whether
+// the peer is gone (the shm pid check, a broken tcp connection).
+regpool::Endpoint* g_ep = nullptr;
+// Sets g_peer/g_ep for the lifetime of one side's run.
+struct PeerWatch {
+  PeerWatch(regpool::Endpoint& ep, regpool::PeerId peer) {
+    g_ep = &ep;
+    g_peer = peer;
+  }
+  ~PeerWatch() {
+    g_ep = nullptr;
+    g_peer = regpool::kAnyPeer;
+  }
+  PeerWatch(const PeerWatch&) = delete;
+  PeerWatch& operator=(const PeerWatch&) = delete;
+};
 
 bool peer_gone() {
   if (g_child > 0) {
@@ -446,7 +462,26 @@ bool peer_gone() {
   return g_server_pid > 0 && ::getppid() != g_server_pid;
 }
 
+// The transport's verdict on the peer, given a moment to form (the shm
+// backend checks peers' processes every 50 ms): an operation that failed
+// because the peer died may complete before the check has run.
+bool peer_unreachable_now() {
+  if (!g_ep || g_peer == regpool::kAnyPeer) return false;
+  const auto until = Clock::now() + 300ms;
+  while (g_ep->usable(g_peer)) {
+    if (Clock::now() >= until) return false;
+    (void)g_ep->progress();
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
 [[noreturn]] void op_failed(Status st, const std::string& what) {
+  if (st != Status::ok && st != Status::peer_unreachable && !peer_gone() && peer_unreachable_now()) {
+    throw regpool::Error(Status::peer_unreachable, 0,
+                         what + ": " + g_peer_label + " is unreachable (the transport reported: " +
+                             regpool::to_string(st) + ")");
+  }
   if (peer_gone()) {
     throw regpool::Error(Status::peer_unreachable, 0,
                          what + ": " + g_peer_label + " exited (the transport reported: " + regpool::to_string(st) + ")");
@@ -552,7 +587,7 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
   blob.insert(blob.end(), name.begin(), name.end());
   auto names = boot.allgather(blob, kBootTimeout);
   const auto peer = s.ep->insert_peer(names[1]);
-  g_peer = peer;
+  const PeerWatch watch(*s.ep, peer);
   if (!json) std::fprintf(stderr, "regpool-perf server: provider %s, serving a client\n", s.provider.c_str());
 
   // One-sided phases: progress until the client's end-of-phase message.
@@ -699,6 +734,7 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
   if (!ref) throw regpool::Error(ref.status(), 0, std::string("server reference: ") + regpool::to_string(ref.status()));
   const auto peer = s.ep->insert_peer({blob.data() + regpool::RemoteRef::kEncodedSize,
                                        blob.size() - regpool::RemoteRef::kEncodedSize});
+  const PeerWatch watch(*s.ep, peer);
   auto buf = s.alloc(c.max_size());
   const Slice all = must(Slice::data(buf), "local slice");
   auto ctrl = s.alloc(kControlBytes);

@@ -997,6 +997,11 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
       Status st = status_from_fi(err.err);
       if (st == Status::ok) st = Status::transport_error;
       const OpKind kind = op_at(index).kind;
+      // shm fails an op to a peer that died under it with a bare error
+      // (err 0 or an I/O code): say what happened when the pid says so.
+      if (shm_ && kind != OpKind::recv && st != Status::peer_unreachable && shm_peer_gone(op_at(index).peer_handle)) {
+        st = Status::peer_unreachable;
+      }
       const bool rma = kind != OpKind::send && kind != OpKind::recv;
       if (rma && err.err == FI_ECANCELED && is_layered(domain_->provider_name())) {
         // tcp;ofi_rxm: a target that rejects an RMA key closes the
