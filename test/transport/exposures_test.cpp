@@ -219,7 +219,13 @@ TEST_CASE("enforcement() says what the target really enforces", "[fabric]") {
 
   const Enforcement claimed = p.server.ep->enforcement(mode);
   Enforcement seen;
-  auto unchanged = [](const regpool::Ldo& o, std::uint64_t seed) {
+  // The server's progress thread moves the target's bytes (tcp: recvmsg,
+  // sendmsg) under its endpoint mutex; taking that mutex (exposure_stats)
+  // orders those accesses before the test's own reads and writes. The
+  // kernel orders them anyway, but ThreadSanitizer cannot see through it.
+  auto settle = [&p] { (void)p.server.ep->exposure_stats(); };
+  auto unchanged = [&settle](const regpool::Ldo& o, std::uint64_t seed) {
+    settle();
     std::vector<std::byte> expect(o.data().size());
     rpt::fill(expect, seed);
     return std::memcmp(expect.data(), o.data().data(), expect.size()) == 0;
@@ -237,6 +243,7 @@ TEST_CASE("enforcement() says what the target really enforces", "[fabric]") {
                  regpool::to_string(st), seen.keys ? "untouched" : "WRITTEN");
     if (seen.keys) CHECK(st != Status::ok);
     REQUIRE(recover(p, good->ref(), into));
+    settle();
     rpt::fill(rw_obj.data(), 12);
   }
   // Out of bounds: the reference claims more than was exposed; the bytes
@@ -252,6 +259,7 @@ TEST_CASE("enforcement() says what the target really enforces", "[fabric]") {
                  regpool::to_string(st), seen.bounds ? "untouched" : "WRITTEN");
     if (seen.bounds) CHECK(st != Status::ok);
     REQUIRE(recover(p, good->ref(), into));
+    settle();
     rpt::fill(rw_obj.data(), 12);
   }
   // Rights: a read-only exposure claimed read-write.
@@ -266,6 +274,7 @@ TEST_CASE("enforcement() says what the target really enforces", "[fabric]") {
                  regpool::to_string(st), seen.rights ? "untouched" : "WRITTEN");
     if (seen.rights) CHECK(st != Status::ok);
     REQUIRE(recover(p, good->ref(), into));
+    settle();
     rpt::fill(ro_obj.data(), 11);
   }
   // Rights, the other way: a get through a write-only exposure claimed
