@@ -458,8 +458,9 @@ std::uint64_t FabricEndpoint::do_insert_peer(std::span<const std::byte> name) {
 }
 
 PeerId FabricEndpoint::peer_of_addr(std::uint64_t addr) const noexcept {
-  // Never guess: an address we did not insert (FI_ADDR_NOTAVAIL, or our own
-  // placeholder at 0) is an unknown sender.
+  // Never guess: an address we did not insert (FI_ADDR_NOTAVAIL, or the
+  // entry for our own address, which shm 1.17 reports as fi_addr 0 for any
+  // sender it cannot map) is an unknown sender.
   if (addr == FI_ADDR_NOTAVAIL || addr == self_addr_) return kAnyPeer;
   if (addr < handle_by_addr_.size()) {
     const std::uint32_t h = handle_by_addr_[addr];
