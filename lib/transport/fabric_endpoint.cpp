@@ -1008,7 +1008,15 @@ std::size_t FabricEndpoint::poll_ctrl() noexcept {
           if (!valid) {
             ctrl_rejected_.fetch_add(1, std::memory_order_relaxed);
           } else if (msg.type == kCtrlRequest) {
-            serve_request(msg);
+            // An endpoint that does not serve atomics (on_demand) opened its
+            // control endpoint to issue them; its address reaches targets
+            // inside its requests. A request sent to it anyway comes from a
+            // peer that ignored its name: dropped unapplied and unanswered.
+            if (serving_) {
+              serve_request(msg);
+            } else {
+              ctrl_rejected_.fetch_add(1, std::memory_order_relaxed);
+            }
           } else {
             handle_reply(msg);
           }
