@@ -35,7 +35,7 @@ struct Pair {
   regpool::Exposure exposure;
   regpool::RemoteRef ref;
 
-  Pair(const std::string& prov, Mode target_mode, Mode initiator_mode) {
+  Pair(const std::string& prov, Mode target_mode, Mode initiator_mode, regpool::EndpointConfig ic = {}) {
     domain = regpool::FabricDomain::open(rpt::fabric_config(prov));
     regpool::PoolConfig pc;
     pc.arena_size = std::size_t{4} << 20;
@@ -47,7 +47,7 @@ struct Pair {
     target = FabricEndpoint::open(domain, tc, to);
     FabricEndpointOptions io;
     io.emulated_atomics = initiator_mode;
-    initiator = FabricEndpoint::open(domain, {}, io);
+    initiator = FabricEndpoint::open(domain, ic, io);
     auto obj = pool->allocate(64);
     if (!obj) throw regpool::Error(obj.status(), 0, "test: allocate");
     word_obj = std::move(*obj);
@@ -136,6 +136,17 @@ TEST_CASE("a default endpoint serves no atomics and opens its control endpoint o
   CHECK_FALSE(p.initiator->control_open());
   CHECK(p.initiator->serves_atomics() == native(prov));
   // Inserting a serving peer opens it (setup path), so the atomics work.
+  check_atomics_work(p);
+  CHECK(p.initiator->control_open() == !native(prov));
+}
+
+TEST_CASE("a control endpoint opened on demand wakes a sleeping wait", "[fabric]") {
+  // Its completion queue joins the wait set after the endpoint opened.
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("provider " << prov);
+  regpool::EndpointConfig ic;
+  ic.wait_mode = regpool::WaitMode::sleep;
+  Pair p(prov, Mode::serve, Mode::on_demand, ic);
   check_atomics_work(p);
   CHECK(p.initiator->control_open() == !native(prov));
 }
