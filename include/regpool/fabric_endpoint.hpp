@@ -221,6 +221,7 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   bool emulates_atomics() const noexcept { return emulated_atomics_; }
   // Peers may direct atomics at this endpoint: native atomics, or emulated
   // ones with EmulatedAtomics::serve (its name carries a control address).
+  // Fixed at construction; thread-safe.
   bool serves_atomics() const noexcept { return !emulated_atomics_ || serving_; }
   // The emulated-atomics control endpoint is open (serve, or on_demand
   // after inserting a serving peer). Thread-safe.
