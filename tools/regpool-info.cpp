@@ -2,6 +2,7 @@
 // anyone decides how to manage buffers on it.
 //
 //   regpool-info [--json]
+//   regpool-info --open-time PROVIDER [--emulated-atomics MODE] [--runs N] [--json]
 //
 // Lists libfabric providers (fi_getinfo without hints, and with the RDM
 // hints regpool's FabricDomain uses), verbs devices (libibverbs directly, so
@@ -13,9 +14,16 @@
 // what the target enforces on its own (keys, bounds, rights, revocation).
 // Every section degrades to "none"/"unavailable" instead of failing: the
 // tool is run on machines that lack things.
+//
+// --open-time measures what opening a FabricEndpoint costs on one provider
+// (the domain's fi_getinfo apart), per FabricEndpointOptions::emulated_atomics
+// mode, runs interleaved across the modes so drifting machine load hits
+// them alike; it prints the median, minimum and maximum of the endpoint's
+// open time and the process's resident-memory growth while it is open.
 
 #include <dirent.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -71,6 +79,11 @@ void usage(std::FILE* to) {
                "rights, revocation), from Endpoint::enforcement() of an endpoint it opens.\n"
                "  --json      one JSON object on stdout instead of text\n"
                "  -h, --help  this text\n"
+               "usage: regpool-info --open-time PROVIDER [--emulated-atomics MODE] [--runs N] [--json]\n"
+               "Times opening a FabricEndpoint on PROVIDER (shm, tcp: node 127.0.0.1),\n"
+               "interleaving the modes of FabricEndpointOptions::emulated_atomics\n"
+               "  --emulated-atomics MODE  serve, on_demand, off or all (default all)\n"
+               "  --runs N                 opens per mode (default 5, 1..1000)\n"
                "Exit codes: 0 ok, 2 bad arguments.\n");
 }
 
@@ -768,27 +781,154 @@ void print_json(const FabricReport& f, const VerbsReport& vr, const ExposureRepo
   std::printf("%s\n", o.c_str());
 }
 
+// ---------------------------------------------------------------- open time
+
+struct OpenTimeArgs {
+  std::string provider;
+  std::vector<std::string> modes;
+  int runs = 5;
+};
+
+#if REGPOOL_HAVE_FABRIC
+double rss_mib() {
+  std::ifstream in("/proc/self/statm");
+  long pages = 0;
+  long resident = 0;
+  if (!(in >> pages >> resident)) return 0;
+  return static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
+}
+
+regpool::FabricEndpointOptions::EmulatedAtomics mode_of(const std::string& m) {
+  using E = regpool::FabricEndpointOptions::EmulatedAtomics;
+  return m == "serve" ? E::serve : m == "off" ? E::off : E::on_demand;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+#endif
+
+int open_time(const OpenTimeArgs& a, bool json) {
+#if REGPOOL_HAVE_FABRIC
+  using Clock = std::chrono::steady_clock;
+  auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  regpool::FabricConfig fc;
+  fc.provider = a.provider;
+  if (a.provider == "tcp") fc.node = "127.0.0.1";
+  struct Series {
+    std::vector<double> domain_ms, endpoint_ms, rss_mib;
+    bool control = false;
+    std::string provider;
+  };
+  std::vector<Series> s(a.modes.size());
+  try {
+    for (int r = 0; r < a.runs; ++r) {
+      for (std::size_t m = 0; m < a.modes.size(); ++m) {
+        const auto t0 = Clock::now();
+        auto d = regpool::FabricDomain::open(fc);
+        const auto t1 = Clock::now();
+        const double rss0 = rss_mib();
+        regpool::FabricEndpointOptions fo;
+        fo.emulated_atomics = mode_of(a.modes[m]);
+        const auto t2 = Clock::now();
+        auto ep = regpool::FabricEndpoint::open(d, {}, fo);
+        const auto t3 = Clock::now();
+        s[m].rss_mib.push_back(rss_mib() - rss0);
+        s[m].domain_ms.push_back(ms(t1 - t0));
+        s[m].endpoint_ms.push_back(ms(t3 - t2));
+        s[m].control = ep->control_open();
+        s[m].provider = d->provider_name();
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "regpool-info: --open-time %s: %s\n", a.provider.c_str(), e.what());
+    return 1;
+  }
+  auto lo = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
+  auto hi = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+  if (json) {
+    std::string o = "{\"open_time\":[";
+    for (std::size_t m = 0; m < s.size(); ++m) {
+      char buf[512];
+      std::snprintf(buf, sizeof buf,
+                    "%s{\"provider\":%s,\"emulated_atomics\":\"%s\",\"control_endpoint\":%s,\"runs\":%d,"
+                    "\"endpoint_ms\":{\"median\":%.1f,\"min\":%.1f,\"max\":%.1f},\"domain_ms_median\":%.1f,"
+                    "\"rss_growth_mib_median\":%.1f}",
+                    m ? "," : "", json_escape(s[m].provider).c_str(), a.modes[m].c_str(),
+                    s[m].control ? "true" : "false", a.runs, median(s[m].endpoint_ms), lo(s[m].endpoint_ms),
+                    hi(s[m].endpoint_ms), median(s[m].domain_ms), median(s[m].rss_mib));
+      o += buf;
+    }
+    std::printf("%s]}\n", o.c_str());
+    return 0;
+  }
+  std::printf("FabricEndpoint open time, %d runs per mode, interleaved (domain open not included)\n", a.runs);
+  std::printf("%-12s %-10s %-8s %10s %10s %10s %12s %10s\n", "provider", "atomics", "control", "median ms",
+              "min ms", "max ms", "domain ms", "RSS MiB");
+  for (std::size_t m = 0; m < s.size(); ++m) {
+    std::printf("%-12s %-10s %-8s %10.1f %10.1f %10.1f %12.1f %10.1f\n", s[m].provider.c_str(), a.modes[m].c_str(),
+                s[m].control ? "open" : "none", median(s[m].endpoint_ms), lo(s[m].endpoint_ms), hi(s[m].endpoint_ms),
+                median(s[m].domain_ms), median(s[m].rss_mib));
+  }
+  return 0;
+#else
+  (void)a;
+  (void)json;
+  std::fprintf(stderr, "regpool-info: --open-time needs regpool built with libfabric\n");
+  return 1;
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bool json = false;
+  bool timing = false;
+  OpenTimeArgs ot;
+  std::string mode = "all";
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
+      auto value = [&]() -> std::string {
+        if (i + 1 >= argc) throw UsageError("'" + a + "' needs a value");
+        return argv[++i];
+      };
       if (a == "--help" || a == "-h") {
         usage(stdout);
         return 0;
       }
       if (a == "--json") {
         json = true;
+      } else if (a == "--open-time") {
+        timing = true;
+        ot.provider = value();
+      } else if (a == "--emulated-atomics") {
+        mode = value();
+        if (mode != "serve" && mode != "on_demand" && mode != "off" && mode != "all") {
+          throw UsageError("--emulated-atomics: '" + mode + "' is not serve, on_demand, off or all");
+        }
+      } else if (a == "--runs") {
+        const std::string v = value();
+        char* end = nullptr;
+        const long n = std::strtol(v.c_str(), &end, 10);
+        if (v.empty() || *end != '\0' || n < 1 || n > 1000) throw UsageError("--runs: '" + v + "' is not 1..1000");
+        ot.runs = static_cast<int>(n);
       } else {
         throw UsageError("unknown argument '" + a + "'");
       }
     }
+    if (!timing && (mode != "all" || ot.runs != 5)) throw UsageError("--emulated-atomics and --runs need --open-time");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "regpool-info: %s\n", e.what());
     usage(stderr);
     return regpool_tools::kExitUsage;
+  }
+  if (timing) {
+    ot.modes = mode == "all" ? std::vector<std::string>{"serve", "on_demand", "off"} : std::vector<std::string>{mode};
+    return open_time(ot, json);
   }
   const FabricReport f = fabric_report();
   const VerbsReport v = verbs_report();

@@ -370,7 +370,10 @@ struct Side {
     provider = fd->provider_name();
     domain = fd;
     make_pool(c, name);
-    auto fep = regpool::FabricEndpoint::open(fd, ec);
+    // Runs may direct atomics at either side (emulated on tcp): serve them.
+    regpool::FabricEndpointOptions fo;
+    fo.emulated_atomics = regpool::FabricEndpointOptions::EmulatedAtomics::serve;
+    auto fep = regpool::FabricEndpoint::open(fd, ec, fo);
     emulated_atomics = fep->emulates_atomics();
     ep = std::move(fep);
 #else

@@ -30,7 +30,12 @@
 //    std::atomic_ref users, not against native NIC atomics (there are none).
 //    The control endpoint is a second FI_EP_RDM endpoint: the domain offers
 //    no FI_TAGGED, so control traffic cannot share the user's receive
-//    queue without landing in user buffers.
+//    queue without landing in user buffers. It is opened only where
+//    wanted (FabricEndpointOptions::emulated_atomics): at construction for
+//    an endpoint that serves atomics (its name then carries the control
+//    address), else at the first insert_peer of a peer that serves them.
+//    Atomics toward a peer that serves none, or from an endpoint opened
+//    with EmulatedAtomics::off, return Status::unsupported at once.
 //  - Errors map to statuses: FI_ECANCELED/ENOTCONN/EPIPE/ECONNRESET/
 //    EHOSTUNREACH/ECONNREFUSED -> peer_unreachable (peer marked broken, use
 //    reconnect()), key errors -> bad_key, FI_EACCES/EPERM -> access_denied,
@@ -104,6 +109,28 @@ struct FabricEndpointOptions {
     emulated,   // always messages (for tests and comparisons)
   };
   Atomics atomics = Atomics::automatic;
+  // Emulated atomics (tcp;ofi_rxm, or Atomics::emulated) need a second,
+  // control endpoint, and on tcp;ofi_rxm opening one costs as much as the
+  // data endpoint itself (measured: 0.27 s and 68 MiB of provider buffers
+  // each; docs/provider-facts.md). Whether this endpoint opens it:
+  //  - on_demand (default): it serves no atomics (its name carries no
+  //    control address, so peers' fetch_add/compare_swap toward it return
+  //    Status::unsupported at once). The control endpoint opens inside
+  //    insert_peer() of the first peer that serves atomics, so atomics
+  //    toward such peers work without asking; an endpoint that only meets
+  //    non-serving peers never pays for it. A request carries its own reply
+  //    address, which is why the issuing side can open late and the
+  //    serving side cannot (its address travels in the name, once).
+  //  - serve: open it at construction and put its address into name():
+  //    peers may direct atomics at this endpoint's exposures (a server whose
+  //    clients use fetch_add/compare_swap on it, SPMD jobs), and it issues
+  //    them too.
+  //  - off: never; atomics from and to this endpoint return
+  //    Status::unsupported at once.
+  // Native atomics (shm) use no control endpoint: this option changes
+  // nothing there.
+  enum class EmulatedAtomics : std::uint8_t { on_demand, serve, off };
+  EmulatedAtomics emulated_atomics = EmulatedAtomics::on_demand;
   enum class DeliveryComplete : std::uint8_t {
     automatic,  // on for layered providers (tcp;ofi_rxm), off elsewhere
     on,
@@ -192,6 +219,13 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
 
   const std::shared_ptr<FabricDomain>& fabric_domain() const noexcept { return domain_; }
   bool emulates_atomics() const noexcept { return emulated_atomics_; }
+  // Peers may direct atomics at this endpoint: native atomics, or emulated
+  // ones with EmulatedAtomics::serve (its name carries a control address).
+  // Fixed at construction; thread-safe.
+  bool serves_atomics() const noexcept { return !emulated_atomics_ || serving_; }
+  // The emulated-atomics control endpoint is open (serve, or on_demand
+  // after inserting a serving peer). Thread-safe.
+  bool control_open() const noexcept { return control_open_.load(std::memory_order_acquire); }
   bool uses_delivery_complete() const noexcept { return delivery_complete_; }
   // Thread-safe (atomics); zero when atomics are native.
   FabricControlStats control_stats() const noexcept;
@@ -268,6 +302,11 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   };
 
   void open_resources(const FabricEndpointOptions& options);
+  // Opens the control endpoint of emulated atomics and its buffers (setup;
+  // throws Error). Under the base mutex when called from insert_peer.
+  void open_control();
+  void close_control() noexcept;
+  void open_triplet(fid_av** av, fid_cq** cq, fid_ep** ep, const char* what);
   void close_resources() noexcept;
   Status post_emulated(const BackendOp& op) noexcept;
   void count_reply_peers() noexcept;
@@ -363,6 +402,8 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   fid_cq* ctrl_cq_ = nullptr;
   fid_ep* ctrl_ep_ = nullptr;
   std::vector<std::byte> ctrl_name_;
+  bool serving_ = false;              // EmulatedAtomics::serve: ctrl_name_ is in name_
+  std::atomic<bool> control_open_{false};
   std::vector<std::byte> ctrl_buffers_;  // requests out (per slot), then rx, then replies
   Registration ctrl_reg_;
   std::vector<EmuOp> emu_;

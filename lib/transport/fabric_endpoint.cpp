@@ -144,7 +144,9 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   fid_domain* dom = domain_->native_domain();
   const std::string& prov = domain_->provider_name();
   const std::size_t n = config().max_in_flight;
-  const std::size_t k = std::max<std::size_t>(options.control_slots, 1);
+  // Control slots also size the CQs (open_triplet), whether or not the
+  // control endpoint ever opens.
+  options_.control_slots = std::max<std::size_t>(options.control_slots, 1);
   max_msg_ = info->ep_attr ? info->ep_attr->max_msg_size : 0;
   if (max_msg_ == 0) max_msg_ = ~std::uint64_t{0};
   manual_progress_ = info->domain_attr->data_progress != FI_PROGRESS_AUTO ||
@@ -177,62 +179,6 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   }
   emulated_atomics_ = !native;
 
-  const std::size_t cq_size = options.cq_size ? options.cq_size : n + 2 * k;
-  auto open_triplet = [&](fid_av** av, fid_cq** cq, fid_ep** ep, const char* what) {
-    fi_av_attr av_attr{};
-    av_attr.type = FI_AV_TABLE;
-    int rc = fi_av_open(dom, &av_attr, av, nullptr);
-    if (rc != 0) {
-      *av = nullptr;
-      throw Error(Status::transport_error, rc, std::string("fabric endpoint: fi_av_open (") + what + "): " + fi_message(rc));
-    }
-    fi_cq_attr cq_attr{};
-    cq_attr.format = FI_CQ_FORMAT_DATA;
-    cq_attr.size = cq_size;
-    // Sleeping waits want a file descriptor to block on; shm 1.17 refuses
-    // FI_WAIT_FD (-FI_ENOSYS) and then the base naps instead. Spinning
-    // endpoints ask for none: a wait object costs a signal per completion.
-    cq_attr.wait_obj = config().wait_mode != WaitMode::spin ? FI_WAIT_FD : FI_WAIT_NONE;
-    rc = fi_cq_open(dom, &cq_attr, cq, nullptr);
-    if (rc != 0 && cq_attr.wait_obj != FI_WAIT_NONE) {
-      cq_attr.wait_obj = FI_WAIT_NONE;
-      rc = fi_cq_open(dom, &cq_attr, cq, nullptr);
-    }
-    if (rc == 0 && cq_attr.wait_obj == FI_WAIT_FD) {
-      int fd = -1;
-      if (fi_control(&(*cq)->fid, FI_GETWAIT, &fd) == 0 && fd >= 0) {
-        if (wait_fd_ < 0) wait_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
-        epoll_event ev{};
-        ev.events = EPOLLIN;
-        if (wait_fd_ < 0 || ::epoll_ctl(wait_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
-          throw Error(Status::transport_error, errno,
-                      std::string("fabric endpoint: epoll set for the CQ's wait object (") + what + ") failed");
-        }
-      }
-    }
-    if (rc != 0) {
-      *cq = nullptr;
-      throw Error(Status::transport_error, rc, std::string("fabric endpoint: fi_cq_open (") + what + "): " + fi_message(rc));
-    }
-    // A killed process's region under our pid would make fi_enable fail
-    // with -FI_EBUSY (fabric_shm.hpp).
-    if (prov == "shm") (void)fabric_shm::remove_stale_own_regions();
-    rc = fi_endpoint(dom, info, ep, nullptr);
-    if (rc != 0) {
-      *ep = nullptr;
-      throw Error(Status::transport_error, rc,
-                  std::string("fabric endpoint: fi_endpoint (") + what + ") on '" + prov + "': " + fi_message(rc));
-    }
-    rc = fi_ep_bind(*ep, &(*av)->fid, 0);
-    if (rc == 0) rc = fi_ep_bind(*ep, &(*cq)->fid, FI_TRANSMIT | FI_RECV);
-    if (rc == 0) rc = fi_enable(*ep);
-    if (rc != 0) {
-      throw Error(Status::transport_error, rc,
-                  std::string("fabric endpoint: binding/enabling (") + what + ") failed: " + fi_message(rc));
-    }
-    // FI_MR_ENDPOINT providers bind registrations to endpoints.
-    domain_->attach_endpoint(*ep);
-  };
   open_triplet(&av_, &cq_, &ep_, "data");
   const std::vector<std::byte> data_name = endpoint_name(ep_);
   if ((info->caps & FI_SOURCE) != 0) {
@@ -285,7 +231,82 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
     atomic_words_.assign(3 * n, 0);
     atomic_reg_ = domain_->register_memory(atomic_words_.data(), atomic_words_.size() * sizeof(std::uint64_t),
                                            Access::local);
-  } else {
+  }
+  open_shm_watch(data_name);
+  // Serving atomics: the control address must be in the name peers get, so
+  // it opens now. Otherwise it opens when a serving peer is inserted.
+  serving_ = emulated_atomics_ && options.emulated_atomics == FabricEndpointOptions::EmulatedAtomics::serve;
+  if (serving_) open_control();
+  name_ = fabric_wire::encode_name(data_name, serving_ ? std::span<const std::byte>(ctrl_name_)
+                                                       : std::span<const std::byte>(),
+                                   emulated_atomics_);
+}
+
+void FabricEndpoint::open_triplet(fid_av** av, fid_cq** cq, fid_ep** ep, const char* what) {
+  fi_info* info = domain_->native_info();
+  fid_domain* dom = domain_->native_domain();
+  const std::string& prov = domain_->provider_name();
+  const std::size_t k = options_.control_slots;
+  const std::size_t cq_size = options_.cq_size ? options_.cq_size : config().max_in_flight + 2 * k;
+  fi_av_attr av_attr{};
+  av_attr.type = FI_AV_TABLE;
+  int rc = fi_av_open(dom, &av_attr, av, nullptr);
+  if (rc != 0) {
+    *av = nullptr;
+    throw Error(Status::transport_error, rc, std::string("fabric endpoint: fi_av_open (") + what + "): " + fi_message(rc));
+  }
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_DATA;
+  cq_attr.size = cq_size;
+  // Sleeping waits want a file descriptor to block on; shm 1.17 refuses
+  // FI_WAIT_FD (-FI_ENOSYS) and then the base naps instead. Spinning
+  // endpoints ask for none: a wait object costs a signal per completion.
+  cq_attr.wait_obj = config().wait_mode != WaitMode::spin ? FI_WAIT_FD : FI_WAIT_NONE;
+  rc = fi_cq_open(dom, &cq_attr, cq, nullptr);
+  if (rc != 0 && cq_attr.wait_obj != FI_WAIT_NONE) {
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    rc = fi_cq_open(dom, &cq_attr, cq, nullptr);
+  }
+  if (rc == 0 && cq_attr.wait_obj == FI_WAIT_FD) {
+    int fd = -1;
+    if (fi_control(&(*cq)->fid, FI_GETWAIT, &fd) == 0 && fd >= 0) {
+      if (wait_fd_ < 0) wait_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      if (wait_fd_ < 0 || ::epoll_ctl(wait_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        throw Error(Status::transport_error, errno,
+                    std::string("fabric endpoint: epoll set for the CQ's wait object (") + what + ") failed");
+      }
+    }
+  }
+  if (rc != 0) {
+    *cq = nullptr;
+    throw Error(Status::transport_error, rc, std::string("fabric endpoint: fi_cq_open (") + what + "): " + fi_message(rc));
+  }
+  // A killed process's region under our pid would make fi_enable fail
+  // with -FI_EBUSY (fabric_shm.hpp).
+  if (prov == "shm") (void)fabric_shm::remove_stale_own_regions();
+  rc = fi_endpoint(dom, info, ep, nullptr);
+  if (rc != 0) {
+    *ep = nullptr;
+    throw Error(Status::transport_error, rc,
+                std::string("fabric endpoint: fi_endpoint (") + what + ") on '" + prov + "': " + fi_message(rc));
+  }
+  rc = fi_ep_bind(*ep, &(*av)->fid, 0);
+  if (rc == 0) rc = fi_ep_bind(*ep, &(*cq)->fid, FI_TRANSMIT | FI_RECV);
+  if (rc == 0) rc = fi_enable(*ep);
+  if (rc != 0) {
+    throw Error(Status::transport_error, rc,
+                std::string("fabric endpoint: binding/enabling (") + what + ") failed: " + fi_message(rc));
+  }
+  // FI_MR_ENDPOINT providers bind registrations to endpoints.
+  domain_->attach_endpoint(*ep);
+}
+
+void FabricEndpoint::open_control() {
+  const std::size_t n = config().max_in_flight;
+  const std::size_t k = options_.control_slots;
+  try {
     open_triplet(&ctrl_av_, &ctrl_cq_, &ctrl_ep_, "control");
     ctrl_name_ = endpoint_name(ctrl_ep_);
     if (ctrl_name_.size() > kCtrlNameMax) {
@@ -307,28 +328,24 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
     reply_since_.assign(k, std::chrono::steady_clock::time_point{});
     // Room for every reply in flight plus one, so a new requester can always
     // evict someone.
-    max_reply_addrs_ = std::max<std::size_t>(options.max_reply_peers, k + 1);
+    max_reply_addrs_ = std::max<std::size_t>(options_.max_reply_peers, k + 1);
     reply_addrs_.reserve(std::min<std::size_t>(max_reply_addrs_, 64));
-    options_.control_slots = k;
     for (std::size_t i = 0; i < k; ++i) {
       const Status st = post_ctrl_recv(i);
       if (st != Status::ok) {
         throw Error(st, 0, "fabric endpoint: posting control receive buffers failed: " + std::string(to_string(st)));
       }
     }
+  } catch (...) {
+    close_control();
+    throw;
   }
-
-  open_shm_watch(data_name);
-
-  name_.resize(kNameHeader);
-  name_[0] = std::byte{'R'};
-  name_[1] = std::byte{'P'};
-  name_[2] = std::byte{kNameVersion};
-  name_[3] = std::byte{emulated_atomics_ ? kNameHasCtrl : std::uint8_t{0}};
-  le::put_u16(&name_[4], static_cast<std::uint16_t>(data_name.size()));
-  le::put_u16(&name_[6], static_cast<std::uint16_t>(ctrl_name_.size()));
-  name_.insert(name_.end(), data_name.begin(), data_name.end());
-  name_.insert(name_.end(), ctrl_name_.begin(), ctrl_name_.end());
+  // shm: our control region's lock (see open_shm_watch).
+  if (shm_ && own_data_.lock) {
+    auto lock = std::make_unique<fabric_shm::RegionLock>();
+    if (lock->open(fabric_shm::region_name(ctrl_name_, addr_scheme_), ::getpid())) own_ctrl_.lock = std::move(lock);
+  }
+  control_open_.store(true, std::memory_order_release);
 }
 
 void FabricEndpoint::close_resources() noexcept {
@@ -342,20 +359,21 @@ void FabricEndpoint::close_resources() noexcept {
     while (r->lock->held() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
     if (r->lock->held()) r->lock->force_release();
   }
+  close_control();
   // Endpoints first (they reference the CQs, AVs and registrations), then
   // the queues, then the registrations.
-  for (fid_ep** ep : {&ctrl_ep_, &ep_}) {
+  for (fid_ep** ep : {&ep_}) {
     if (*ep) {
       domain_->detach_endpoint(*ep);
       (void)fi_close(&(*ep)->fid);
       *ep = nullptr;
     }
   }
-  for (fid_cq** cq : {&ctrl_cq_, &cq_}) {
+  for (fid_cq** cq : {&cq_}) {
     if (*cq) (void)fi_close(&(*cq)->fid);
     *cq = nullptr;
   }
-  for (fid_av** av : {&ctrl_av_, &av_}) {
+  for (fid_av** av : {&av_}) {
     if (*av) (void)fi_close(&(*av)->fid);
     *av = nullptr;
   }
@@ -364,8 +382,25 @@ void FabricEndpoint::close_resources() noexcept {
   if (wait_fd_ >= 0) ::close(wait_fd_);
   wait_fd_ = -1;
   atomic_reg_.reset();
-  ctrl_reg_.reset();
   overflow_reg_.reset();
+}
+
+void FabricEndpoint::close_control() noexcept {
+  // The same order as close_resources: endpoint, queue, address vector,
+  // then the buffers' registration. Also undoes a half-done open_control.
+  if (ctrl_ep_) {
+    domain_->detach_endpoint(ctrl_ep_);
+    (void)fi_close(&ctrl_ep_->fid);
+    ctrl_ep_ = nullptr;
+  }
+  if (ctrl_cq_) (void)fi_close(&ctrl_cq_->fid);  // closing its wait fd drops it from the epoll set
+  ctrl_cq_ = nullptr;
+  if (ctrl_av_) (void)fi_close(&ctrl_av_->fid);
+  ctrl_av_ = nullptr;
+  ctrl_reg_.reset();
+  own_ctrl_.lock.reset();
+  ctrl_name_.clear();
+  control_open_.store(false, std::memory_order_release);
 }
 
 std::vector<std::byte> FabricEndpoint::do_name() const { return name_; }
@@ -395,12 +430,26 @@ std::uint64_t FabricEndpoint::do_insert_peer(std::span<const std::byte> name) {
                 std::string("fabric endpoint: peer name rejected: bad ") + why + " (" + std::to_string(name.size()) +
                     "-byte name; this endpoint's provider is '" + domain_->provider_name() + "')");
   }
-  const bool has_ctrl = parsed.has_ctrl;
-  if (emulated_atomics_ != has_ctrl) {
+  if (emulated_atomics_ != parsed.emulates) {
     throw Error(Status::unsupported, 0,
-                std::string("fabric endpoint: peer uses ") + (has_ctrl ? "emulated" : "native") +
+                std::string("fabric endpoint: peer uses ") + (parsed.emulates ? "emulated" : "native") +
                     " atomics but this endpoint uses " + (emulated_atomics_ ? "emulated" : "native") +
                     " ones (open both with the same provider and FabricEndpointOptions::atomics)");
+  }
+  // A peer that serves emulated atomics: talk to its control endpoint,
+  // unless atomics are off here. Without one of our own (on_demand), open
+  // it now, on this setup path, so that no post ever has to.
+  const bool has_ctrl = parsed.has_ctrl && options_.emulated_atomics != FabricEndpointOptions::EmulatedAtomics::off;
+  if (has_ctrl && !ctrl_ep_) {
+    try {
+      open_control();
+    } catch (const Error& e) {
+      throw Error(e.status(), e.provider_code(),
+                  std::string("fabric endpoint: the peer serves emulated atomics, and opening this endpoint's "
+                              "control endpoint to issue them failed (FabricEndpointOptions::emulated_atomics = "
+                              "off skips it): ") +
+                      e.what());
+    }
   }
   // Providers read up to their own largest address length from the pointer
   // (shm: 256 bytes), whatever the name's length: hand them a zero-filled
@@ -428,7 +477,7 @@ std::uint64_t FabricEndpoint::do_insert_peer(std::span<const std::byte> name) {
     p.ctrl = c;
     p.ctrl_name.assign(parsed.ctrl.begin(), parsed.ctrl.end());
   }
-  if (shm_) shm_peer_insert(p, parsed.data, parsed.ctrl);
+  if (shm_) shm_peer_insert(p, parsed.data, has_ctrl ? parsed.ctrl : std::span<const std::byte>());
   p.used = true;
   std::size_t handle = peers_.size();
   for (std::size_t i = 0; i < peers_.size(); ++i) {
@@ -478,7 +527,8 @@ void FabricEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
   fi_addr_t a = p.data;
   (void)fi_av_remove(av_, &a, 1, 0);
   if (a < handle_by_addr_.size()) handle_by_addr_[a] = kNoEntry;
-  if (ctrl_av_) {
+  if (ctrl_av_ && !p.ctrl_name.empty()) {
+    // Only a peer that serves atomics has a control address (p.ctrl).
     fi_addr_t c = p.ctrl;
     (void)fi_av_remove(ctrl_av_, &c, 1, 0);
     // A reply cache entry for the same process points at the removed
@@ -623,7 +673,10 @@ Status FabricEndpoint::post_ctrl_recv(std::size_t k) noexcept {
 
 Status FabricEndpoint::post_emulated(const BackendOp& op) noexcept {
   const PeerAddr& p = peers_[op.peer_handle];
-  if (p.ctrl_name.empty()) return Status::unsupported;
+  // Refused before the wire, never left to time out: the peer's name
+  // carries no control address (it does not serve atomics), or this
+  // endpoint has none (EmulatedAtomics::off).
+  if (!ctrl_ep_ || p.ctrl_name.empty()) return Status::unsupported;
   EmuOp& e = emu_[op.index];
   auto* msg = reinterpret_cast<CtrlMsg*>(ctrl_buffers_.data() + std::size_t{op.index} * kCtrlMsgSize);
   CtrlMsg m{};
@@ -955,7 +1008,15 @@ std::size_t FabricEndpoint::poll_ctrl() noexcept {
           if (!valid) {
             ctrl_rejected_.fetch_add(1, std::memory_order_relaxed);
           } else if (msg.type == kCtrlRequest) {
-            serve_request(msg);
+            // An endpoint that does not serve atomics (on_demand) opened its
+            // control endpoint to issue them; its address reaches targets
+            // inside its requests. A request sent to it anyway comes from a
+            // peer that ignored its name: dropped unapplied and unanswered.
+            if (serving_) {
+              serve_request(msg);
+            } else {
+              ctrl_rejected_.fetch_add(1, std::memory_order_relaxed);
+            }
           } else {
             handle_reply(msg);
           }
@@ -1101,6 +1162,7 @@ bool FabricEndpoint::do_arm(std::chrono::microseconds& max_sleep) noexcept {
 
 void FabricEndpoint::do_cancel(const BackendOp& op) noexcept {
   if ((op.kind == OpKind::fetch_add || op.kind == OpKind::compare_swap) && emulated_atomics_) {
+    if (op.index >= emu_.size()) return;  // no control endpoint: nothing was posted
     EmuOp& e = emu_[op.index];
     if (e.token == 0) return;
     // The reply lands in a control buffer, never in the slot, so once the
@@ -1137,8 +1199,7 @@ void FabricEndpoint::open_shm_watch(const std::vector<std::byte>& data_name) {
     auto lock = std::make_unique<fabric_shm::RegionLock>();
     if (lock->open(fabric_shm::region_name(addr, addr_scheme_), self)) r.lock = std::move(lock);
   };
-  own(own_data_, data_name);
-  own(own_ctrl_, ctrl_name_);
+  own(own_data_, data_name);  // the control region's: open_control
 }
 
 void FabricEndpoint::shm_peer_insert(PeerAddr& p, std::span<const std::byte> data, std::span<const std::byte> ctrl) {

@@ -20,6 +20,7 @@
 #include <span>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "transport/wire_le.hpp"
 
@@ -96,30 +97,46 @@ inline const char* check_address(std::span<const std::byte> a, const AddrRules& 
 
 // ------------------------------------------------------------- names
 // "RP", version, flags, u16 data address length, u16 control address
-// length (little endian), then the addresses. The control address is there
-// exactly when the endpoint emulates atomics (flag bit 0).
-constexpr std::uint8_t kNameVersion = 1;
+// length (little endian), then the addresses.
+// Flags (version 2):
+//  - bit 1 (kNameEmulates): the endpoint's atomics are emulated (control
+//    messages), not the provider's own. Both ends of a pair must agree;
+//  - bit 0 (kNameHasCtrl): the endpoint serves emulated atomics, and its
+//    control address follows the data address. Set only with bit 1. An
+//    emulating endpoint without it takes no atomics (initiators refuse
+//    them at once with Status::unsupported) and may still issue them.
+// Version 1 (regpool before the control endpoint became optional) had bit
+// 0 only, meaning "emulates and serves"; its names are refused ("name
+// version"): peers must run the same name version, nothing is negotiated.
+constexpr std::uint8_t kNameVersion = 2;
 constexpr std::size_t kNameHeader = 8;
 constexpr std::uint8_t kNameHasCtrl = 1;
+constexpr std::uint8_t kNameEmulates = 2;
 // A control address must fit a control message (CtrlMsg::name).
 constexpr std::size_t kCtrlNameMax = 64;
 
 struct ParsedName {
   std::span<const std::byte> data;
-  std::span<const std::byte> ctrl;  // empty without emulated atomics
-  bool has_ctrl = false;
+  std::span<const std::byte> ctrl;  // empty unless the endpoint serves emulated atomics
+  bool has_ctrl = false;            // serves emulated atomics (ctrl is its control address)
+  bool emulates = false;            // its atomics are emulated
 };
 
 inline const char* parse_name(std::span<const std::byte> name, const AddrRules& rules, ParsedName& out) noexcept {
   out = ParsedName{};
   if (name.size() < kNameHeader) return "name length (shorter than the header)";
   if (name[0] != std::byte{'R'} || name[1] != std::byte{'P'}) return "name magic (not a regpool fabric name)";
-  if (name[2] != std::byte{kNameVersion}) return "name version";
+  if (name[2] != std::byte{kNameVersion}) {
+    return name[2] == std::byte{1} ? "name version (1: a regpool older than this one, which speaks 2)"
+                                   : "name version (unknown)";
+  }
   const auto flags = static_cast<std::uint8_t>(name[3]);
-  if ((flags & ~kNameHasCtrl) != 0) return "name flags (unknown bits)";
+  if ((flags & ~(kNameHasCtrl | kNameEmulates)) != 0) return "name flags (unknown bits)";
+  const bool has_ctrl = (flags & kNameHasCtrl) != 0;
+  const bool emulates = (flags & kNameEmulates) != 0;
+  if (has_ctrl && !emulates) return "name flags (control address without emulated atomics)";
   const std::size_t data_len = le::get_u16(name.data() + 4);
   const std::size_t ctrl_len = le::get_u16(name.data() + 6);
-  const bool has_ctrl = (flags & kNameHasCtrl) != 0;
   if (kNameHeader + data_len + ctrl_len != name.size()) return "name length (fields do not add up)";
   if (has_ctrl != (ctrl_len > 0)) return "control address length (disagrees with the flags)";
   if (ctrl_len > kCtrlNameMax) return "control address length (above 64)";
@@ -132,7 +149,26 @@ inline const char* parse_name(std::span<const std::byte> name, const AddrRules& 
   out.data = data;
   out.ctrl = ctrl;
   out.has_ctrl = has_ctrl;
+  out.emulates = emulates;
   return nullptr;
+}
+
+// The name FabricEndpoint hands out (the inverse of parse_name for valid
+// input; ctrl empty unless `serves`).
+inline std::vector<std::byte> encode_name(std::span<const std::byte> data, std::span<const std::byte> ctrl,
+                                          bool emulates) {
+  std::vector<std::byte> name(kNameHeader);
+  name[0] = std::byte{'R'};
+  name[1] = std::byte{'P'};
+  name[2] = std::byte{kNameVersion};
+  std::uint8_t flags = emulates ? kNameEmulates : 0;
+  if (!ctrl.empty()) flags |= kNameHasCtrl;
+  name[3] = std::byte{flags};
+  le::put_u16(&name[4], static_cast<std::uint16_t>(data.size()));
+  le::put_u16(&name[6], static_cast<std::uint16_t>(ctrl.size()));
+  name.insert(name.end(), data.begin(), data.end());
+  name.insert(name.end(), ctrl.begin(), ctrl.end());
+  return name;
 }
 
 // ------------------------------------------------------------- control messages

@@ -5,11 +5,14 @@
 // The first input byte picks the rules, the rest is the name. Properties:
 //  - never reads outside the span (ASan), never aborts on its own;
 //  - an accepted name's fields add up: header + data + control == size, the
-//    spans lie inside the input, control present exactly with the flag;
+//    spans lie inside the input, control present exactly with its flag, and
+//    only with the emulated-atomics flag (version 2); the version byte is
+//    the one this build speaks, the flags byte has no other bits;
 //  - each accepted address satisfies the rules by construction, checked
 //    independently here (NUL-terminated string of the right scheme, exact
 //    sockaddr length and family, ...), so fi_av_insert never reads past it;
-//  - re-encoding the parsed name gives back exactly the input bytes;
+//  - re-encoding the parsed name (fabric_wire::encode_name, what
+//    FabricEndpoint::name() hands out) gives back exactly the input bytes;
 //  - shm addresses: the pid the backend's dead-peer checks read from them
 //    (fabric_shm::pid_from_address) is the decimal number right after the
 //    scheme, 1..2^31-1, followed by ':', or 0; the region name it opens is
@@ -117,15 +120,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (!inside(p.data) || !inside(p.ctrl)) std::abort();
   if (fw::kNameHeader + p.data.size() + p.ctrl.size() != name.size()) std::abort();
   if (p.has_ctrl != !p.ctrl.empty() || p.ctrl.size() > fw::kCtrlNameMax) std::abort();
+  if (p.has_ctrl && !p.emulates) std::abort();  // a control address serves emulated atomics only
+  if (name[2] != std::byte{fw::kNameVersion}) std::abort();
+  const auto flags = static_cast<std::uint8_t>(name[3]);
+  if (flags != ((p.has_ctrl ? fw::kNameHasCtrl : 0) | (p.emulates ? fw::kNameEmulates : 0))) std::abort();
   check_address_invariants(p.data, rules);
   if (p.has_ctrl) check_address_invariants(p.ctrl, rules);
-  // Re-encode as FabricEndpoint::do_name does.
-  std::vector<std::byte> again = {std::byte{'R'}, std::byte{'P'}, std::byte{fw::kNameVersion},
-                                  std::byte{p.has_ctrl ? fw::kNameHasCtrl : std::uint8_t{0}},
-                                  static_cast<std::byte>(p.data.size() & 0xff), static_cast<std::byte>(p.data.size() >> 8),
-                                  static_cast<std::byte>(p.ctrl.size() & 0xff), static_cast<std::byte>(p.ctrl.size() >> 8)};
-  again.insert(again.end(), p.data.begin(), p.data.end());
-  again.insert(again.end(), p.ctrl.begin(), p.ctrl.end());
+  // Re-encode as FabricEndpoint::name() does.
+  const std::vector<std::byte> again = fw::encode_name(p.data, p.ctrl, p.emulates);
   if (again.size() != name.size() || std::memcmp(again.data(), name.data(), again.size()) != 0) std::abort();
   return 0;
 }

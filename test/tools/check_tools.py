@@ -87,6 +87,7 @@ def mode_info(tool, readme):
     check(isinstance(m["can_exceed"], bool), "memlock can_exceed is a bool")
     check(isinstance(d["numa"]["nodes"], list), "numa nodes list")
     check_info_exposures(d)
+    check_info_open_time(tool, d)
     rc, out, _ = run([tool])
     check(rc == 0, "regpool-info text exits 0")
     for needle in ("libfabric:", "verbs devices:", "memlock limit", "transparent huge pages", "hugetlbfs", "NUMA"):
@@ -103,6 +104,24 @@ def mode_info(tool, readme):
             pattern = r"\n\s+" + re.escape(b["provider"]) + r"\s+" + re.escape(b["domain"]) + r"\s+" + \
                 re.escape(mode) + r"\s+" + r"\s+".join(cols) + r"\n"
             check(re.search(pattern, out) is not None, f"info text row {b['provider']} {mode} matches the JSON")
+
+
+def check_info_open_time(tool, d):
+    # Shape only (timings are the tool's output, never checked): shm, whose
+    # native atomics need no control endpoint in any mode.
+    if not any(p["provider"] == "shm" for p in d["libfabric"].get("rdm_providers", [])):
+        return
+    rc, out, err = run([tool, "--open-time", "shm", "--runs", "1", "--json"])
+    check(rc == 0, f"regpool-info --open-time shm exits 0 (got {rc}: {err})")
+    rows = json.loads(out)["open_time"]
+    check([r["emulated_atomics"] for r in rows] == ["serve", "on_demand", "off"], "open_time: one row per mode")
+    for r in rows:
+        check(r["provider"] == "shm" and r["runs"] == 1, "open_time: provider and runs")
+        e = r["endpoint_ms"]
+        check(positive(e["median"]) and e["min"] <= e["median"] <= e["max"], "open_time: endpoint_ms median in range")
+        check(r["control_endpoint"] is False, "open_time: shm (native atomics) opens no control endpoint")
+    rc, out, _ = run([tool, "--open-time", "shm", "--runs", "1", "--emulated-atomics", "serve"])
+    check(rc == 0 and re.search(r"\nshm\s+serve\s+none\s+[0-9.]+", out) is not None, "open_time text row")
 
 
 ENFORCEMENT_KEYS = ("keys", "bounds", "rights", "revocation")
@@ -534,7 +553,8 @@ def perf_kill_once(tool, provider, op, victim, tmp):
 
 
 BAD_ARGS = {
-    "regpool-info": [["--bogus"], ["--json", "extra"]],
+    "regpool-info": [["--bogus"], ["--json", "extra"], ["--open-time"], ["--open-time", "shm", "--runs", "0"],
+                     ["--open-time", "shm", "--emulated-atomics", "lazy"], ["--runs", "3"]],
     "regpool-regcost": [["--bogus"], ["--min", "0"], ["--sizes", "4X"], ["--reps", "0"], ["--reps", "abc"],
                         ["--domain", "nosuch"], ["--plot", "out.pdf"], ["--min", "1M", "--max", "4K"],
                         ["--csv", "--json"], ["--memory", "lukewarm"], ["--sizes", "4K", "--min", "4K"],

@@ -176,7 +176,11 @@ struct Stack {
     if (backend != "verbs") {
       auto d = regpool::FabricDomain::open(fabric_config(backend));
       domain = d;
-      ep = regpool::FabricEndpoint::open(d, ec);
+      // Tests direct atomics at either side: both serve them (on tcp this
+      // opens the control endpoint of emulated atomics).
+      regpool::FabricEndpointOptions fo;
+      fo.emulated_atomics = regpool::FabricEndpointOptions::EmulatedAtomics::serve;
+      ep = regpool::FabricEndpoint::open(d, ec, fo);
     }
 #endif
     if (!ep) throw regpool::Error(regpool::Status::unsupported, 0, "test: backend " + backend + " not built");

@@ -86,6 +86,12 @@ std::vector<NameCase> name_cases(const std::string& prov, const std::vector<std:
   m[2] = std::byte{7};
   c.push_back({"wrong version", m, "name version"});
   m = good;
+  m[2] = std::byte{1};  // the format before the control endpoint became optional
+  c.push_back({"version 1 (an older regpool)", m, "name version (1"});
+  m = good;
+  m[3] = std::byte{fw::kNameHasCtrl};  // a control address, but native atomics
+  c.push_back({"control flag without emulation", m, "name flags (control address without emulated atomics)"});
+  m = good;
   m[3] = std::byte{0x80};
   c.push_back({"unknown flag", m, "name flags"});
   m = good;
@@ -96,7 +102,7 @@ std::vector<NameCase> name_cases(const std::string& prov, const std::vector<std:
   c.push_back({"data length 65535", m, "fields do not add up"});
   // Lengths that add up but describe no address of this provider.
   {
-    std::vector<std::byte> b = {std::byte{'R'}, std::byte{'P'}, std::byte{1}, good[3], std::byte{2}, std::byte{0},
+    std::vector<std::byte> b = {std::byte{'R'}, std::byte{'P'}, std::byte{fw::kNameVersion}, good[3], std::byte{2}, std::byte{0},
                                 std::byte{0},   std::byte{0}};
     const bool ctrl = (static_cast<unsigned>(good[3]) & 1) != 0;
     if (ctrl) b[6] = std::byte{1};
@@ -399,6 +405,7 @@ TEST_CASE("garbage control messages neither kill an emulating target nor disturb
   fo.control_slots = 8;
   fo.max_reply_peers = kBound;
   fo.atomics = regpool::FabricEndpointOptions::Atomics::emulated;
+  fo.emulated_atomics = regpool::FabricEndpointOptions::EmulatedAtomics::serve;
   auto dom = regpool::FabricDomain::open(rpt::fabric_config("tcp"));
   auto ep = regpool::FabricEndpoint::open(dom, target_config(), fo);
   regpool::PoolConfig pc;

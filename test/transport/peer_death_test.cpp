@@ -72,6 +72,7 @@ struct Proc {
     regpool::FabricEndpointOptions fo;
     fo.peer_check_interval = 20ms;
     fo.stuck_lock_patience = 500ms;
+    fo.emulated_atomics = regpool::FabricEndpointOptions::EmulatedAtomics::serve;  // atomics in both directions
     ep = FabricEndpoint::open(domain, ec, fo);
   }
   ~Proc() {
