@@ -457,8 +457,9 @@ class REGPOOL_API Endpoint {
 
   explicit Endpoint(const EndpointConfig& config);
 
-  // Start the progress thread if configured: call at the end of the derived
-  // constructor, once do_poll can run.
+  // Register the atomic words (native atomics) and start the progress
+  // thread if configured: call at the end of the derived constructor, once
+  // do_poll can run, inside its cleanup (may throw Error).
   void start();
   // Stop the progress thread and revoke every exposure. Derived destructors
   // call it first. Idempotent, noexcept, bounded (joins the thread, which
@@ -473,8 +474,10 @@ class REGPOOL_API Endpoint {
   // From inside do_revoke(handle): the key may still work until the backend
   // calls exposure_settled(handle, ...).
   void revoke_deferred(std::uint64_t handle) noexcept;
-  void complete(std::uint32_t index, Status status, std::uint64_t bytes, std::uint64_t value = 0,
-                PeerId peer = kAnyPeer) noexcept;
+  // The backend is done with the op in slot `index`. An atomic's old value
+  // is read from its result word (atomic_words(index)->result), where the
+  // provider (or, for emulated atomics, the backend) put it.
+  void complete(std::uint32_t index, Status status, std::uint64_t bytes, PeerId peer = kAnyPeer) noexcept;
   void mark_peer_broken(PeerId peer) noexcept;
   // The peer is gone (e.g. its process died): every operation in flight to
   // it completes with `st` now, and the peer is marked broken. As after a
@@ -490,6 +493,18 @@ class REGPOOL_API Endpoint {
   // themselves, FI_CONTEXT2, so the index cannot be stored inside them).
   static constexpr std::uint32_t kNoIndex = ~std::uint32_t{0};
   std::uint32_t index_of_context(const void* context) const noexcept;
+  // The words of an atomic in slot `index`: the base fills operand and
+  // compare and zeroes result before do_atomic, and reads result when the
+  // op completes ok. Stable, 8-byte aligned, in one array registered with
+  // domain() for local access (atomic_registration(): descriptor, lkey) when
+  // do_native_atomics() was true at start().
+  struct AtomicWords {
+    std::uint64_t operand = 0;  // fetch_add addend; compare_swap desired
+    std::uint64_t compare = 0;  // compare_swap expected
+    std::uint64_t result = 0;   // the remote word before the op
+  };
+  AtomicWords* atomic_words(std::uint32_t index) noexcept { return &atomic_words_[index]; }
+  const Registration& atomic_registration() const noexcept { return atomic_reg_; }
 
   // --- the backend interface (endpoint_backend.hpp) ---
   virtual Backend backend_kind() const noexcept = 0;
@@ -650,6 +665,9 @@ class REGPOOL_API Endpoint {
   Clock::time_point next_expiry_scan_{};
   std::size_t backend_owned_ = 0;
   std::size_t last_poll_events_ = 0;
+  // One AtomicWords per slot (max_in_flight), registered by start().
+  std::unique_ptr<AtomicWords[]> atomic_words_;
+  Registration atomic_reg_;
 
   std::atomic<bool> usable_{true};
   std::atomic<bool> stopping_{false};

@@ -182,8 +182,7 @@ struct BackendOp {
   std::uint64_t length = 0;       // bytes (atomics: 8)
   const RemoteRef* remote = nullptr;  // put/get/atomics
   std::uint64_t remote_address = 0;   // remote->address_at(remote_offset)
-  std::uint64_t operand = 0;      // fetch_add addend; compare_swap desired
-  std::uint64_t compare = 0;      // compare_swap expected
+  // Atomics: operand, compare and the result word are in atomic_words(index).
   void* context = nullptr;        // Endpoint::kBackendContextSize bytes, 16-aligned
 };
 

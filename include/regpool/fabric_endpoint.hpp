@@ -347,11 +347,6 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   std::atomic<std::uint64_t> lock_recoveries_{0};
   std::atomic<bool> region_stuck_{false};
 
-  // Native atomics: operand / compare / result words per slot, registered
-  // once so FI_MR_LOCAL providers get descriptors.
-  std::vector<std::uint64_t> atomic_words_;
-  Registration atomic_reg_;
-
   // tcp;ofi_rxm: where the excess of an oversized eager message goes, so
   // the provider never truncates one (which loses the connection's later
   // messages). Shared by all receives; its contents are never read.

@@ -213,6 +213,7 @@ Endpoint::Endpoint(const EndpointConfig& config) : config_(config) {
   for (std::size_t i = n; i-- > 0;) free_.push_back(static_cast<std::uint32_t>(i));
   ready_.assign(n, 0);
   releases_.assign(n, 0);
+  atomic_words_ = std::make_unique<AtomicWords[]>(n);
   peers_.reserve(16);
   link_ = std::make_shared<detail::ExposureLink>();
   link_->ep = this;
@@ -245,6 +246,13 @@ Endpoint::~Endpoint() {
 }
 
 void Endpoint::start() {
+  // Providers write atomic results into local memory they must be able to
+  // address (FI_MR_LOCAL descriptors, verbs lkeys): one registration for
+  // every slot's words, made once. Emulated atomics need none.
+  if (do_native_atomics() && !atomic_reg_) {
+    atomic_reg_ = domain().register_memory(atomic_words_.get(), config_.max_in_flight * sizeof(AtomicWords),
+                                           Access::local);
+  }
   if (config_.progress_thread && !impl_->progress_thread.joinable()) {
     impl_->progress_thread = std::thread([this] { progress_thread_main(); });
   }
@@ -849,8 +857,12 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
   s.desc.length = length;
   s.desc.remote = remote ? &s.remote : nullptr;
   s.desc.remote_address = remote ? remote->address_at(remote_offset) : 0;
-  s.desc.operand = operand;
-  s.desc.compare = compare;
+  if (kind == OpKind::fetch_add || kind == OpKind::compare_swap) {
+    AtomicWords& w = atomic_words_[index];
+    w.operand = operand;
+    w.compare = compare;
+    w.result = 0;
+  }
   s.desc.context = s.context;
   s.has_callback = static_cast<bool>(cb);
   s.cb = std::move(cb);
@@ -971,8 +983,7 @@ void Endpoint::expire_locked(Clock::time_point now) noexcept {
   }
 }
 
-void Endpoint::complete(std::uint32_t index, Status status, std::uint64_t bytes, std::uint64_t value,
-                        PeerId peer) noexcept {
+void Endpoint::complete(std::uint32_t index, Status status, std::uint64_t bytes, PeerId peer) noexcept {
   if (index >= config_.max_in_flight) return;
   Slot& s = slots_[index];
   if (!s.backend_owned) return;  // a backend bug; never free a slot twice
@@ -981,6 +992,8 @@ void Endpoint::complete(std::uint32_t index, Status status, std::uint64_t bytes,
   if (!s.completed && s.desc.kind == OpKind::recv && status == Status::ok && peer == kAnyPeer) {
     unknown_source_.fetch_add(1, std::memory_order_relaxed);
   }
+  const bool atomic = s.desc.kind == OpKind::fetch_add || s.desc.kind == OpKind::compare_swap;
+  const std::uint64_t value = atomic && status == Status::ok ? atomic_words_[index].result : 0;
   if (!s.completed) finish_locked(s, index, status, bytes, value, peer);
   // The provider is done with the bytes: the in-flight reference goes now,
   // even if the user has not looked at the completion yet - but not under

@@ -126,12 +126,12 @@ FabricEndpoint::FabricEndpoint(std::shared_ptr<FabricDomain> domain, const Endpo
   if (!domain_) throw Error(Status::invalid_argument, 0, "fabric endpoint: null domain");
   try {
     open_resources(options);
+    start();
   } catch (...) {
     shutdown();
     close_resources();
     throw;
   }
-  start();
 }
 
 FabricEndpoint::~FabricEndpoint() {
@@ -281,11 +281,8 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
     overflow_.assign(kRecvOverflowBytes, std::byte{0});
     overflow_reg_ = domain_->register_memory(overflow_.data(), overflow_.size(), Access::local);
   }
-  if (!emulated_atomics_) {
-    atomic_words_.assign(3 * n, 0);
-    atomic_reg_ = domain_->register_memory(atomic_words_.data(), atomic_words_.size() * sizeof(std::uint64_t),
-                                           Access::local);
-  } else {
+  // Native atomics use the base's registered atomic words (start()).
+  if (emulated_atomics_) {
     open_triplet(&ctrl_av_, &ctrl_cq_, &ctrl_ep_, "control");
     ctrl_name_ = endpoint_name(ctrl_ep_);
     if (ctrl_name_.size() > kCtrlNameMax) {
@@ -363,7 +360,6 @@ void FabricEndpoint::close_resources() noexcept {
   scoped_free_.clear();
   if (wait_fd_ >= 0) ::close(wait_fd_);
   wait_fd_ = -1;
-  atomic_reg_.reset();
   ctrl_reg_.reset();
   overflow_reg_.reset();
 }
@@ -587,19 +583,16 @@ Status FabricEndpoint::do_atomic(const BackendOp& op) noexcept {
     if (const Status g = shm_peer_gate(op.peer_handle, emulated_atomics_); g != Status::ok) return g;
   }
   if (emulated_atomics_) return post_emulated(op);
-  std::uint64_t* w = &atomic_words_[3 * std::size_t{op.index}];
-  w[0] = op.operand;
-  w[1] = op.compare;
-  w[2] = 0;
-  void* desc = atomic_reg_.descriptor();
+  AtomicWords* w = atomic_words(op.index);
+  void* desc = atomic_registration().descriptor();
   const fi_addr_t dest = peers_[op.peer_handle].data;
   ssize_t rc = 0;
   if (op.kind == OpKind::fetch_add) {
-    rc = fi_fetch_atomic(ep_, &w[0], 1, desc, &w[2], desc, dest, op.remote_address, op.remote->key, FI_UINT64,
-                         FI_SUM, op.context);
+    rc = fi_fetch_atomic(ep_, &w->operand, 1, desc, &w->result, desc, dest, op.remote_address, op.remote->key,
+                         FI_UINT64, FI_SUM, op.context);
   } else {
-    rc = fi_compare_atomic(ep_, &w[0], 1, desc, &w[1], desc, &w[2], desc, dest, op.remote_address, op.remote->key,
-                           FI_UINT64, FI_CSWAP, op.context);
+    rc = fi_compare_atomic(ep_, &w->operand, 1, desc, &w->compare, desc, &w->result, desc, dest, op.remote_address,
+                           op.remote->key, FI_UINT64, FI_CSWAP, op.context);
   }
   return rma_status(static_cast<int>(rc));
 }
@@ -634,8 +627,8 @@ Status FabricEndpoint::post_emulated(const BackendOp& op) noexcept {
   m.token = next_token_++;
   m.key = op.remote->key;
   m.address = op.remote_address;
-  m.operand = op.operand;
-  m.compare = op.compare;
+  m.operand = atomic_words(op.index)->operand;
+  m.compare = atomic_words(op.index)->compare;
   m.name_len = static_cast<std::uint8_t>(ctrl_name_.size());
   std::memcpy(m.name, ctrl_name_.data(), ctrl_name_.size());
   std::memcpy(msg, &m, sizeof m);
@@ -653,7 +646,8 @@ void FabricEndpoint::finish_emulated(std::uint32_t index) noexcept {
   const Status st = e.status;
   const std::uint64_t value = e.value;
   e = EmuOp{};
-  complete(index, st, st == Status::ok ? 8 : 0, value);
+  atomic_words(index)->result = value;
+  complete(index, st, st == Status::ok ? 8 : 0);
 }
 
 Result<std::uint64_t> FabricEndpoint::reply_address(std::span<const std::byte> name, std::size_t r) noexcept {
@@ -992,7 +986,7 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
         // FI_SOURCE_ERR providers: received whole, from an address not in
         // our table; its bytes (err_data) are not trusted.
         complete(index, err.len > op_at(index).length ? Status::out_of_bounds : Status::ok,
-                 std::min<std::uint64_t>(err.len, op_at(index).length), 0);
+                 std::min<std::uint64_t>(err.len, op_at(index).length));
         continue;
       }
       Status st = status_from_fi(err.err);
@@ -1024,7 +1018,7 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
       if (op_at(index).kind == OpKind::recv && err.olen <= err.len) {
         bytes = std::min<std::uint64_t>(err.len - err.olen, op_at(index).length);
       }
-      complete(index, st, bytes, 0);
+      complete(index, st, bytes);
       continue;
     }
     if (got <= 0) {
@@ -1040,23 +1034,23 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
           // Bytes beyond the slice went to the overflow area: the message
           // did not fit.
           if (entries[i].len > op.length) {
-            complete(index, Status::out_of_bounds, op.length, 0);
+            complete(index, Status::out_of_bounds, op.length);
           } else {
-            complete(index, Status::ok, entries[i].len, 0, source_ ? peer_of_addr(sources[i]) : kAnyPeer);
+            complete(index, Status::ok, entries[i].len, source_ ? peer_of_addr(sources[i]) : kAnyPeer);
           }
           break;
         case OpKind::fetch_add:
-        case OpKind::compare_swap: complete(index, Status::ok, 8, atomic_words_[3 * std::size_t{index} + 2]); break;
+        case OpKind::compare_swap: complete(index, Status::ok, 8); break;
         case OpKind::send:
           // shm completes a send once the message sits in the target's
           // queue; a target known to be dead will never read it.
           if (shm_ && shm_peer_gone(op.peer_handle)) {
-            complete(index, Status::peer_unreachable, 0, 0);
+            complete(index, Status::peer_unreachable, 0);
           } else {
-            complete(index, Status::ok, op.length, 0);
+            complete(index, Status::ok, op.length);
           }
           break;
-        default: complete(index, Status::ok, op.length, 0); break;
+        default: complete(index, Status::ok, op.length); break;
       }
     }
     events += static_cast<std::size_t>(got);

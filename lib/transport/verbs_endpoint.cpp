@@ -225,12 +225,10 @@ struct VerbsEndpoint::Impl {
     exposed[slot] = Exposed{};
     return slot;
   }
-  // Control buffers: kCtrlRecvs receive slots, then kCtrlSends send slots;
-  // plus one word per op slot for atomic results.
+  // Control buffers: kCtrlRecvs receive slots, then kCtrlSends send slots.
+  // (Atomic results go to the base's registered atomic words.)
   std::vector<std::byte> ctrl;
   Registration ctrl_reg;
-  std::vector<std::uint64_t> atomic_words;
-  Registration atomic_reg;
   std::vector<bool> send_busy;
 };
 
@@ -242,12 +240,12 @@ VerbsEndpoint::VerbsEndpoint(std::shared_ptr<VerbsDomain> domain, const Endpoint
   if (!domain_) throw Error(Status::invalid_argument, 0, "verbs endpoint: null domain");
   try {
     open_resources();
+    start();
   } catch (...) {
     shutdown();
     close_resources();
     throw;
   }
-  start();
 }
 
 VerbsEndpoint::~VerbsEndpoint() {
@@ -328,8 +326,6 @@ void VerbsEndpoint::open_resources() {
   // Control QP (UD) and its buffers.
   m.ctrl.assign((kCtrlRecvs + kCtrlSends) * kCtrlSlot, std::byte{0});
   m.ctrl_reg = domain_->register_memory(m.ctrl.data(), m.ctrl.size(), Access::local);
-  m.atomic_words.assign(n, 0);
-  m.atomic_reg = domain_->register_memory(m.atomic_words.data(), m.atomic_words.size() * 8, Access::local);
 
   ibv_qp_init_attr ua{};
   ua.send_cq = m.cq;
@@ -394,7 +390,6 @@ void VerbsEndpoint::close_resources() noexcept {
   m.srq = nullptr;
   m.cq = nullptr;
   m.ctrl_reg.reset();
-  m.atomic_reg.reset();
 }
 
 std::vector<std::byte> VerbsEndpoint::do_name() const {
@@ -825,15 +820,15 @@ Status VerbsEndpoint::post_rc(const BackendOp& op) noexcept {
   std::uint64_t chunks = 1;
   const bool atomic = op.kind == OpKind::fetch_add || op.kind == OpKind::compare_swap;
   if (atomic) {
-    m.atomic_words[op.index] = 0;
-    sge.addr = reinterpret_cast<std::uintptr_t>(&m.atomic_words[op.index]);
+    const AtomicWords* w = atomic_words(op.index);
+    sge.addr = reinterpret_cast<std::uintptr_t>(&w->result);
     sge.length = 8;
-    sge.lkey = m.atomic_reg.local_key();
+    sge.lkey = atomic_registration().local_key();
     wr.opcode = op.kind == OpKind::fetch_add ? IBV_WR_ATOMIC_FETCH_AND_ADD : IBV_WR_ATOMIC_CMP_AND_SWP;
     wr.wr.atomic.remote_addr = op.remote_address;
     wr.wr.atomic.rkey = static_cast<std::uint32_t>(op.remote->key);
-    wr.wr.atomic.compare_add = op.kind == OpKind::fetch_add ? op.operand : op.compare;
-    wr.wr.atomic.swap = op.operand;
+    wr.wr.atomic.compare_add = op.kind == OpKind::fetch_add ? w->operand : w->compare;
+    wr.wr.atomic.swap = w->operand;
   } else {
     auto region = op.local->ldo().region(*domain_);
     if (!region) return region.status();
@@ -983,7 +978,7 @@ void VerbsEndpoint::handle_wc(const ibv_wc& wc) noexcept {
       const Status st = status_from_wc(wc.status);
       const std::uint32_t ci = conn_by_qpn(wc.qp_num);
       const PeerId from = ci == kNone ? kAnyPeer : peer_for_handle(ci);
-      complete(index, st, st == Status::ok ? wc.byte_len : 0, 0, from);
+      complete(index, st, st == Status::ok ? wc.byte_len : 0, from);
       return;
     }
     default: break;
@@ -1026,15 +1021,8 @@ void VerbsEndpoint::handle_send_wc(std::uint32_t ci, std::uint64_t seq, const ib
   if (!s.live || s.conn != ci || seq < s.post_seq || seq > s.qp_seq) return;  // stale
   if (st == Status::ok && seq != s.qp_seq) return;  // an early chunk (not normally signalled)
   s.live = false;
-  const BackendOp& op = op_at(index);
-  const bool atomic = op.kind == OpKind::fetch_add || op.kind == OpKind::compare_swap;
-  if (st != Status::ok) {
-    complete(index, st, 0, 0);
-  } else if (atomic) {
-    complete(index, Status::ok, 8, m.atomic_words[index]);
-  } else {
-    complete(index, Status::ok, op.length, 0);
-  }
+  // An atomic's old value is in its result word, where the base reads it.
+  complete(index, st, st == Status::ok ? op_at(index).length : 0);
 }
 
 std::size_t VerbsEndpoint::poll_cq(std::size_t max) noexcept {
