@@ -62,7 +62,6 @@ class Endpoint;
 // Backend-side types, defined in regpool/endpoint_backend.hpp.
 struct BackendOp;
 struct ExposureInfo;
-struct ExposureView;
 namespace detail {
 // Shared between an endpoint and its exposures (defined in the library).
 struct ExposureLink;
@@ -539,13 +538,17 @@ class REGPOOL_API Endpoint {
   // For backends: an exposure through the object's own registration with
   // this backend's domain (standard mode): no registration, owned = false.
   Result<ExposureInfo> standard_exposure(const Slice& slice, RemoteAccess access) const noexcept;
-  // For backends that serve remote requests themselves (emulated atomics),
-  // from inside do_* only: the live exposure whose key is `key` and whose
-  // range holds [address, address + length), by the RemoteRef's addressing.
-  // bad_key when no live exposure has the key, out_of_bounds when none with
-  // it holds the range. Linear in the live exposures.
-  Result<ExposureView> find_live_exposure(std::uint64_t key, std::uint64_t address,
-                                          std::uint64_t length) const noexcept;
+  // For backends that emulate atomics for peers, from inside do_* only:
+  // apply `op` (fetch_add: operand added; compare_swap: operand stored if
+  // the word equals compare) to the 8-byte word at `address` (the
+  // RemoteRef's addressing) of the live exposure whose key is `key`, with
+  // std::atomic_ref (atomic against the target's own atomic_ref users), and
+  // return the word before. Checked as a target would: bad_key when no live
+  // exposure has the key, out_of_bounds when none with it holds the word,
+  // access_denied unless it is read-write, invalid_argument for a word not
+  // 8-byte aligned or another op. Linear in the live exposures.
+  Result<std::uint64_t> apply_remote_atomic(OpKind op, std::uint64_t key, std::uint64_t address,
+                                            std::uint64_t operand, std::uint64_t compare) noexcept;
   // Sleeping waits (WaitMode sleep/adaptive); see endpoint_backend.hpp.
   virtual int do_wait_fd() const noexcept { return -1; }
   virtual bool do_arm(std::chrono::microseconds& /*max_sleep*/) noexcept { return true; }
@@ -638,7 +641,7 @@ class REGPOOL_API Endpoint {
   struct ExposureEntry {
     std::uint64_t id = 0;      // the RemoteRef's exposure_id (0 = free)
     std::uint64_t handle = 0;  // backend's (when owned)
-    std::uint64_t key = 0;     // as in the RemoteRef (find_live_exposure)
+    std::uint64_t key = 0;     // as in the RemoteRef (apply_remote_atomic)
     std::uint64_t address = 0;
     std::uint64_t length = 0;
     std::byte* base = nullptr;

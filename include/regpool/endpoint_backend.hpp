@@ -207,13 +207,4 @@ struct ExposureInfo {
   bool revoke_after_quarantine = false;
 };
 
-// A live exposure as find_live_exposure() reports it, for backends that
-// serve remote requests themselves (emulated atomics).
-struct ExposureView {
-  std::byte* base = nullptr;  // local address of the exposure's first byte
-  std::uint64_t address = 0;  // the RemoteRef's address of that byte
-  std::uint64_t length = 0;
-  RemoteAccess access = RemoteAccess::read_only;
-};
-
 }  // namespace regpool

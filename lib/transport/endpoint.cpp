@@ -547,16 +547,34 @@ std::uint32_t Endpoint::find_handle_locked(std::uint64_t handle) const noexcept 
   return kNoExposure;
 }
 
-Result<ExposureView> Endpoint::find_live_exposure(std::uint64_t key, std::uint64_t address,
-                                                             std::uint64_t length) const noexcept {
+Result<std::uint64_t> Endpoint::apply_remote_atomic(OpKind op, std::uint64_t key, std::uint64_t address,
+                                                    std::uint64_t operand, std::uint64_t compare) noexcept {
+  constexpr std::uint64_t kWord = 8;
+  // Checked against this endpoint's live exposures (both modes): the key,
+  // the exposure's own range and rights, so emulated atomics are scoped even
+  // when the key is an arena's.
+  const ExposureEntry* found = nullptr;
   bool key_known = false;
   for (const ExposureEntry& e : exposures_) {
     if (e.state != ExposureState::live || e.key != key) continue;
     key_known = true;
-    if (address < e.address || address - e.address > e.length || e.length - (address - e.address) < length) continue;
-    return ExposureView{e.base, e.address, e.length, e.access};
+    if (address < e.address || address - e.address > e.length || e.length - (address - e.address) < kWord) continue;
+    found = &e;
+    break;
   }
-  return key_known ? Status::out_of_bounds : Status::bad_key;
+  if (!found) return key_known ? Status::out_of_bounds : Status::bad_key;
+  if (found->access != RemoteAccess::read_write) return Status::access_denied;
+  std::byte* p = found->base + (address - found->address);
+  if (reinterpret_cast<std::uintptr_t>(p) % kWord != 0) return Status::invalid_argument;
+  // atomic_ref: atomic against the target's own std::atomic_ref users too,
+  // not only against other emulated requests (which are serialised by the
+  // endpoint's mutex anyway).
+  std::atomic_ref<std::uint64_t> word(*reinterpret_cast<std::uint64_t*>(p));
+  if (op == OpKind::fetch_add) return word.fetch_add(operand, std::memory_order_acq_rel);
+  if (op != OpKind::compare_swap) return Status::invalid_argument;
+  std::uint64_t expected = compare;
+  word.compare_exchange_strong(expected, operand, std::memory_order_acq_rel);
+  return expected;
 }
 
 Result<Exposure> Endpoint::expose_impl(const Slice& slice, RemoteAccess access, PeerId peer,

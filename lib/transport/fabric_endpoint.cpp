@@ -766,37 +766,12 @@ void FabricEndpoint::serve_request(const CtrlMsg& req) noexcept {
     ctrl_rejected_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  Status st = Status::ok;
-  std::uint64_t old = 0;
-  // Checked against this endpoint's live exposures (both modes): key, the
-  // exposure's own range and rights, so emulated atomics are scoped even
-  // when the key is an arena's.
-  auto found = find_live_exposure(req.key, req.address, 8);
-  if (!found) {
-    st = found.status();
-  } else {
-    const ExposureView& x = *found;
-    if (x.access != RemoteAccess::read_write) {
-      st = Status::access_denied;
-    } else {
-      std::byte* p = x.base + (req.address - x.address);
-      if (reinterpret_cast<std::uintptr_t>(p) % 8 != 0) {
-        st = Status::invalid_argument;
-      } else {
-        // atomic_ref: atomic against the target's own std::atomic_ref users
-        // too, not only against other emulated requests (which are serialised
-        // by the endpoint's mutex anyway).
-        std::atomic_ref<std::uint64_t> word(*reinterpret_cast<std::uint64_t*>(p));
-        if (req.op == fabric_wire::kOpFetchAdd) {
-          old = word.fetch_add(req.operand, std::memory_order_acq_rel);
-        } else {
-          std::uint64_t expected = req.compare;
-          word.compare_exchange_strong(expected, req.operand, std::memory_order_acq_rel);
-          old = expected;
-        }
-      }
-    }
-  }
+  // Checked and applied by the base against this endpoint's live exposures
+  // (key, the exposure's own range and rights, alignment). parse_ctrl let
+  // only the two atomic ops through.
+  const auto applied = apply_remote_atomic(static_cast<OpKind>(req.op), req.key, req.address, req.operand, req.compare);
+  const Status st = applied.status();
+  const std::uint64_t old = applied ? applied.value() : 0;
   ctrl_served_.fetch_add(1, std::memory_order_relaxed);
   CtrlMsg rep{};
   rep.magic = kCtrlMagic;
