@@ -454,7 +454,19 @@ class REGPOOL_API Endpoint {
  protected:
   // For backends: the contract below is documented in regpool/endpoint_backend.hpp.
 
-  explicit Endpoint(const EndpointConfig& config);
+  // What the base does with exposures for a backend (fixed at construction).
+  //  - per_peer: the backend scopes keys to one peer (verbs windows):
+  //    expose(slice, access, peer) reaches do_expose. Otherwise a peer
+  //    changes nothing and the base makes the exposure as for any peer.
+  //  - reuse_scoped: a scoped registration stays open while a revoked
+  //    exposure's bytes are quarantined (where the target does not revoke)
+  //    and a scoped exposure of the same bytes with the same rights reuses it
+  //    meanwhile (FabricEndpointOptions::reuse_scoped).
+  struct ExposureSupport {
+    bool per_peer = false;
+    bool reuse_scoped = false;
+  };
+  Endpoint(const EndpointConfig& config, const ExposureSupport& support);
 
   // Register the atomic words (native atomics) and start the progress
   // thread if configured: call at the end of the derived constructor, once
@@ -524,20 +536,16 @@ class REGPOOL_API Endpoint {
   virtual Status do_atomic(const BackendOp& op) noexcept = 0;
   virtual std::size_t do_poll(std::size_t max) noexcept = 0;
   virtual void do_cancel(const BackendOp& op) noexcept = 0;
-  // Called for scoped exposures and for standard ones made for one peer
-  // (peer != kAnyPeer); a standard exposure for any peer never reaches the
-  // backend. The default: standard -> standard_exposure(), scoped ->
-  // unsupported.
-  virtual Result<ExposureInfo> do_expose(const Slice& slice, RemoteAccess access, ExposureMode mode, PeerId peer,
+  // Only with ExposureSupport::per_peer, for an exposure to one peer (either
+  // mode); everything else is made by the base (the object's registration,
+  // or a registration of the slice). The default: unsupported.
+  virtual Result<ExposureInfo> do_expose(const Slice& slice, RemoteAccess access, ExposureMode mode,
                                          std::uint64_t peer_handle) noexcept;
-  // Only for exposures whose ExposureInfo::owned was true.
+  // Undo what do_expose made.
   virtual void do_revoke(std::uint64_t /*handle*/) noexcept {}
   // What the target enforces (see Enforcement); the default claims nothing.
   virtual Enforcement do_enforcement(ExposureMode /*mode*/, bool /*per_peer*/) const noexcept { return {}; }
 
-  // For backends: an exposure through the object's own registration with
-  // this backend's domain (standard mode): no registration, owned = false.
-  Result<ExposureInfo> standard_exposure(const Slice& slice, RemoteAccess access) const noexcept;
   // For backends that emulate atomics for peers, from inside do_* only:
   // apply `op` (fetch_add: operand added; compare_swap: operand stored if
   // the word equals compare) to the 8-byte word at `address` (the
@@ -611,6 +619,18 @@ class REGPOOL_API Endpoint {
   // waits out reconnect_settle(); re-inserts it once that has passed.
   Status peer_ready_locked(PeerId peer) noexcept;
   Result<Exposure> expose_impl(const Slice& slice, RemoteAccess access, PeerId peer, ExposureMode mode) noexcept;
+  // An exposure through the object's own registration with domain()
+  // (standard mode): no registration.
+  Result<ExposureInfo> standard_exposure(const Slice& slice, RemoteAccess access) const noexcept;
+  // Scoped mode without per-peer keys: a registration of exactly the slice
+  // with exactly the rights (or, with reuse_scoped, an open one of the same
+  // bytes and rights). `reg` receives its index (Impl::scoped), `registered`
+  // whether a new registration was made.
+  Result<ExposureInfo> scoped_registration_locked(const Slice& slice, RemoteAccess access, std::uint32_t& reg,
+                                                  bool& registered) noexcept;
+  // Drops a hold on scoped registration `reg` (closed with the last hold)
+  // and sets `reg` to kNoExposure; nothing when it is already.
+  void release_scoped_locked(std::uint32_t& reg) noexcept;
   // Exposure table (slab + free list, so expose/revoke do not allocate once
   // it has grown to the number of exposures alive at once).
   static constexpr std::uint32_t kNoExposure = ~std::uint32_t{0};
@@ -623,6 +643,7 @@ class REGPOOL_API Endpoint {
   std::uint32_t find_handle_locked(std::uint64_t handle) const noexcept;
 
   EndpointConfig config_;
+  ExposureSupport support_;
   mutable std::mutex mutex_;
   std::unique_ptr<Slot[]> slots_;
   std::vector<std::uint32_t> free_;      // stack of free slot indices, reserved
@@ -649,9 +670,10 @@ class REGPOOL_API Endpoint {
     ExposureState state = ExposureState::free;
     Status status = Status::ok;  // of a settled bind
     RemoteAccess access = RemoteAccess::read_only;
-    bool owned = false;            // the backend holds `handle`
+    std::uint32_t scoped = kNoExposure;  // its scoped registration (Impl::scoped), if any
+    bool owned = false;            // the backend holds `handle` (do_expose)
     bool target_revokes = false;   // enforcement(mode, per_peer).revocation
-    bool late_revoke = false;      // ExposureInfo::revoke_after_quarantine
+    bool late_revoke = false;      // reuse_scoped: the registration closes when the quarantine ends
     std::uint32_t next = kNoExposure;  // free list / quarantine FIFO / release list
     Slice parked;  // held while binding, revoking or quarantined
   };

@@ -122,7 +122,9 @@ bool is_layered(const std::string& provider) { return provider.find(';') != std:
 
 FabricEndpoint::FabricEndpoint(std::shared_ptr<FabricDomain> domain, const EndpointConfig& config,
                                const FabricEndpointOptions& options)
-    : Endpoint(config), domain_(std::move(domain)), options_(options) {
+    : Endpoint(config, ExposureSupport{.per_peer = false, .reuse_scoped = options.reuse_scoped}),
+      domain_(std::move(domain)),
+      options_(options) {
   if (!domain_) throw Error(Status::invalid_argument, 0, "fabric endpoint: null domain");
   try {
     open_resources(options);
@@ -273,8 +275,6 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   }
 
   peers_.reserve(16);
-  scoped_.reserve(16);
-  scoped_free_.reserve(16);
   // See do_recv: layered providers over tcp lose a connection's stream on
   // a truncated eager message. Any eager message fits slice + this area.
   if (is_layered(prov) && prov.rfind("tcp", 0) == 0 && info->rx_attr && info->rx_attr->iov_limit >= 2) {
@@ -356,8 +356,6 @@ void FabricEndpoint::close_resources() noexcept {
     if (*av) (void)fi_close(&(*av)->fid);
     *av = nullptr;
   }
-  scoped_.clear();
-  scoped_free_.clear();
   if (wait_fd_ >= 0) ::close(wait_fd_);
   wait_fd_ = -1;
   ctrl_reg_.reset();
@@ -505,11 +503,6 @@ void* FabricEndpoint::local_desc(const BackendOp& op) noexcept {
   return r ? r->descriptor : nullptr;
 }
 
-Status FabricEndpoint::rma_status(int rc) noexcept {
-  if (rc == 0) return Status::ok;
-  return status_from_fi(rc);
-}
-
 Status FabricEndpoint::do_put(const BackendOp& op) noexcept {
   if (shm_) {
     if (const Status g = shm_peer_gate(op.peer_handle, false); g != Status::ok) return g;
@@ -519,7 +512,7 @@ Status FabricEndpoint::do_put(const BackendOp& op) noexcept {
   void* buf = op.local->address();
   const fi_addr_t dest = peers_[op.peer_handle].data;
   if (!delivery_complete_) {
-    return rma_status(static_cast<int>(fi_write(ep_, buf, op.length, region->descriptor, dest, op.remote_address,
+    return status_from_fi(static_cast<int>(fi_write(ep_, buf, op.length, region->descriptor, dest, op.remote_address,
                                                 op.remote->key, op.context)));
   }
   iovec iov{buf, op.length};
@@ -533,7 +526,7 @@ Status FabricEndpoint::do_put(const BackendOp& op) noexcept {
   msg.rma_iov = &rma;
   msg.rma_iov_count = 1;
   msg.context = op.context;
-  return rma_status(static_cast<int>(fi_writemsg(ep_, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE)));
+  return status_from_fi(static_cast<int>(fi_writemsg(ep_, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE)));
 }
 
 Status FabricEndpoint::do_get(const BackendOp& op) noexcept {
@@ -542,7 +535,7 @@ Status FabricEndpoint::do_get(const BackendOp& op) noexcept {
   }
   auto region = op.local->ldo().region(*domain_);
   if (!region) return region.status();
-  return rma_status(static_cast<int>(fi_read(ep_, op.local->address(), op.length, region->descriptor,
+  return status_from_fi(static_cast<int>(fi_read(ep_, op.local->address(), op.length, region->descriptor,
                                              peers_[op.peer_handle].data, op.remote_address, op.remote->key,
                                              op.context)));
 }
@@ -553,7 +546,7 @@ Status FabricEndpoint::do_send(const BackendOp& op) noexcept {
   }
   auto region = op.local->ldo().region(*domain_);
   if (!region) return region.status();
-  return rma_status(static_cast<int>(
+  return status_from_fi(static_cast<int>(
       fi_send(ep_, op.local->address(), op.length, region->descriptor, peers_[op.peer_handle].data, op.context)));
 }
 
@@ -563,7 +556,7 @@ Status FabricEndpoint::do_recv(const BackendOp& op) noexcept {
   auto region = op.local->ldo().region(*domain_);
   if (!region) return region.status();
   if (overflow_.empty()) {
-    return rma_status(static_cast<int>(
+    return status_from_fi(static_cast<int>(
         fi_recv(ep_, op.local->address(), op.length, region->descriptor, FI_ADDR_UNSPEC, op.context)));
   }
   // tcp;ofi_rxm: a message the posted buffer cannot hold is truncated by the
@@ -575,7 +568,7 @@ Status FabricEndpoint::do_recv(const BackendOp& op) noexcept {
   // (rendezvous) messages are truncated cleanly by the provider itself.
   iovec iov[2] = {{op.local->address(), op.length}, {overflow_.data(), overflow_.size()}};
   void* desc[2] = {region->descriptor, overflow_reg_.descriptor()};
-  return rma_status(static_cast<int>(fi_recvv(ep_, iov, desc, 2, FI_ADDR_UNSPEC, op.context)));
+  return status_from_fi(static_cast<int>(fi_recvv(ep_, iov, desc, 2, FI_ADDR_UNSPEC, op.context)));
 }
 
 Status FabricEndpoint::do_atomic(const BackendOp& op) noexcept {
@@ -594,7 +587,7 @@ Status FabricEndpoint::do_atomic(const BackendOp& op) noexcept {
     rc = fi_compare_atomic(ep_, &w->operand, 1, desc, &w->compare, desc, &w->result, desc, dest, op.remote_address,
                            op.remote->key, FI_UINT64, FI_CSWAP, op.context);
   }
-  return rma_status(static_cast<int>(rc));
+  return status_from_fi(static_cast<int>(rc));
 }
 
 // ------------------------------------------------------------ emulation
@@ -1245,95 +1238,10 @@ FabricShmStats FabricEndpoint::shm_stats() const noexcept {
 
 // ------------------------------------------------------------ exposures
 
-Result<ExposureInfo> FabricEndpoint::do_expose(const Slice& slice, RemoteAccess access, ExposureMode mode,
-                                               PeerId /*peer*/, std::uint64_t /*peer_handle*/) noexcept {
-  // libfabric keys are not scoped to a connection: a peer changes nothing.
-  if (mode == ExposureMode::standard) return standard_exposure(slice, access);
-  // Scoped: a registration of exactly the slice with exactly the rights and
-  // a random key (FabricDomain): on providers that check keys it grants that
-  // slice only, and closing it revokes it.
-  const std::byte* base = slice.address();
-  if (options_.reuse_scoped) {
-    // An open registration of the same bytes and rights (its exposure live,
-    // or revoked and quarantined: the base then holds the bytes until after
-    // do_revoke has closed it).
-    auto [first, last] = scoped_by_base_.equal_range(base);
-    for (auto it = first; it != last; ++it) {
-      ScopedReg& x = scoped_[it->second];
-      if (x.length != slice.length() || x.access != access) continue;
-      ++x.holders;
-      ExposureInfo info;
-      info.key = x.registration.remote_key();
-      info.address = x.registration.remote_address(slice.address());
-      info.mode = x.registration.address_mode();
-      info.handle = it->second;
-      info.revoke_after_quarantine = true;
-      return info;
-    }
-  }
-  std::size_t slot = scoped_.size();
-  try {
-    if (scoped_free_.empty()) {
-      scoped_.emplace_back();
-      scoped_free_.reserve(scoped_.size());
-    } else {
-      slot = scoped_free_.back();
-      scoped_free_.pop_back();
-    }
-    if (options_.reuse_scoped) scoped_by_base_.emplace(base, slot);
-  } catch (...) {
-    if (slot != scoped_.size()) scoped_free_.push_back(slot);
-    return Status::out_of_memory;
-  }
-  auto reg = domain_->try_register(slice.address(), static_cast<std::size_t>(slice.length()), registration_access(access));
-  if (!reg) {
-    forget_scoped(slot, base);
-    return reg.status();
-  }
-  ScopedReg& x = scoped_[slot];
-  x.registration = std::move(*reg);
-  x.base = base;
-  x.length = slice.length();
-  x.access = access;
-  x.holders = 1;
-  ExposureInfo info;
-  info.key = x.registration.remote_key();
-  info.address = x.registration.remote_address(slice.address());
-  info.mode = x.registration.address_mode();
-  info.handle = slot;
-  info.registered = true;
-  info.revoke_after_quarantine = options_.reuse_scoped;
-  return info;
-}
-
-void FabricEndpoint::forget_scoped(std::size_t slot, const std::byte* base) noexcept {
-  if (options_.reuse_scoped) {
-    auto [first, last] = scoped_by_base_.equal_range(base);
-    for (auto it = first; it != last; ++it) {
-      if (it->second == slot) {
-        scoped_by_base_.erase(it);
-        break;
-      }
-    }
-  }
-  scoped_free_.push_back(slot);  // capacity: one per slot, reserved when it was made
-}
-
-void FabricEndpoint::do_revoke(std::uint64_t handle) noexcept {
-  // With reuse_scoped the base calls this when the last exposure using the
-  // registration leaves the quarantine (the target does not revoke), so
-  // the key dies before the bytes go back to the pool.
-  if (handle >= scoped_.size() || !scoped_[handle].registration) return;
-  ScopedReg& x = scoped_[handle];
-  if (x.holders > 1) {
-    --x.holders;
-    return;
-  }
-  x.holders = 0;
-  x.registration.reset();
-  forget_scoped(handle, x.base);
-  x.base = nullptr;
-}
+// Exposures are made by the base: standard ones through the object's own
+// registration, scoped ones as a registration of exactly the slice with a
+// random key (FabricDomain), kept open for reuse with options_.reuse_scoped.
+// libfabric keys are not scoped to a connection, so a peer changes nothing.
 
 Enforcement FabricEndpoint::do_enforcement(ExposureMode mode, bool /*per_peer*/) const noexcept {
   // Facts measured by test/transport/exposures_test.cpp ("what the target

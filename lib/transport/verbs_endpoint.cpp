@@ -173,11 +173,10 @@ struct VerbsEndpoint::Exposed {
   // base waits for exposure_settled() without the mutex.
   enum class Pending : std::uint8_t { none, bind, invalidate };
   bool live = false;
-  bool window = false;
   Pending pending = Pending::none;
   std::uint64_t wr_id = 0;
-  Registration registration;  // sub-registration exposures
-  ibv_mw* mw = nullptr;       // window exposures
+  Registration registration;  // WindowBacking::slice: the MR under the window
+  ibv_mw* mw = nullptr;
   std::uint32_t rkey = 0;
   std::uint32_t conn = kNone;
   std::uint32_t binds = 0;         // binds of `mw` so far, this one included
@@ -236,7 +235,10 @@ struct VerbsEndpoint::Impl {
 
 VerbsEndpoint::VerbsEndpoint(std::shared_ptr<VerbsDomain> domain, const EndpointConfig& config,
                              const VerbsEndpointOptions& options)
-    : Endpoint(config), domain_(std::move(domain)), options_(options), impl_(std::make_unique<Impl>()) {
+    : Endpoint(config, ExposureSupport{.per_peer = true}),
+      domain_(std::move(domain)),
+      options_(options),
+      impl_(std::make_unique<Impl>()) {
   if (!domain_) throw Error(Status::invalid_argument, 0, "verbs endpoint: null domain");
   try {
     open_resources();
@@ -564,7 +566,7 @@ void VerbsEndpoint::finish_reset(std::uint32_t ci) noexcept {
   // more. Closing, every window bound on the QP goes with it.
   for (std::size_t slot = 0; slot < m.exposed.size(); ++slot) {
     Exposed& x = m.exposed[slot];
-    if (x.live && x.window && x.conn == ci && (close || x.pending != Exposed::Pending::none)) {
+    if (x.live && x.conn == ci && (close || x.pending != Exposed::Pending::none)) {
       const int pending = static_cast<int>(x.pending);
       finish_window(slot);
       settle_window(slot, pending);
@@ -711,7 +713,7 @@ void VerbsEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
   // (deallocating revokes); the others end when that WR comes back flushed.
   for (std::size_t slot = 0; slot < m.exposed.size(); ++slot) {
     Exposed& x = m.exposed[slot];
-    if (x.live && x.window && x.conn == ci && x.pending == Exposed::Pending::none) finish_window(slot);
+    if (x.live && x.conn == ci && x.pending == Exposed::Pending::none) finish_window(slot);
   }
   drop_window_cache(ci);
   // The QP goes to ERROR; it is destroyed once its old WRs are back
@@ -1123,12 +1125,15 @@ void VerbsEndpoint::do_cancel(const BackendOp& /*op*/) noexcept {
 // ----------------------------------------------------------------- exposures
 
 Result<ExposureInfo> VerbsEndpoint::do_expose(const Slice& slice, RemoteAccess access, ExposureMode /*mode*/,
-                                              PeerId peer, std::uint64_t peer_handle) noexcept {
-  // The base makes standard exposures for any peer from the arena's rkey;
-  // what reaches here is a window for one peer (either mode) or a scoped
-  // exposure for any peer.
-  if (peer != kAnyPeer) return expose_window(slice, access, peer, peer_handle);
-  return expose_registration(slice, access);
+                                              std::uint64_t peer_handle) noexcept {
+  // The base makes exposures for any peer (the arena's rkey, or a
+  // registration of exactly the slice); what reaches here is a window for
+  // one peer, in either mode.
+  Impl& m = *impl_;
+  if (!domain_->memory_windows()) return Status::unsupported;
+  if (peer_handle >= m.conns.size() || !m.conns[peer_handle].used) return Status::invalid_argument;
+  // A standard exposure: no registration per exposure (see WindowBacking).
+  return expose_window(slice, access, static_cast<std::uint32_t>(peer_handle), false);
 }
 
 Enforcement VerbsEndpoint::do_enforcement(ExposureMode mode, bool per_peer) const noexcept {
@@ -1159,30 +1164,6 @@ Enforcement VerbsEndpoint::do_enforcement(ExposureMode mode, bool per_peer) cons
     e.revocation = true;
   }
   return e;
-}
-
-Result<ExposureInfo> VerbsEndpoint::expose_registration(const Slice& slice, RemoteAccess access) noexcept {
-  Impl& m = *impl_;
-  const Access rights = registration_access(access);
-  // A registration of exactly the slice: its rkey grants that slice with
-  // those rights and nothing else, to any peer; deregistering revokes it.
-  auto reg = domain_->try_register(slice.address(), static_cast<std::size_t>(slice.length()), rights);
-  if (!reg) return reg.status();
-  try {
-    const std::size_t slot = m.claim_exposure_slot();
-    Exposed& x = m.exposed[slot];
-    x.registration = std::move(*reg);
-    x.live = true;
-    ExposureInfo info;
-    info.key = x.registration.remote_key();
-    info.address = reinterpret_cast<std::uintptr_t>(slice.address());
-    info.mode = AddressMode::virtual_address;
-    info.handle = slot;
-    info.registered = true;
-    return info;
-  } catch (...) {
-    return Status::out_of_memory;
-  }
 }
 
 void VerbsEndpoint::finish_window(std::size_t slot) noexcept {
@@ -1235,15 +1216,6 @@ void VerbsEndpoint::window_op_done(std::uint64_t wr_id, int wc_status) noexcept 
     exposure_settled(slot, Status::ok);
     return;
   }
-}
-
-Result<ExposureInfo> VerbsEndpoint::expose_window(const Slice& slice, RemoteAccess access, PeerId /*peer*/,
-                                                  std::uint64_t peer_handle) noexcept {
-  Impl& m = *impl_;
-  if (!domain_->memory_windows()) return Status::unsupported;
-  if (peer_handle >= m.conns.size() || !m.conns[peer_handle].used) return Status::invalid_argument;
-  // A standard exposure: no registration per exposure (see WindowBacking).
-  return expose_window(slice, access, static_cast<std::uint32_t>(peer_handle), false);
 }
 
 bool VerbsEndpoint::window_over_slice(bool scoped) const noexcept {
@@ -1400,7 +1372,6 @@ Result<ExposureInfo> VerbsEndpoint::expose_window(const Slice& slice, RemoteAcce
   // exposure_settled() from window_op_done(), progressing without the mutex.
   Exposed& x = m.exposed[slot];
   x.live = true;
-  x.window = true;
   x.registration = std::move(backing);
   x.mw = mw;
   x.rkey = rkey;
@@ -1422,11 +1393,6 @@ void VerbsEndpoint::do_revoke(std::uint64_t handle) noexcept {
   Impl& m = *impl_;
   if (handle >= m.exposed.size() || !m.exposed[handle].live) return;
   Exposed& x = m.exposed[handle];
-  if (!x.window) {
-    x.registration.reset();
-    x.live = false;
-    return;
-  }
   if (x.pending == Exposed::Pending::invalidate) {
     revoke_deferred(handle);  // already on its way
     return;
