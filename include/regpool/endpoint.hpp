@@ -505,7 +505,7 @@ class REGPOOL_API Endpoint {
   static constexpr std::uint32_t kNoIndex = ~std::uint32_t{0};
   std::uint32_t index_of_context(const void* context) const noexcept;
   // The words of an atomic in slot `index`: the base fills operand and
-  // compare and zeroes result before do_atomic, and reads result when the
+  // compare and zeroes result before posting, and reads result when the
   // op completes ok. Stable, 8-byte aligned, in one array registered with
   // domain() for local access (atomic_registration(): descriptor, lkey) when
   // do_native_atomics() was true at start().
@@ -529,11 +529,8 @@ class REGPOOL_API Endpoint {
   virtual std::chrono::milliseconds reconnect_settle() const noexcept { return std::chrono::milliseconds{0}; }
   virtual Result<std::uint64_t> do_reconnect(PeerId peer, std::uint64_t handle,
                                              std::span<const std::byte> name) noexcept;
-  virtual Status do_put(const BackendOp& op) noexcept = 0;
-  virtual Status do_get(const BackendOp& op) noexcept = 0;
-  virtual Status do_send(const BackendOp& op) noexcept = 0;
-  virtual Status do_recv(const BackendOp& op) noexcept = 0;
-  virtual Status do_atomic(const BackendOp& op) noexcept = 0;
+  // Post one operation of any kind (op.kind).
+  virtual Status do_post(const BackendOp& op) noexcept = 0;
   virtual std::size_t do_poll(std::size_t max) noexcept = 0;
   virtual void do_cancel(const BackendOp& op) noexcept = 0;
   // Only with ExposureSupport::per_peer, for an exposure to one peer (either
@@ -582,7 +579,6 @@ class REGPOOL_API Endpoint {
   Result<Token> submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
                        std::uint64_t remote_offset, std::uint64_t length, std::uint64_t operand,
                        std::uint64_t compare, Callback&& cb) noexcept;
-  Status post_once(Slot& s) noexcept;
   void fail_ops_locked(PeerId peer, Status status) noexcept;
   Clock::time_point deadline_for(OpKind kind, std::uint64_t length, Clock::time_point now) const noexcept;
   // Unlock, then destroy what was released under the mutex (bounded

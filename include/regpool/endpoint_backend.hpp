@@ -60,8 +60,9 @@
 //                                           by the base without the mutex)
 //                                           until the time has passed, then
 //                                           the base re-inserts it.
-//   Status do_put / do_get / do_send / do_recv / do_atomic(const BackendOp&)
-//                                           post one operation. Return
+//   Status do_post(const BackendOp& op)     post one operation of kind
+//                                           op.kind (put, get, send, recv,
+//                                           fetch_add, compare_swap). Return
 //                                           - ok: posted; the backend owns
 //                                             op.context (kBackendContextSize
 //                                             bytes, 16-byte aligned, stable)

@@ -213,11 +213,7 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   std::uint64_t do_insert_peer(std::span<const std::byte> name) override;
   void do_remove_peer(std::uint64_t handle) noexcept override;
   std::chrono::milliseconds reconnect_settle() const noexcept override;
-  Status do_put(const BackendOp& op) noexcept override;
-  Status do_get(const BackendOp& op) noexcept override;
-  Status do_send(const BackendOp& op) noexcept override;
-  Status do_recv(const BackendOp& op) noexcept override;
-  Status do_atomic(const BackendOp& op) noexcept override;
+  Status do_post(const BackendOp& op) noexcept override;
   std::size_t do_poll(std::size_t max) noexcept override;
   void do_cancel(const BackendOp& op) noexcept override;
   Enforcement do_enforcement(ExposureMode mode, bool per_peer) const noexcept override;
@@ -288,6 +284,12 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   bool shm_region_blocked(OwnRegion& r) noexcept;
   void shm_try_recover(OwnRegion& r, std::chrono::steady_clock::time_point now) noexcept;
   void* local_desc(const BackendOp& op) noexcept;
+  // do_post by kind.
+  Status do_put(const BackendOp& op) noexcept;
+  Status do_get(const BackendOp& op) noexcept;
+  Status do_send(const BackendOp& op) noexcept;
+  Status do_recv(const BackendOp& op) noexcept;
+  Status do_atomic(const BackendOp& op) noexcept;
 
   std::shared_ptr<FabricDomain> domain_;
   FabricEndpointOptions options_;

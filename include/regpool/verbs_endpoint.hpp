@@ -209,11 +209,7 @@ class REGPOOL_API VerbsEndpoint final : public Endpoint {
   void do_remove_peer(std::uint64_t handle) noexcept override;
   Result<std::uint64_t> do_reconnect(PeerId peer, std::uint64_t handle,
                                      std::span<const std::byte> name) noexcept override;
-  Status do_put(const BackendOp& op) noexcept override;
-  Status do_get(const BackendOp& op) noexcept override;
-  Status do_send(const BackendOp& op) noexcept override;
-  Status do_recv(const BackendOp& op) noexcept override;
-  Status do_atomic(const BackendOp& op) noexcept override;
+  Status do_post(const BackendOp& op) noexcept override;
   std::size_t do_poll(std::size_t max) noexcept override;
   void do_cancel(const BackendOp& op) noexcept override;
   Result<ExposureInfo> do_expose(const Slice& slice, RemoteAccess access, ExposureMode mode,
@@ -244,7 +240,9 @@ class REGPOOL_API VerbsEndpoint final : public Endpoint {
   std::uint32_t conn_by_id(std::uint64_t endpoint_id) const noexcept;
   std::uint32_t conn_by_qpn(std::uint32_t qpn) const noexcept;
   // Data path.
+  // put, get, send and atomics on the peer's RC QP; receives on the SRQ.
   Status post_rc(const BackendOp& op) noexcept;
+  Status post_srq(const BackendOp& op) noexcept;
   std::size_t poll_cq(std::size_t max) noexcept;
   void handle_wc(const ibv_wc& wc) noexcept;
   void handle_send_wc(std::uint32_t ci, std::uint64_t seq, const ibv_wc& wc) noexcept;

@@ -1008,7 +1008,7 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
     st = needs_peer(kind) ? peer_ready_locked(peer) : Status::ok;
     if (st == Status::ok) {
       if (needs_peer(kind)) s.desc.peer_handle = peers_[peer].handle;
-      st = post_once(s);
+      st = do_post(s.desc);
     }
     if (st != Status::would_block) break;
     retries_.fetch_add(1, std::memory_order_relaxed);
@@ -1056,18 +1056,6 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
   ++activity_;
   if (sleepers_ > 0) wake_sleepers_locked();
   return token;
-}
-
-Status Endpoint::post_once(Slot& s) noexcept {
-  switch (s.desc.kind) {
-    case OpKind::put: return do_put(s.desc);
-    case OpKind::get: return do_get(s.desc);
-    case OpKind::send: return do_send(s.desc);
-    case OpKind::recv: return do_recv(s.desc);
-    case OpKind::fetch_add:
-    case OpKind::compare_swap: return do_atomic(s.desc);
-  }
-  return Status::invalid_argument;
 }
 
 Endpoint::Clock::time_point Endpoint::deadline_for(OpKind kind, std::uint64_t length,

@@ -503,6 +503,18 @@ void* FabricEndpoint::local_desc(const BackendOp& op) noexcept {
   return r ? r->descriptor : nullptr;
 }
 
+Status FabricEndpoint::do_post(const BackendOp& op) noexcept {
+  switch (op.kind) {
+    case OpKind::put: return do_put(op);
+    case OpKind::get: return do_get(op);
+    case OpKind::send: return do_send(op);
+    case OpKind::recv: return do_recv(op);
+    case OpKind::fetch_add:
+    case OpKind::compare_swap: return do_atomic(op);
+  }
+  return Status::invalid_argument;
+}
+
 Status FabricEndpoint::do_put(const BackendOp& op) noexcept {
   if (shm_) {
     if (const Status g = shm_peer_gate(op.peer_handle, false); g != Status::ok) return g;

@@ -900,12 +900,11 @@ Status VerbsEndpoint::post_rc(const BackendOp& op) noexcept {
   return Status::ok;
 }
 
-Status VerbsEndpoint::do_put(const BackendOp& op) noexcept { return post_rc(op); }
-Status VerbsEndpoint::do_get(const BackendOp& op) noexcept { return post_rc(op); }
-Status VerbsEndpoint::do_send(const BackendOp& op) noexcept { return post_rc(op); }
-Status VerbsEndpoint::do_atomic(const BackendOp& op) noexcept { return post_rc(op); }
+Status VerbsEndpoint::do_post(const BackendOp& op) noexcept {
+  return op.kind == OpKind::recv ? post_srq(op) : post_rc(op);
+}
 
-Status VerbsEndpoint::do_recv(const BackendOp& op) noexcept {
+Status VerbsEndpoint::post_srq(const BackendOp& op) noexcept {
   Impl& m = *impl_;
   if (op.length > 0xffffffffu) return Status::invalid_argument;
   auto region = op.local->ldo().region(*domain_);
