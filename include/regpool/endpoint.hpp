@@ -62,7 +62,6 @@ class Endpoint;
 // Backend-side types, defined in regpool/endpoint_backend.hpp.
 struct BackendOp;
 struct ExposureInfo;
-struct ExposureView;
 namespace detail {
 // Shared between an endpoint and its exposures (defined in the library).
 struct ExposureLink;
@@ -455,10 +454,23 @@ class REGPOOL_API Endpoint {
  protected:
   // For backends: the contract below is documented in regpool/endpoint_backend.hpp.
 
-  explicit Endpoint(const EndpointConfig& config);
+  // What the base does with exposures for a backend (fixed at construction).
+  //  - per_peer: the backend scopes keys to one peer (verbs windows):
+  //    expose(slice, access, peer) reaches do_expose. Otherwise a peer
+  //    changes nothing and the base makes the exposure as for any peer.
+  //  - reuse_scoped: a scoped registration stays open while a revoked
+  //    exposure's bytes are quarantined (where the target does not revoke)
+  //    and a scoped exposure of the same bytes with the same rights reuses it
+  //    meanwhile (FabricEndpointOptions::reuse_scoped).
+  struct ExposureSupport {
+    bool per_peer = false;
+    bool reuse_scoped = false;
+  };
+  Endpoint(const EndpointConfig& config, const ExposureSupport& support);
 
-  // Start the progress thread if configured: call at the end of the derived
-  // constructor, once do_poll can run.
+  // Register the atomic words (native atomics) and start the progress
+  // thread if configured: call at the end of the derived constructor, once
+  // do_poll can run, inside its cleanup (may throw Error).
   void start();
   // Stop the progress thread and revoke every exposure. Derived destructors
   // call it first. Idempotent, noexcept, bounded (joins the thread, which
@@ -473,8 +485,10 @@ class REGPOOL_API Endpoint {
   // From inside do_revoke(handle): the key may still work until the backend
   // calls exposure_settled(handle, ...).
   void revoke_deferred(std::uint64_t handle) noexcept;
-  void complete(std::uint32_t index, Status status, std::uint64_t bytes, std::uint64_t value = 0,
-                PeerId peer = kAnyPeer) noexcept;
+  // The backend is done with the op in slot `index`. An atomic's old value
+  // is read from its result word (atomic_words(index)->result), where the
+  // provider (or, for emulated atomics, the backend) put it.
+  void complete(std::uint32_t index, Status status, std::uint64_t bytes, PeerId peer = kAnyPeer) noexcept;
   void mark_peer_broken(PeerId peer) noexcept;
   // The peer is gone (e.g. its process died): every operation in flight to
   // it completes with `st` now, and the peer is marked broken. As after a
@@ -490,6 +504,18 @@ class REGPOOL_API Endpoint {
   // themselves, FI_CONTEXT2, so the index cannot be stored inside them).
   static constexpr std::uint32_t kNoIndex = ~std::uint32_t{0};
   std::uint32_t index_of_context(const void* context) const noexcept;
+  // The words of an atomic in slot `index`: the base fills operand and
+  // compare and zeroes result before posting, and reads result when the
+  // op completes ok. Stable, 8-byte aligned, in one array registered with
+  // domain() for local access (atomic_registration(): descriptor, lkey) when
+  // do_native_atomics() was true at start().
+  struct AtomicWords {
+    std::uint64_t operand = 0;  // fetch_add addend; compare_swap desired
+    std::uint64_t compare = 0;  // compare_swap expected
+    std::uint64_t result = 0;   // the remote word before the op
+  };
+  AtomicWords* atomic_words(std::uint32_t index) noexcept { return &atomic_words_[index]; }
+  const Registration& atomic_registration() const noexcept { return atomic_reg_; }
 
   // --- the backend interface (endpoint_backend.hpp) ---
   virtual Backend backend_kind() const noexcept = 0;
@@ -503,34 +529,31 @@ class REGPOOL_API Endpoint {
   virtual std::chrono::milliseconds reconnect_settle() const noexcept { return std::chrono::milliseconds{0}; }
   virtual Result<std::uint64_t> do_reconnect(PeerId peer, std::uint64_t handle,
                                              std::span<const std::byte> name) noexcept;
-  virtual Status do_put(const BackendOp& op) noexcept = 0;
-  virtual Status do_get(const BackendOp& op) noexcept = 0;
-  virtual Status do_send(const BackendOp& op) noexcept = 0;
-  virtual Status do_recv(const BackendOp& op) noexcept = 0;
-  virtual Status do_atomic(const BackendOp& op) noexcept = 0;
+  // Post one operation of any kind (op.kind).
+  virtual Status do_post(const BackendOp& op) noexcept = 0;
   virtual std::size_t do_poll(std::size_t max) noexcept = 0;
   virtual void do_cancel(const BackendOp& op) noexcept = 0;
-  // Called for scoped exposures and for standard ones made for one peer
-  // (peer != kAnyPeer); a standard exposure for any peer never reaches the
-  // backend. The default: standard -> standard_exposure(), scoped ->
-  // unsupported.
-  virtual Result<ExposureInfo> do_expose(const Slice& slice, RemoteAccess access, ExposureMode mode, PeerId peer,
+  // Only with ExposureSupport::per_peer, for an exposure to one peer (either
+  // mode); everything else is made by the base (the object's registration,
+  // or a registration of the slice). The default: unsupported.
+  virtual Result<ExposureInfo> do_expose(const Slice& slice, RemoteAccess access, ExposureMode mode,
                                          std::uint64_t peer_handle) noexcept;
-  // Only for exposures whose ExposureInfo::owned was true.
+  // Undo what do_expose made.
   virtual void do_revoke(std::uint64_t /*handle*/) noexcept {}
   // What the target enforces (see Enforcement); the default claims nothing.
   virtual Enforcement do_enforcement(ExposureMode /*mode*/, bool /*per_peer*/) const noexcept { return {}; }
 
-  // For backends: an exposure through the object's own registration with
-  // this backend's domain (standard mode): no registration, owned = false.
-  Result<ExposureInfo> standard_exposure(const Slice& slice, RemoteAccess access) const noexcept;
-  // For backends that serve remote requests themselves (emulated atomics),
-  // from inside do_* only: the live exposure whose key is `key` and whose
-  // range holds [address, address + length), by the RemoteRef's addressing.
-  // bad_key when no live exposure has the key, out_of_bounds when none with
-  // it holds the range. Linear in the live exposures.
-  Result<ExposureView> find_live_exposure(std::uint64_t key, std::uint64_t address,
-                                          std::uint64_t length) const noexcept;
+  // For backends that emulate atomics for peers, from inside do_* only:
+  // apply `op` (fetch_add: operand added; compare_swap: operand stored if
+  // the word equals compare) to the 8-byte word at `address` (the
+  // RemoteRef's addressing) of the live exposure whose key is `key`, with
+  // std::atomic_ref (atomic against the target's own atomic_ref users), and
+  // return the word before. Checked as a target would: bad_key when no live
+  // exposure has the key, out_of_bounds when none with it holds the word,
+  // access_denied unless it is read-write, invalid_argument for a word not
+  // 8-byte aligned or another op. Linear in the live exposures.
+  Result<std::uint64_t> apply_remote_atomic(OpKind op, std::uint64_t key, std::uint64_t address,
+                                            std::uint64_t operand, std::uint64_t compare) noexcept;
   // Sleeping waits (WaitMode sleep/adaptive); see endpoint_backend.hpp.
   virtual int do_wait_fd() const noexcept { return -1; }
   virtual bool do_arm(std::chrono::microseconds& /*max_sleep*/) noexcept { return true; }
@@ -556,7 +579,6 @@ class REGPOOL_API Endpoint {
   Result<Token> submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
                        std::uint64_t remote_offset, std::uint64_t length, std::uint64_t operand,
                        std::uint64_t compare, Callback&& cb) noexcept;
-  Status post_once(Slot& s) noexcept;
   void fail_ops_locked(PeerId peer, Status status) noexcept;
   Clock::time_point deadline_for(OpKind kind, std::uint64_t length, Clock::time_point now) const noexcept;
   // Unlock, then destroy what was released under the mutex (bounded
@@ -593,6 +615,18 @@ class REGPOOL_API Endpoint {
   // waits out reconnect_settle(); re-inserts it once that has passed.
   Status peer_ready_locked(PeerId peer) noexcept;
   Result<Exposure> expose_impl(const Slice& slice, RemoteAccess access, PeerId peer, ExposureMode mode) noexcept;
+  // An exposure through the object's own registration with domain()
+  // (standard mode): no registration.
+  Result<ExposureInfo> standard_exposure(const Slice& slice, RemoteAccess access) const noexcept;
+  // Scoped mode without per-peer keys: a registration of exactly the slice
+  // with exactly the rights (or, with reuse_scoped, an open one of the same
+  // bytes and rights). `reg` receives its index (Impl::scoped), `registered`
+  // whether a new registration was made.
+  Result<ExposureInfo> scoped_registration_locked(const Slice& slice, RemoteAccess access, std::uint32_t& reg,
+                                                  bool& registered) noexcept;
+  // Drops a hold on scoped registration `reg` (closed with the last hold)
+  // and sets `reg` to kNoExposure; nothing when it is already.
+  void release_scoped_locked(std::uint32_t& reg) noexcept;
   // Exposure table (slab + free list, so expose/revoke do not allocate once
   // it has grown to the number of exposures alive at once).
   static constexpr std::uint32_t kNoExposure = ~std::uint32_t{0};
@@ -605,6 +639,7 @@ class REGPOOL_API Endpoint {
   std::uint32_t find_handle_locked(std::uint64_t handle) const noexcept;
 
   EndpointConfig config_;
+  ExposureSupport support_;
   mutable std::mutex mutex_;
   std::unique_ptr<Slot[]> slots_;
   std::vector<std::uint32_t> free_;      // stack of free slot indices, reserved
@@ -623,7 +658,7 @@ class REGPOOL_API Endpoint {
   struct ExposureEntry {
     std::uint64_t id = 0;      // the RemoteRef's exposure_id (0 = free)
     std::uint64_t handle = 0;  // backend's (when owned)
-    std::uint64_t key = 0;     // as in the RemoteRef (find_live_exposure)
+    std::uint64_t key = 0;     // as in the RemoteRef (apply_remote_atomic)
     std::uint64_t address = 0;
     std::uint64_t length = 0;
     std::byte* base = nullptr;
@@ -631,9 +666,10 @@ class REGPOOL_API Endpoint {
     ExposureState state = ExposureState::free;
     Status status = Status::ok;  // of a settled bind
     RemoteAccess access = RemoteAccess::read_only;
-    bool owned = false;            // the backend holds `handle`
+    std::uint32_t scoped = kNoExposure;  // its scoped registration (Impl::scoped), if any
+    bool owned = false;            // the backend holds `handle` (do_expose)
     bool target_revokes = false;   // enforcement(mode, per_peer).revocation
-    bool late_revoke = false;      // ExposureInfo::revoke_after_quarantine
+    bool late_revoke = false;      // reuse_scoped: the registration closes when the quarantine ends
     std::uint32_t next = kNoExposure;  // free list / quarantine FIFO / release list
     Slice parked;  // held while binding, revoking or quarantined
   };
@@ -650,6 +686,9 @@ class REGPOOL_API Endpoint {
   Clock::time_point next_expiry_scan_{};
   std::size_t backend_owned_ = 0;
   std::size_t last_poll_events_ = 0;
+  // One AtomicWords per slot (max_in_flight), registered by start().
+  std::unique_ptr<AtomicWords[]> atomic_words_;
+  Registration atomic_reg_;
 
   std::atomic<bool> usable_{true};
   std::atomic<bool> stopping_{false};

@@ -17,8 +17,15 @@
 //    progress thread, per-operation timeouts, retrying posts the backend
 //    refuses with would_block (after progressing, without holding the mutex
 //    while backing off), per-peer broken state, usable() and reconnect();
-//  - the exposure table: ids, standard exposures for any peer, quarantine of
-//    revoked bytes where the target cannot revoke.
+//  - the one exposure table: ids, states, stats; standard exposures (the
+//    object's own registration) and scoped ones (a registration of exactly
+//    the slice, kept open for reuse with ExposureSupport::reuse_scoped) for
+//    any peer, and for one peer where the backend has no per-peer keys;
+//    quarantine of revoked bytes where the target cannot revoke;
+//  - atomics' operand, compare and result words, one registered array for
+//    every slot (atomic_words(), atomic_registration()), and, for backends
+//    that emulate atomics for peers, applying a request to a live exposure
+//    after checking key, range, rights and alignment (apply_remote_atomic).
 //
 // ---------------------------------------------------------------------------
 // Backend interface (the protected virtuals of Endpoint). A backend
@@ -53,8 +60,9 @@
 //                                           by the base without the mutex)
 //                                           until the time has passed, then
 //                                           the base re-inserts it.
-//   Status do_put / do_get / do_send / do_recv / do_atomic(const BackendOp&)
-//                                           post one operation. Return
+//   Status do_post(const BackendOp& op)     post one operation of kind
+//                                           op.kind (put, get, send, recv,
+//                                           fetch_add, compare_swap). Return
 //                                           - ok: posted; the backend owns
 //                                             op.context (kBackendContextSize
 //                                             bytes, 16-byte aligned, stable)
@@ -70,7 +78,9 @@
 //                                           backend only maps to its own
 //                                           calls.
 //   std::size_t do_poll(std::size_t max)    reap up to `max` completions and
-//                                           report each with complete();
+//                                           report each with complete()
+//                                           (an atomic's old value in its
+//                                           result word);
 //                                           also serve internal traffic
 //                                           (connection setup, emulated
 //                                           atomics). Returns how many events
@@ -100,19 +110,15 @@
 //                                           complete() for it (any status is
 //                                           then ignored) or the endpoint
 //                                           closes.
-//   Result<ExposureInfo> do_expose(slice, access, mode, peer, handle)
-//                                           only what the backend alone can
-//                                           do: a scoped exposure (libfabric:
-//                                           a registration of the slice with
-//                                           a random key; verbs: a window or
-//                                           a slice registration), or a
-//                                           standard one for one peer (verbs:
-//                                           a window over the arena MR).
-//                                           Standard exposures for any peer
-//                                           are made by the base from the
-//                                           object's registration and never
-//                                           reach the backend.
-//   void do_revoke(handle)                  undo an owned exposure; later
+//   Result<ExposureInfo> do_expose(slice, access, mode, peer_handle)
+//                                           only with ExposureSupport::
+//                                           per_peer (given to the Endpoint
+//                                           constructor): a key scoped to one
+//                                           peer (verbs: a type-2 window on
+//                                           its QP). Every other exposure is
+//                                           made by the base and never
+//                                           reaches the backend.
+//   void do_revoke(handle)                  undo what do_expose made; later
 //                                           remote use fails where the
 //                                           target enforces revocation.
 //   Enforcement do_enforcement(mode, per_peer)
@@ -182,12 +188,11 @@ struct BackendOp {
   std::uint64_t length = 0;       // bytes (atomics: 8)
   const RemoteRef* remote = nullptr;  // put/get/atomics
   std::uint64_t remote_address = 0;   // remote->address_at(remote_offset)
-  std::uint64_t operand = 0;      // fetch_add addend; compare_swap desired
-  std::uint64_t compare = 0;      // compare_swap expected
+  // Atomics: operand, compare and the result word are in atomic_words(index).
   void* context = nullptr;        // Endpoint::kBackendContextSize bytes, 16-aligned
 };
 
-// What a backend returns when it exposes a slice.
+// What a backend returns when it exposes a slice to one peer (do_expose).
 struct ExposureInfo {
   std::uint64_t key = 0;
   std::uint64_t address = 0;  // of the slice's first byte, per mode
@@ -196,25 +201,6 @@ struct ExposureInfo {
   // The key is not usable yet (a bind is in flight): the backend reports the
   // outcome with exposure_settled(handle, status) from do_poll.
   bool pending = false;
-  // The backend holds resources under `handle` (do_revoke is called); false
-  // for an exposure through the object's own registration.
-  bool owned = true;
-  // The backend made a domain registration for it (telemetry).
-  bool registered = false;
-  // The backend keeps the key open while the revoked exposure's bytes are
-  // quarantined (to reuse it): do_revoke is called when the quarantine
-  // ends, not at revoke(). Only meaningful where the target does not revoke
-  // (Enforcement::revocation false), which is what quarantines the bytes.
-  bool revoke_after_quarantine = false;
-};
-
-// A live exposure as find_live_exposure() reports it, for backends that
-// serve remote requests themselves (emulated atomics).
-struct ExposureView {
-  std::byte* base = nullptr;  // local address of the exposure's first byte
-  std::uint64_t address = 0;  // the RemoteRef's address of that byte
-  std::uint64_t length = 0;
-  RemoteAccess access = RemoteAccess::read_only;
 };
 
 }  // namespace regpool

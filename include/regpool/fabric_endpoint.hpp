@@ -82,7 +82,6 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "regpool/endpoint.hpp"
@@ -248,16 +247,9 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   std::uint64_t do_insert_peer(std::span<const std::byte> name) override;
   void do_remove_peer(std::uint64_t handle) noexcept override;
   std::chrono::milliseconds reconnect_settle() const noexcept override;
-  Status do_put(const BackendOp& op) noexcept override;
-  Status do_get(const BackendOp& op) noexcept override;
-  Status do_send(const BackendOp& op) noexcept override;
-  Status do_recv(const BackendOp& op) noexcept override;
-  Status do_atomic(const BackendOp& op) noexcept override;
+  Status do_post(const BackendOp& op) noexcept override;
   std::size_t do_poll(std::size_t max) noexcept override;
   void do_cancel(const BackendOp& op) noexcept override;
-  Result<ExposureInfo> do_expose(const Slice& slice, RemoteAccess access, ExposureMode mode, PeerId peer,
-                                 std::uint64_t peer_handle) noexcept override;
-  void do_revoke(std::uint64_t handle) noexcept override;
   Enforcement do_enforcement(ExposureMode mode, bool per_peer) const noexcept override;
   int do_wait_fd() const noexcept override { return wait_fd_; }
   bool do_arm(std::chrono::microseconds& max_sleep) noexcept override;
@@ -320,8 +312,6 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   void flush_pending_replies() noexcept;
   void finish_emulated(std::uint32_t index) noexcept;
   Result<std::uint64_t> reply_address(std::span<const std::byte> name, std::size_t r) noexcept;
-  Status rma_status(int rc) noexcept;
-  void forget_scoped(std::size_t slot, const std::byte* base) noexcept;
   // The PeerId of a receive's source address (FI_SOURCE), or kAnyPeer.
   PeerId peer_of_addr(std::uint64_t addr) const noexcept;
   // shm dead-peer handling (fabric_endpoint.cpp, "shm and dead peers").
@@ -333,6 +323,12 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   bool shm_region_blocked(OwnRegion& r) noexcept;
   void shm_try_recover(OwnRegion& r, std::chrono::steady_clock::time_point now) noexcept;
   void* local_desc(const BackendOp& op) noexcept;
+  // do_post by kind.
+  Status do_put(const BackendOp& op) noexcept;
+  Status do_get(const BackendOp& op) noexcept;
+  Status do_send(const BackendOp& op) noexcept;
+  Status do_recv(const BackendOp& op) noexcept;
+  Status do_atomic(const BackendOp& op) noexcept;
 
   std::shared_ptr<FabricDomain> domain_;
   FabricEndpointOptions options_;
@@ -360,20 +356,6 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   int wait_fd_ = -1;
 
   std::vector<PeerAddr> peers_;
-  // Scoped exposures: one registration each (a slab with a free list).
-  // One scoped registration, shared by the exposures (live or quarantined)
-  // of the same bytes and rights when options_.reuse_scoped is set.
-  struct ScopedReg {
-    Registration registration;
-    const std::byte* base = nullptr;
-    std::uint64_t length = 0;
-    RemoteAccess access = RemoteAccess::read_only;
-    std::uint32_t holders = 0;
-  };
-  std::vector<ScopedReg> scoped_;
-  std::vector<std::size_t> scoped_free_;
-  // reuse_scoped: open scoped registrations by their first byte's address.
-  std::unordered_multimap<const std::byte*, std::size_t> scoped_by_base_;
   // The target checks keys, registration ranges and rights (measured:
   // tcp;ofi_rxm; see do_enforcement).
   bool target_checks_keys_ = false;
@@ -385,11 +367,6 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   std::atomic<std::uint64_t> lock_skips_{0};
   std::atomic<std::uint64_t> lock_recoveries_{0};
   std::atomic<bool> region_stuck_{false};
-
-  // Native atomics: operand / compare / result words per slot, registered
-  // once so FI_MR_LOCAL providers get descriptors.
-  std::vector<std::uint64_t> atomic_words_;
-  Registration atomic_reg_;
 
   // tcp;ofi_rxm: where the excess of an oversized eager message goes, so
   // the provider never truncates one (which loses the connection's later

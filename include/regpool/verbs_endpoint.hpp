@@ -63,8 +63,8 @@
 // CQ runs dry, so every op still gets its completion.
 //
 // Exposures (scoped, revocable exports):
-//  - expose(slice, access): in standard mode (the default) the arena's rkey,
-//    made by the base Endpoint, nothing registered; in scoped mode a
+//  - expose(slice, access), made by the base Endpoint: in standard mode (the
+//    default) the arena's rkey, nothing registered; in scoped mode a
 //    sub-registration (ibv_reg_mr) of exactly the slice with exactly the
 //    rights; its rkey grants that slice and nothing else of the arena, to
 //    any peer; revoke deregisters it.
@@ -209,22 +209,13 @@ class REGPOOL_API VerbsEndpoint final : public Endpoint {
   void do_remove_peer(std::uint64_t handle) noexcept override;
   Result<std::uint64_t> do_reconnect(PeerId peer, std::uint64_t handle,
                                      std::span<const std::byte> name) noexcept override;
-  Status do_put(const BackendOp& op) noexcept override;
-  Status do_get(const BackendOp& op) noexcept override;
-  Status do_send(const BackendOp& op) noexcept override;
-  Status do_recv(const BackendOp& op) noexcept override;
-  Status do_atomic(const BackendOp& op) noexcept override;
+  Status do_post(const BackendOp& op) noexcept override;
   std::size_t do_poll(std::size_t max) noexcept override;
   void do_cancel(const BackendOp& op) noexcept override;
-  Result<ExposureInfo> do_expose(const Slice& slice, RemoteAccess access, ExposureMode mode, PeerId peer,
+  Result<ExposureInfo> do_expose(const Slice& slice, RemoteAccess access, ExposureMode mode,
                                  std::uint64_t peer_handle) noexcept override;
   void do_revoke(std::uint64_t handle) noexcept override;
   Enforcement do_enforcement(ExposureMode mode, bool per_peer) const noexcept override;
-  // Scoped, any peer: a registration of exactly the slice.
-  Result<ExposureInfo> expose_registration(const Slice& slice, RemoteAccess access) noexcept;
-  // One peer (either mode): a type-2 window on its queue pair.
-  Result<ExposureInfo> expose_window(const Slice& slice, RemoteAccess access, PeerId peer,
-                                     std::uint64_t peer_handle) noexcept;
   int do_wait_fd() const noexcept override;
   bool do_arm(std::chrono::microseconds& max_sleep) noexcept override;
 
@@ -249,7 +240,9 @@ class REGPOOL_API VerbsEndpoint final : public Endpoint {
   std::uint32_t conn_by_id(std::uint64_t endpoint_id) const noexcept;
   std::uint32_t conn_by_qpn(std::uint32_t qpn) const noexcept;
   // Data path.
+  // put, get, send and atomics on the peer's RC QP; receives on the SRQ.
   Status post_rc(const BackendOp& op) noexcept;
+  Status post_srq(const BackendOp& op) noexcept;
   std::size_t poll_cq(std::size_t max) noexcept;
   void handle_wc(const ibv_wc& wc) noexcept;
   void handle_send_wc(std::uint32_t ci, std::uint64_t seq, const ibv_wc& wc) noexcept;

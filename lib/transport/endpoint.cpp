@@ -12,6 +12,7 @@
 #include <cstring>
 #include <random>
 #include <thread>
+#include <unordered_map>
 
 namespace regpool {
 namespace {
@@ -101,13 +102,28 @@ struct Endpoint::Slot {
   alignas(16) std::byte context[kBackendContextSize];
 };
 
-// State kept out of the public header because its types need <thread> and
-// <condition_variable>. Only setup, shutdown, wait() in progress-thread mode
-// and a completion some thread is sleeping on (waiters_ > 0) reach it: the
-// post and poll paths never follow impl_.
+// State kept out of the public header because its types need <thread>,
+// <condition_variable> and <unordered_map>. Only setup, shutdown, wait() in
+// progress-thread mode, a completion some thread is sleeping on
+// (waiters_ > 0) and scoped exposures (expose, revoke, the end of their
+// quarantine) reach it: the post path never follows impl_.
 struct Endpoint::Impl {
   std::thread progress_thread;
   std::condition_variable done_cv;  // progress thread mode: wait() sleeps here
+  // Scoped registrations (a slab with a free list). One is shared by the
+  // exposures (live or quarantined) of the same bytes and rights when
+  // ExposureSupport::reuse_scoped is set.
+  struct ScopedReg {
+    Registration registration;
+    const std::byte* base = nullptr;
+    std::uint64_t length = 0;
+    RemoteAccess access = RemoteAccess::read_only;
+    std::uint32_t holders = 0;
+  };
+  std::vector<ScopedReg> scoped;
+  std::vector<std::uint32_t> scoped_free;
+  // reuse_scoped: open scoped registrations by their first byte's address.
+  std::unordered_multimap<const std::byte*, std::uint32_t> scoped_by_base;
 };
 
 // ---------------------------------------------------------------- Exposure
@@ -199,7 +215,8 @@ void Endpoint::unlock_and_release(std::unique_lock<std::mutex>& lk) noexcept {
   }
 }
 
-Endpoint::Endpoint(const EndpointConfig& config) : config_(config) {
+Endpoint::Endpoint(const EndpointConfig& config, const ExposureSupport& support)
+    : config_(config), support_(support) {
   impl_ = std::make_unique<Impl>();
   if (config_.max_in_flight == 0 || config_.max_in_flight > (std::size_t{1} << 24)) {
     throw Error(Status::invalid_argument, 0,
@@ -213,6 +230,7 @@ Endpoint::Endpoint(const EndpointConfig& config) : config_(config) {
   for (std::size_t i = n; i-- > 0;) free_.push_back(static_cast<std::uint32_t>(i));
   ready_.assign(n, 0);
   releases_.assign(n, 0);
+  atomic_words_ = std::make_unique<AtomicWords[]>(n);
   peers_.reserve(16);
   link_ = std::make_shared<detail::ExposureLink>();
   link_->ep = this;
@@ -245,6 +263,13 @@ Endpoint::~Endpoint() {
 }
 
 void Endpoint::start() {
+  // Providers write atomic results into local memory they must be able to
+  // address (FI_MR_LOCAL descriptors, verbs lkeys): one registration for
+  // every slot's words, made once. Emulated atomics need none.
+  if (do_native_atomics() && !atomic_reg_) {
+    atomic_reg_ = domain().register_memory(atomic_words_.get(), config_.max_in_flight * sizeof(AtomicWords),
+                                           Access::local);
+  }
   if (config_.progress_thread && !impl_->progress_thread.joinable()) {
     impl_->progress_thread = std::thread([this] { progress_thread_main(); });
   }
@@ -278,6 +303,7 @@ void Endpoint::shutdown() noexcept {
         --exposure_stats_.live;
       }
       revoke_deferred_ = false;
+      release_scoped_locked(exposures_[i].scoped);
       if (e.owned) do_revoke(e.handle);
       // Parked until the backend has closed its resources (which revokes
       // every key): the base destructor drops the rest.
@@ -295,7 +321,7 @@ void Endpoint::shutdown() noexcept {
     quarantine_head_ = exposures_[i].next;
     --exposure_stats_.quarantined;
     exposure_stats_.quarantined_bytes -= exposures_[i].length;
-    if (exposures_[i].owned && exposures_[i].late_revoke) do_revoke(exposures_[i].handle);
+    release_scoped_locked(exposures_[i].scoped);  // reuse_scoped: still open
     queue_release_locked(i);
   }
   quarantine_tail_ = kNoExposure;
@@ -451,14 +477,92 @@ Result<ExposureInfo> Endpoint::standard_exposure(const Slice& slice, RemoteAcces
   info.key = region->remote_key;
   info.address = region->remote_base + slice.offset();
   info.mode = region->mode;
-  info.owned = false;
   return info;
 }
 
-Result<ExposureInfo> Endpoint::do_expose(const Slice& slice, RemoteAccess access, ExposureMode mode, PeerId /*peer*/,
+Result<ExposureInfo> Endpoint::do_expose(const Slice& /*slice*/, RemoteAccess /*access*/, ExposureMode /*mode*/,
                                          std::uint64_t /*peer_handle*/) noexcept {
-  if (mode == ExposureMode::standard) return standard_exposure(slice, access);
   return Status::unsupported;
+}
+
+Result<ExposureInfo> Endpoint::scoped_registration_locked(const Slice& slice, RemoteAccess access,
+                                                          std::uint32_t& reg, bool& registered) noexcept {
+  // A registration of exactly the slice with exactly the rights and the
+  // domain's key: where the target checks keys it grants that slice only,
+  // and closing it revokes it.
+  Impl& m = *impl_;
+  const std::byte* base = slice.address();
+  auto info_of = [&](const Registration& r) {
+    ExposureInfo info;
+    info.key = r.remote_key();
+    info.address = r.remote_address(slice.address());
+    info.mode = r.address_mode();
+    return info;
+  };
+  if (support_.reuse_scoped) {
+    // An open registration of the same bytes and rights (its exposure live,
+    // or revoked and quarantined: the bytes are then held until after the
+    // registration is closed).
+    auto [first, last] = m.scoped_by_base.equal_range(base);
+    for (auto it = first; it != last; ++it) {
+      Impl::ScopedReg& x = m.scoped[it->second];
+      if (x.length != slice.length() || x.access != access) continue;
+      ++x.holders;
+      reg = it->second;
+      return info_of(x.registration);
+    }
+  }
+  auto r = domain().try_register(slice.address(), static_cast<std::size_t>(slice.length()), registration_access(access));
+  if (!r) return r.status();
+  std::uint32_t slot = static_cast<std::uint32_t>(m.scoped.size());
+  try {
+    if (m.scoped_free.empty()) {
+      if (m.scoped.size() >= kNoExposure - 1) return Status::out_of_memory;
+      m.scoped.emplace_back();
+      m.scoped_free.reserve(m.scoped.size());  // so release never allocates
+    } else {
+      slot = m.scoped_free.back();
+      m.scoped_free.pop_back();
+    }
+    if (support_.reuse_scoped) m.scoped_by_base.emplace(base, slot);
+  } catch (...) {
+    if (slot < m.scoped.size()) m.scoped_free.push_back(slot);
+    return Status::out_of_memory;
+  }
+  Impl::ScopedReg& x = m.scoped[slot];
+  x.registration = std::move(*r);
+  x.base = base;
+  x.length = slice.length();
+  x.access = access;
+  x.holders = 1;
+  reg = slot;
+  registered = true;
+  return info_of(x.registration);
+}
+
+void Endpoint::release_scoped_locked(std::uint32_t& reg) noexcept {
+  if (reg == kNoExposure) return;
+  Impl& m = *impl_;
+  const std::uint32_t slot = reg;
+  reg = kNoExposure;
+  Impl::ScopedReg& x = m.scoped[slot];
+  if (x.holders > 1) {
+    --x.holders;
+    return;
+  }
+  x.holders = 0;
+  x.registration.reset();
+  if (support_.reuse_scoped) {
+    auto [first, last] = m.scoped_by_base.equal_range(x.base);
+    for (auto it = first; it != last; ++it) {
+      if (it->second == slot) {
+        m.scoped_by_base.erase(it);
+        break;
+      }
+    }
+  }
+  x.base = nullptr;
+  m.scoped_free.push_back(slot);  // capacity: one per slot, reserved when it was made
 }
 
 Result<std::uint32_t> Endpoint::claim_exposure_locked() noexcept {
@@ -480,7 +584,9 @@ Result<std::uint32_t> Endpoint::claim_exposure_locked() noexcept {
 void Endpoint::free_exposure_locked(std::uint32_t index) noexcept {
   ExposureEntry& e = exposures_[index];
   // The parked reference (if any) has been moved out by the caller, to be
-  // dropped after the unlock.
+  // dropped after the unlock. Every path closes a scoped registration
+  // before this; never leak a hold on one.
+  release_scoped_locked(exposures_[index].scoped);
   e.id = 0;
   e.state = ExposureState::free;
   e.owned = false;
@@ -521,10 +627,9 @@ void Endpoint::expire_quarantine_locked(Clock::time_point now) noexcept {
     --exposure_stats_.quarantined;
     exposure_stats_.quarantined_bytes -= exposures_[i].length;
     ++exposure_stats_.quarantine_released;
-    // Backends never defer the revoke of an exposure the target does not
-    // revoke (nothing to wait for): the key is closed now, before the
-    // reference is dropped after the unlock.
-    if (exposures_[i].owned && exposures_[i].late_revoke) do_revoke(exposures_[i].handle);
+    // reuse_scoped kept the registration open for the interval: the key is
+    // closed now, before the reference is dropped after the unlock.
+    release_scoped_locked(exposures_[i].scoped);
     queue_release_locked(i);
   }
 }
@@ -539,16 +644,34 @@ std::uint32_t Endpoint::find_handle_locked(std::uint64_t handle) const noexcept 
   return kNoExposure;
 }
 
-Result<ExposureView> Endpoint::find_live_exposure(std::uint64_t key, std::uint64_t address,
-                                                             std::uint64_t length) const noexcept {
+Result<std::uint64_t> Endpoint::apply_remote_atomic(OpKind op, std::uint64_t key, std::uint64_t address,
+                                                    std::uint64_t operand, std::uint64_t compare) noexcept {
+  constexpr std::uint64_t kWord = 8;
+  // Checked against this endpoint's live exposures (both modes): the key,
+  // the exposure's own range and rights, so emulated atomics are scoped even
+  // when the key is an arena's.
+  const ExposureEntry* found = nullptr;
   bool key_known = false;
   for (const ExposureEntry& e : exposures_) {
     if (e.state != ExposureState::live || e.key != key) continue;
     key_known = true;
-    if (address < e.address || address - e.address > e.length || e.length - (address - e.address) < length) continue;
-    return ExposureView{e.base, e.address, e.length, e.access};
+    if (address < e.address || address - e.address > e.length || e.length - (address - e.address) < kWord) continue;
+    found = &e;
+    break;
   }
-  return key_known ? Status::out_of_bounds : Status::bad_key;
+  if (!found) return key_known ? Status::out_of_bounds : Status::bad_key;
+  if (found->access != RemoteAccess::read_write) return Status::access_denied;
+  std::byte* p = found->base + (address - found->address);
+  if (reinterpret_cast<std::uintptr_t>(p) % kWord != 0) return Status::invalid_argument;
+  // atomic_ref: atomic against the target's own std::atomic_ref users too,
+  // not only against other emulated requests (which are serialised by the
+  // endpoint's mutex anyway).
+  std::atomic_ref<std::uint64_t> word(*reinterpret_cast<std::uint64_t*>(p));
+  if (op == OpKind::fetch_add) return word.fetch_add(operand, std::memory_order_acq_rel);
+  if (op != OpKind::compare_swap) return Status::invalid_argument;
+  std::uint64_t expected = compare;
+  word.compare_exchange_strong(expected, operand, std::memory_order_acq_rel);
+  return expected;
 }
 
 Result<Exposure> Endpoint::expose_impl(const Slice& slice, RemoteAccess access, PeerId peer,
@@ -564,10 +687,19 @@ Result<Exposure> Endpoint::expose_impl(const Slice& slice, RemoteAccess access, 
   // so a process that exposes without calling progress() does not hoard them.
   if (quarantine_head_ != kNoExposure) expire_quarantine_locked(Clock::now());
   Result<ExposureInfo> info = Status::in_progress;
-  if (mode == ExposureMode::standard && peer == kAnyPeer) {
-    // Backend-neutral: the object's registration, bounds and rights in the
-    // reference. No backend call, no registration, no wait.
-    info = standard_exposure(slice, access);
+  // Keys scoped to one peer are the backend's (verbs windows); everything
+  // else is backend-neutral: standard, the object's registration with the
+  // bounds and rights in the reference (no registration, no wait); scoped,
+  // a registration of the slice.
+  const bool backend_keys = peer != kAnyPeer && support_.per_peer;
+  std::uint32_t scoped = kNoExposure;
+  bool registered = false;
+  auto expose_here = [&]() -> Result<ExposureInfo> {
+    if (mode == ExposureMode::standard) return standard_exposure(slice, access);
+    return scoped_registration_locked(slice, access, scoped, registered);
+  };
+  if (peer == kAnyPeer) {
+    info = expose_here();
   } else {
     Clock::time_point deadline{};
     for (std::uint32_t attempt = 0;; ++attempt) {
@@ -576,10 +708,11 @@ Result<Exposure> Endpoint::expose_impl(const Slice& slice, RemoteAccess access, 
         if (peer >= peers_.size() || !peers_[peer].used) return Status::invalid_argument;
         if (peers_[peer].broken) return Status::peer_unreachable;
         const Status ready = peer_ready_locked(peer);
-        info = ready == Status::ok ? do_expose(slice, access, mode, peer, peers_[peer].handle)
-                                   : Result<ExposureInfo>(ready);
-      } else {
-        info = do_expose(slice, access, mode, kAnyPeer, 0);
+        if (ready != Status::ok) {
+          info = ready;
+        } else {
+          info = backend_keys ? do_expose(slice, access, mode, peers_[peer].handle) : expose_here();
+        }
       }
       if (info || info.status() != Status::would_block) break;
       // Not now (verbs: the connection is still being set up): progress and
@@ -596,7 +729,8 @@ Result<Exposure> Endpoint::expose_impl(const Slice& slice, RemoteAccess access, 
   if (!info) return info.status();
   auto claimed = claim_exposure_locked();
   if (!claimed) {
-    if (info->owned) do_revoke(info->handle);
+    if (backend_keys) do_revoke(info->handle);
+    release_scoped_locked(scoped);
     return claimed.status();
   }
   const std::uint32_t index = *claimed;
@@ -605,17 +739,18 @@ Result<Exposure> Endpoint::expose_impl(const Slice& slice, RemoteAccess access, 
     ExposureEntry& entry = exposures_[index];
     entry.id = id;
     entry.handle = info->handle;
-    entry.owned = info->owned;
+    entry.owned = backend_keys;
+    entry.scoped = scoped;
     entry.key = info->key;
     entry.address = info->address;
     entry.length = slice.length();
     entry.base = slice.address();
     entry.access = access;
     entry.target_revokes = do_enforcement(mode, peer != kAnyPeer).revocation;
-    entry.late_revoke = info->revoke_after_quarantine && !entry.target_revokes;
+    entry.late_revoke = scoped != kNoExposure && support_.reuse_scoped && !entry.target_revokes;
     entry.state = info->pending ? ExposureState::binding : ExposureState::live;
   }
-  if (info->registered) ++exposure_stats_.registrations;
+  if (registered) ++exposure_stats_.registrations;
   if (info->pending) {
     // Keep the bytes alive while the bind is in flight, whatever happens to
     // the caller's handles; wait for the backend's verdict through progress,
@@ -691,12 +826,13 @@ void Endpoint::revoke_exposure(std::uint32_t index, std::uint64_t exposure_id, S
   // The key keeps working at the target (shm; tcp's arena key; a scoped
   // registration kept for reuse): the bytes stay ours for the interval, so a
   // late write lands in them and never in an object allocated there
-  // afterwards. An owned exposure whose backend keeps its key open for
-  // reuse (late_revoke) is given back to it only when the interval ends
-  // (expire_quarantine_locked), so the key dies before the bytes go.
+  // afterwards. A scoped registration kept open for reuse (late_revoke) is
+  // closed only when the interval ends (expire_quarantine_locked), so the
+  // key dies before the bytes go.
   const bool quarantine = !exposures_[index].target_revokes && config_.revoke_quarantine.count() > 0;
   const bool late = quarantine && exposures_[index].late_revoke;
-  if (exposures_[index].owned && !late) do_revoke(exposures_[index].handle);
+  if (!late) release_scoped_locked(exposures_[index].scoped);
+  if (exposures_[index].owned) do_revoke(exposures_[index].handle);
   if (!revoke_deferred_) {
     if (quarantine) {
       quarantine_locked(index, std::move(slice), now);
@@ -849,8 +985,12 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
   s.desc.length = length;
   s.desc.remote = remote ? &s.remote : nullptr;
   s.desc.remote_address = remote ? remote->address_at(remote_offset) : 0;
-  s.desc.operand = operand;
-  s.desc.compare = compare;
+  if (kind == OpKind::fetch_add || kind == OpKind::compare_swap) {
+    AtomicWords& w = atomic_words_[index];
+    w.operand = operand;
+    w.compare = compare;
+    w.result = 0;
+  }
   s.desc.context = s.context;
   s.has_callback = static_cast<bool>(cb);
   s.cb = std::move(cb);
@@ -868,7 +1008,7 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
     st = needs_peer(kind) ? peer_ready_locked(peer) : Status::ok;
     if (st == Status::ok) {
       if (needs_peer(kind)) s.desc.peer_handle = peers_[peer].handle;
-      st = post_once(s);
+      st = do_post(s.desc);
     }
     if (st != Status::would_block) break;
     retries_.fetch_add(1, std::memory_order_relaxed);
@@ -918,18 +1058,6 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
   return token;
 }
 
-Status Endpoint::post_once(Slot& s) noexcept {
-  switch (s.desc.kind) {
-    case OpKind::put: return do_put(s.desc);
-    case OpKind::get: return do_get(s.desc);
-    case OpKind::send: return do_send(s.desc);
-    case OpKind::recv: return do_recv(s.desc);
-    case OpKind::fetch_add:
-    case OpKind::compare_swap: return do_atomic(s.desc);
-  }
-  return Status::invalid_argument;
-}
-
 Endpoint::Clock::time_point Endpoint::deadline_for(OpKind kind, std::uint64_t length,
                                                    Clock::time_point now) const noexcept {
   const auto bound = kind == OpKind::recv ? config_.recv_timeout : config_.op_timeout;
@@ -971,8 +1099,7 @@ void Endpoint::expire_locked(Clock::time_point now) noexcept {
   }
 }
 
-void Endpoint::complete(std::uint32_t index, Status status, std::uint64_t bytes, std::uint64_t value,
-                        PeerId peer) noexcept {
+void Endpoint::complete(std::uint32_t index, Status status, std::uint64_t bytes, PeerId peer) noexcept {
   if (index >= config_.max_in_flight) return;
   Slot& s = slots_[index];
   if (!s.backend_owned) return;  // a backend bug; never free a slot twice
@@ -981,6 +1108,8 @@ void Endpoint::complete(std::uint32_t index, Status status, std::uint64_t bytes,
   if (!s.completed && s.desc.kind == OpKind::recv && status == Status::ok && peer == kAnyPeer) {
     unknown_source_.fetch_add(1, std::memory_order_relaxed);
   }
+  const bool atomic = s.desc.kind == OpKind::fetch_add || s.desc.kind == OpKind::compare_swap;
+  const std::uint64_t value = atomic && status == Status::ok ? atomic_words_[index].result : 0;
   if (!s.completed) finish_locked(s, index, status, bytes, value, peer);
   // The provider is done with the bytes: the in-flight reference goes now,
   // even if the user has not looked at the completion yet - but not under

@@ -122,16 +122,18 @@ bool is_layered(const std::string& provider) { return provider.find(';') != std:
 
 FabricEndpoint::FabricEndpoint(std::shared_ptr<FabricDomain> domain, const EndpointConfig& config,
                                const FabricEndpointOptions& options)
-    : Endpoint(config), domain_(std::move(domain)), options_(options) {
+    : Endpoint(config, ExposureSupport{.per_peer = false, .reuse_scoped = options.reuse_scoped}),
+      domain_(std::move(domain)),
+      options_(options) {
   if (!domain_) throw Error(Status::invalid_argument, 0, "fabric endpoint: null domain");
   try {
     open_resources(options);
+    start();
   } catch (...) {
     shutdown();
     close_resources();
     throw;
   }
-  start();
 }
 
 FabricEndpoint::~FabricEndpoint() {
@@ -143,7 +145,6 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   fi_info* info = domain_->native_info();
   fid_domain* dom = domain_->native_domain();
   const std::string& prov = domain_->provider_name();
-  const std::size_t n = config().max_in_flight;
   // Control slots also size the CQs (open_triplet), whether or not the
   // control endpoint ever opens.
   options_.control_slots = std::max<std::size_t>(options.control_slots, 1);
@@ -219,19 +220,13 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   }
 
   peers_.reserve(16);
-  scoped_.reserve(16);
-  scoped_free_.reserve(16);
   // See do_recv: layered providers over tcp lose a connection's stream on
   // a truncated eager message. Any eager message fits slice + this area.
   if (is_layered(prov) && prov.rfind("tcp", 0) == 0 && info->rx_attr && info->rx_attr->iov_limit >= 2) {
     overflow_.assign(kRecvOverflowBytes, std::byte{0});
     overflow_reg_ = domain_->register_memory(overflow_.data(), overflow_.size(), Access::local);
   }
-  if (!emulated_atomics_) {
-    atomic_words_.assign(3 * n, 0);
-    atomic_reg_ = domain_->register_memory(atomic_words_.data(), atomic_words_.size() * sizeof(std::uint64_t),
-                                           Access::local);
-  }
+  // Native atomics use the base's registered atomic words (start()).
   open_shm_watch(data_name);
   // Serving atomics: the control address must be in the name peers get, so
   // it opens now. Otherwise it opens when a serving peer is inserted.
@@ -377,11 +372,8 @@ void FabricEndpoint::close_resources() noexcept {
     if (*av) (void)fi_close(&(*av)->fid);
     *av = nullptr;
   }
-  scoped_.clear();
-  scoped_free_.clear();
   if (wait_fd_ >= 0) ::close(wait_fd_);
   wait_fd_ = -1;
-  atomic_reg_.reset();
   overflow_reg_.reset();
 }
 
@@ -559,9 +551,16 @@ void* FabricEndpoint::local_desc(const BackendOp& op) noexcept {
   return r ? r->descriptor : nullptr;
 }
 
-Status FabricEndpoint::rma_status(int rc) noexcept {
-  if (rc == 0) return Status::ok;
-  return status_from_fi(rc);
+Status FabricEndpoint::do_post(const BackendOp& op) noexcept {
+  switch (op.kind) {
+    case OpKind::put: return do_put(op);
+    case OpKind::get: return do_get(op);
+    case OpKind::send: return do_send(op);
+    case OpKind::recv: return do_recv(op);
+    case OpKind::fetch_add:
+    case OpKind::compare_swap: return do_atomic(op);
+  }
+  return Status::invalid_argument;
 }
 
 Status FabricEndpoint::do_put(const BackendOp& op) noexcept {
@@ -573,7 +572,7 @@ Status FabricEndpoint::do_put(const BackendOp& op) noexcept {
   void* buf = op.local->address();
   const fi_addr_t dest = peers_[op.peer_handle].data;
   if (!delivery_complete_) {
-    return rma_status(static_cast<int>(fi_write(ep_, buf, op.length, region->descriptor, dest, op.remote_address,
+    return status_from_fi(static_cast<int>(fi_write(ep_, buf, op.length, region->descriptor, dest, op.remote_address,
                                                 op.remote->key, op.context)));
   }
   iovec iov{buf, op.length};
@@ -587,7 +586,7 @@ Status FabricEndpoint::do_put(const BackendOp& op) noexcept {
   msg.rma_iov = &rma;
   msg.rma_iov_count = 1;
   msg.context = op.context;
-  return rma_status(static_cast<int>(fi_writemsg(ep_, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE)));
+  return status_from_fi(static_cast<int>(fi_writemsg(ep_, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE)));
 }
 
 Status FabricEndpoint::do_get(const BackendOp& op) noexcept {
@@ -596,7 +595,7 @@ Status FabricEndpoint::do_get(const BackendOp& op) noexcept {
   }
   auto region = op.local->ldo().region(*domain_);
   if (!region) return region.status();
-  return rma_status(static_cast<int>(fi_read(ep_, op.local->address(), op.length, region->descriptor,
+  return status_from_fi(static_cast<int>(fi_read(ep_, op.local->address(), op.length, region->descriptor,
                                              peers_[op.peer_handle].data, op.remote_address, op.remote->key,
                                              op.context)));
 }
@@ -607,7 +606,7 @@ Status FabricEndpoint::do_send(const BackendOp& op) noexcept {
   }
   auto region = op.local->ldo().region(*domain_);
   if (!region) return region.status();
-  return rma_status(static_cast<int>(
+  return status_from_fi(static_cast<int>(
       fi_send(ep_, op.local->address(), op.length, region->descriptor, peers_[op.peer_handle].data, op.context)));
 }
 
@@ -617,7 +616,7 @@ Status FabricEndpoint::do_recv(const BackendOp& op) noexcept {
   auto region = op.local->ldo().region(*domain_);
   if (!region) return region.status();
   if (overflow_.empty()) {
-    return rma_status(static_cast<int>(
+    return status_from_fi(static_cast<int>(
         fi_recv(ep_, op.local->address(), op.length, region->descriptor, FI_ADDR_UNSPEC, op.context)));
   }
   // tcp;ofi_rxm: a message the posted buffer cannot hold is truncated by the
@@ -629,7 +628,7 @@ Status FabricEndpoint::do_recv(const BackendOp& op) noexcept {
   // (rendezvous) messages are truncated cleanly by the provider itself.
   iovec iov[2] = {{op.local->address(), op.length}, {overflow_.data(), overflow_.size()}};
   void* desc[2] = {region->descriptor, overflow_reg_.descriptor()};
-  return rma_status(static_cast<int>(fi_recvv(ep_, iov, desc, 2, FI_ADDR_UNSPEC, op.context)));
+  return status_from_fi(static_cast<int>(fi_recvv(ep_, iov, desc, 2, FI_ADDR_UNSPEC, op.context)));
 }
 
 Status FabricEndpoint::do_atomic(const BackendOp& op) noexcept {
@@ -637,21 +636,18 @@ Status FabricEndpoint::do_atomic(const BackendOp& op) noexcept {
     if (const Status g = shm_peer_gate(op.peer_handle, emulated_atomics_); g != Status::ok) return g;
   }
   if (emulated_atomics_) return post_emulated(op);
-  std::uint64_t* w = &atomic_words_[3 * std::size_t{op.index}];
-  w[0] = op.operand;
-  w[1] = op.compare;
-  w[2] = 0;
-  void* desc = atomic_reg_.descriptor();
+  AtomicWords* w = atomic_words(op.index);
+  void* desc = atomic_registration().descriptor();
   const fi_addr_t dest = peers_[op.peer_handle].data;
   ssize_t rc = 0;
   if (op.kind == OpKind::fetch_add) {
-    rc = fi_fetch_atomic(ep_, &w[0], 1, desc, &w[2], desc, dest, op.remote_address, op.remote->key, FI_UINT64,
-                         FI_SUM, op.context);
+    rc = fi_fetch_atomic(ep_, &w->operand, 1, desc, &w->result, desc, dest, op.remote_address, op.remote->key,
+                         FI_UINT64, FI_SUM, op.context);
   } else {
-    rc = fi_compare_atomic(ep_, &w[0], 1, desc, &w[1], desc, &w[2], desc, dest, op.remote_address, op.remote->key,
-                           FI_UINT64, FI_CSWAP, op.context);
+    rc = fi_compare_atomic(ep_, &w->operand, 1, desc, &w->compare, desc, &w->result, desc, dest, op.remote_address,
+                           op.remote->key, FI_UINT64, FI_CSWAP, op.context);
   }
-  return rma_status(static_cast<int>(rc));
+  return status_from_fi(static_cast<int>(rc));
 }
 
 // ------------------------------------------------------------ emulation
@@ -687,8 +683,8 @@ Status FabricEndpoint::post_emulated(const BackendOp& op) noexcept {
   m.token = next_token_++;
   m.key = op.remote->key;
   m.address = op.remote_address;
-  m.operand = op.operand;
-  m.compare = op.compare;
+  m.operand = atomic_words(op.index)->operand;
+  m.compare = atomic_words(op.index)->compare;
   m.name_len = static_cast<std::uint8_t>(ctrl_name_.size());
   std::memcpy(m.name, ctrl_name_.data(), ctrl_name_.size());
   std::memcpy(msg, &m, sizeof m);
@@ -706,7 +702,8 @@ void FabricEndpoint::finish_emulated(std::uint32_t index) noexcept {
   const Status st = e.status;
   const std::uint64_t value = e.value;
   e = EmuOp{};
-  complete(index, st, st == Status::ok ? 8 : 0, value);
+  atomic_words(index)->result = value;
+  complete(index, st, st == Status::ok ? 8 : 0);
 }
 
 Result<std::uint64_t> FabricEndpoint::reply_address(std::span<const std::byte> name, std::size_t r) noexcept {
@@ -825,37 +822,12 @@ void FabricEndpoint::serve_request(const CtrlMsg& req) noexcept {
     ctrl_rejected_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  Status st = Status::ok;
-  std::uint64_t old = 0;
-  // Checked against this endpoint's live exposures (both modes): key, the
-  // exposure's own range and rights, so emulated atomics are scoped even
-  // when the key is an arena's.
-  auto found = find_live_exposure(req.key, req.address, 8);
-  if (!found) {
-    st = found.status();
-  } else {
-    const ExposureView& x = *found;
-    if (x.access != RemoteAccess::read_write) {
-      st = Status::access_denied;
-    } else {
-      std::byte* p = x.base + (req.address - x.address);
-      if (reinterpret_cast<std::uintptr_t>(p) % 8 != 0) {
-        st = Status::invalid_argument;
-      } else {
-        // atomic_ref: atomic against the target's own std::atomic_ref users
-        // too, not only against other emulated requests (which are serialised
-        // by the endpoint's mutex anyway).
-        std::atomic_ref<std::uint64_t> word(*reinterpret_cast<std::uint64_t*>(p));
-        if (req.op == fabric_wire::kOpFetchAdd) {
-          old = word.fetch_add(req.operand, std::memory_order_acq_rel);
-        } else {
-          std::uint64_t expected = req.compare;
-          word.compare_exchange_strong(expected, req.operand, std::memory_order_acq_rel);
-          old = expected;
-        }
-      }
-    }
-  }
+  // Checked and applied by the base against this endpoint's live exposures
+  // (key, the exposure's own range and rights, alignment). parse_ctrl let
+  // only the two atomic ops through.
+  const auto applied = apply_remote_atomic(static_cast<OpKind>(req.op), req.key, req.address, req.operand, req.compare);
+  const Status st = applied.status();
+  const std::uint64_t old = applied ? applied.value() : 0;
   ctrl_served_.fetch_add(1, std::memory_order_relaxed);
   CtrlMsg rep{};
   rep.magic = kCtrlMagic;
@@ -1053,7 +1025,7 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
         // FI_SOURCE_ERR providers: received whole, from an address not in
         // our table; its bytes (err_data) are not trusted.
         complete(index, err.len > op_at(index).length ? Status::out_of_bounds : Status::ok,
-                 std::min<std::uint64_t>(err.len, op_at(index).length), 0);
+                 std::min<std::uint64_t>(err.len, op_at(index).length));
         continue;
       }
       Status st = status_from_fi(err.err);
@@ -1085,7 +1057,7 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
       if (op_at(index).kind == OpKind::recv && err.olen <= err.len) {
         bytes = std::min<std::uint64_t>(err.len - err.olen, op_at(index).length);
       }
-      complete(index, st, bytes, 0);
+      complete(index, st, bytes);
       continue;
     }
     if (got <= 0) {
@@ -1101,23 +1073,23 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
           // Bytes beyond the slice went to the overflow area: the message
           // did not fit.
           if (entries[i].len > op.length) {
-            complete(index, Status::out_of_bounds, op.length, 0);
+            complete(index, Status::out_of_bounds, op.length);
           } else {
-            complete(index, Status::ok, entries[i].len, 0, source_ ? peer_of_addr(sources[i]) : kAnyPeer);
+            complete(index, Status::ok, entries[i].len, source_ ? peer_of_addr(sources[i]) : kAnyPeer);
           }
           break;
         case OpKind::fetch_add:
-        case OpKind::compare_swap: complete(index, Status::ok, 8, atomic_words_[3 * std::size_t{index} + 2]); break;
+        case OpKind::compare_swap: complete(index, Status::ok, 8); break;
         case OpKind::send:
           // shm completes a send once the message sits in the target's
           // queue; a target known to be dead will never read it.
           if (shm_ && shm_peer_gone(op.peer_handle)) {
-            complete(index, Status::peer_unreachable, 0, 0);
+            complete(index, Status::peer_unreachable, 0);
           } else {
-            complete(index, Status::ok, op.length, 0);
+            complete(index, Status::ok, op.length);
           }
           break;
-        default: complete(index, Status::ok, op.length, 0); break;
+        default: complete(index, Status::ok, op.length); break;
       }
     }
     events += static_cast<std::size_t>(got);
@@ -1337,95 +1309,10 @@ FabricShmStats FabricEndpoint::shm_stats() const noexcept {
 
 // ------------------------------------------------------------ exposures
 
-Result<ExposureInfo> FabricEndpoint::do_expose(const Slice& slice, RemoteAccess access, ExposureMode mode,
-                                               PeerId /*peer*/, std::uint64_t /*peer_handle*/) noexcept {
-  // libfabric keys are not scoped to a connection: a peer changes nothing.
-  if (mode == ExposureMode::standard) return standard_exposure(slice, access);
-  // Scoped: a registration of exactly the slice with exactly the rights and
-  // a random key (FabricDomain): on providers that check keys it grants that
-  // slice only, and closing it revokes it.
-  const std::byte* base = slice.address();
-  if (options_.reuse_scoped) {
-    // An open registration of the same bytes and rights (its exposure live,
-    // or revoked and quarantined: the base then holds the bytes until after
-    // do_revoke has closed it).
-    auto [first, last] = scoped_by_base_.equal_range(base);
-    for (auto it = first; it != last; ++it) {
-      ScopedReg& x = scoped_[it->second];
-      if (x.length != slice.length() || x.access != access) continue;
-      ++x.holders;
-      ExposureInfo info;
-      info.key = x.registration.remote_key();
-      info.address = x.registration.remote_address(slice.address());
-      info.mode = x.registration.address_mode();
-      info.handle = it->second;
-      info.revoke_after_quarantine = true;
-      return info;
-    }
-  }
-  std::size_t slot = scoped_.size();
-  try {
-    if (scoped_free_.empty()) {
-      scoped_.emplace_back();
-      scoped_free_.reserve(scoped_.size());
-    } else {
-      slot = scoped_free_.back();
-      scoped_free_.pop_back();
-    }
-    if (options_.reuse_scoped) scoped_by_base_.emplace(base, slot);
-  } catch (...) {
-    if (slot != scoped_.size()) scoped_free_.push_back(slot);
-    return Status::out_of_memory;
-  }
-  auto reg = domain_->try_register(slice.address(), static_cast<std::size_t>(slice.length()), registration_access(access));
-  if (!reg) {
-    forget_scoped(slot, base);
-    return reg.status();
-  }
-  ScopedReg& x = scoped_[slot];
-  x.registration = std::move(*reg);
-  x.base = base;
-  x.length = slice.length();
-  x.access = access;
-  x.holders = 1;
-  ExposureInfo info;
-  info.key = x.registration.remote_key();
-  info.address = x.registration.remote_address(slice.address());
-  info.mode = x.registration.address_mode();
-  info.handle = slot;
-  info.registered = true;
-  info.revoke_after_quarantine = options_.reuse_scoped;
-  return info;
-}
-
-void FabricEndpoint::forget_scoped(std::size_t slot, const std::byte* base) noexcept {
-  if (options_.reuse_scoped) {
-    auto [first, last] = scoped_by_base_.equal_range(base);
-    for (auto it = first; it != last; ++it) {
-      if (it->second == slot) {
-        scoped_by_base_.erase(it);
-        break;
-      }
-    }
-  }
-  scoped_free_.push_back(slot);  // capacity: one per slot, reserved when it was made
-}
-
-void FabricEndpoint::do_revoke(std::uint64_t handle) noexcept {
-  // With reuse_scoped the base calls this when the last exposure using the
-  // registration leaves the quarantine (the target does not revoke), so
-  // the key dies before the bytes go back to the pool.
-  if (handle >= scoped_.size() || !scoped_[handle].registration) return;
-  ScopedReg& x = scoped_[handle];
-  if (x.holders > 1) {
-    --x.holders;
-    return;
-  }
-  x.holders = 0;
-  x.registration.reset();
-  forget_scoped(handle, x.base);
-  x.base = nullptr;
-}
+// Exposures are made by the base: standard ones through the object's own
+// registration, scoped ones as a registration of exactly the slice with a
+// random key (FabricDomain), kept open for reuse with options_.reuse_scoped.
+// libfabric keys are not scoped to a connection, so a peer changes nothing.
 
 Enforcement FabricEndpoint::do_enforcement(ExposureMode mode, bool /*per_peer*/) const noexcept {
   // Facts measured by test/transport/exposures_test.cpp ("what the target

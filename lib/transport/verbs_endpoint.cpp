@@ -173,11 +173,10 @@ struct VerbsEndpoint::Exposed {
   // base waits for exposure_settled() without the mutex.
   enum class Pending : std::uint8_t { none, bind, invalidate };
   bool live = false;
-  bool window = false;
   Pending pending = Pending::none;
   std::uint64_t wr_id = 0;
-  Registration registration;  // sub-registration exposures
-  ibv_mw* mw = nullptr;       // window exposures
+  Registration registration;  // WindowBacking::slice: the MR under the window
+  ibv_mw* mw = nullptr;
   std::uint32_t rkey = 0;
   std::uint32_t conn = kNone;
   std::uint32_t binds = 0;         // binds of `mw` so far, this one included
@@ -225,12 +224,10 @@ struct VerbsEndpoint::Impl {
     exposed[slot] = Exposed{};
     return slot;
   }
-  // Control buffers: kCtrlRecvs receive slots, then kCtrlSends send slots;
-  // plus one word per op slot for atomic results.
+  // Control buffers: kCtrlRecvs receive slots, then kCtrlSends send slots.
+  // (Atomic results go to the base's registered atomic words.)
   std::vector<std::byte> ctrl;
   Registration ctrl_reg;
-  std::vector<std::uint64_t> atomic_words;
-  Registration atomic_reg;
   std::vector<bool> send_busy;
 };
 
@@ -238,16 +235,19 @@ struct VerbsEndpoint::Impl {
 
 VerbsEndpoint::VerbsEndpoint(std::shared_ptr<VerbsDomain> domain, const EndpointConfig& config,
                              const VerbsEndpointOptions& options)
-    : Endpoint(config), domain_(std::move(domain)), options_(options), impl_(std::make_unique<Impl>()) {
+    : Endpoint(config, ExposureSupport{.per_peer = true}),
+      domain_(std::move(domain)),
+      options_(options),
+      impl_(std::make_unique<Impl>()) {
   if (!domain_) throw Error(Status::invalid_argument, 0, "verbs endpoint: null domain");
   try {
     open_resources();
+    start();
   } catch (...) {
     shutdown();
     close_resources();
     throw;
   }
-  start();
 }
 
 VerbsEndpoint::~VerbsEndpoint() {
@@ -328,8 +328,6 @@ void VerbsEndpoint::open_resources() {
   // Control QP (UD) and its buffers.
   m.ctrl.assign((kCtrlRecvs + kCtrlSends) * kCtrlSlot, std::byte{0});
   m.ctrl_reg = domain_->register_memory(m.ctrl.data(), m.ctrl.size(), Access::local);
-  m.atomic_words.assign(n, 0);
-  m.atomic_reg = domain_->register_memory(m.atomic_words.data(), m.atomic_words.size() * 8, Access::local);
 
   ibv_qp_init_attr ua{};
   ua.send_cq = m.cq;
@@ -394,7 +392,6 @@ void VerbsEndpoint::close_resources() noexcept {
   m.srq = nullptr;
   m.cq = nullptr;
   m.ctrl_reg.reset();
-  m.atomic_reg.reset();
 }
 
 std::vector<std::byte> VerbsEndpoint::do_name() const {
@@ -569,7 +566,7 @@ void VerbsEndpoint::finish_reset(std::uint32_t ci) noexcept {
   // more. Closing, every window bound on the QP goes with it.
   for (std::size_t slot = 0; slot < m.exposed.size(); ++slot) {
     Exposed& x = m.exposed[slot];
-    if (x.live && x.window && x.conn == ci && (close || x.pending != Exposed::Pending::none)) {
+    if (x.live && x.conn == ci && (close || x.pending != Exposed::Pending::none)) {
       const int pending = static_cast<int>(x.pending);
       finish_window(slot);
       settle_window(slot, pending);
@@ -716,7 +713,7 @@ void VerbsEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
   // (deallocating revokes); the others end when that WR comes back flushed.
   for (std::size_t slot = 0; slot < m.exposed.size(); ++slot) {
     Exposed& x = m.exposed[slot];
-    if (x.live && x.window && x.conn == ci && x.pending == Exposed::Pending::none) finish_window(slot);
+    if (x.live && x.conn == ci && x.pending == Exposed::Pending::none) finish_window(slot);
   }
   drop_window_cache(ci);
   // The QP goes to ERROR; it is destroyed once its old WRs are back
@@ -825,15 +822,15 @@ Status VerbsEndpoint::post_rc(const BackendOp& op) noexcept {
   std::uint64_t chunks = 1;
   const bool atomic = op.kind == OpKind::fetch_add || op.kind == OpKind::compare_swap;
   if (atomic) {
-    m.atomic_words[op.index] = 0;
-    sge.addr = reinterpret_cast<std::uintptr_t>(&m.atomic_words[op.index]);
+    const AtomicWords* w = atomic_words(op.index);
+    sge.addr = reinterpret_cast<std::uintptr_t>(&w->result);
     sge.length = 8;
-    sge.lkey = m.atomic_reg.local_key();
+    sge.lkey = atomic_registration().local_key();
     wr.opcode = op.kind == OpKind::fetch_add ? IBV_WR_ATOMIC_FETCH_AND_ADD : IBV_WR_ATOMIC_CMP_AND_SWP;
     wr.wr.atomic.remote_addr = op.remote_address;
     wr.wr.atomic.rkey = static_cast<std::uint32_t>(op.remote->key);
-    wr.wr.atomic.compare_add = op.kind == OpKind::fetch_add ? op.operand : op.compare;
-    wr.wr.atomic.swap = op.operand;
+    wr.wr.atomic.compare_add = op.kind == OpKind::fetch_add ? w->operand : w->compare;
+    wr.wr.atomic.swap = w->operand;
   } else {
     auto region = op.local->ldo().region(*domain_);
     if (!region) return region.status();
@@ -903,12 +900,11 @@ Status VerbsEndpoint::post_rc(const BackendOp& op) noexcept {
   return Status::ok;
 }
 
-Status VerbsEndpoint::do_put(const BackendOp& op) noexcept { return post_rc(op); }
-Status VerbsEndpoint::do_get(const BackendOp& op) noexcept { return post_rc(op); }
-Status VerbsEndpoint::do_send(const BackendOp& op) noexcept { return post_rc(op); }
-Status VerbsEndpoint::do_atomic(const BackendOp& op) noexcept { return post_rc(op); }
+Status VerbsEndpoint::do_post(const BackendOp& op) noexcept {
+  return op.kind == OpKind::recv ? post_srq(op) : post_rc(op);
+}
 
-Status VerbsEndpoint::do_recv(const BackendOp& op) noexcept {
+Status VerbsEndpoint::post_srq(const BackendOp& op) noexcept {
   Impl& m = *impl_;
   if (op.length > 0xffffffffu) return Status::invalid_argument;
   auto region = op.local->ldo().region(*domain_);
@@ -983,7 +979,7 @@ void VerbsEndpoint::handle_wc(const ibv_wc& wc) noexcept {
       const Status st = status_from_wc(wc.status);
       const std::uint32_t ci = conn_by_qpn(wc.qp_num);
       const PeerId from = ci == kNone ? kAnyPeer : peer_for_handle(ci);
-      complete(index, st, st == Status::ok ? wc.byte_len : 0, 0, from);
+      complete(index, st, st == Status::ok ? wc.byte_len : 0, from);
       return;
     }
     default: break;
@@ -1026,15 +1022,8 @@ void VerbsEndpoint::handle_send_wc(std::uint32_t ci, std::uint64_t seq, const ib
   if (!s.live || s.conn != ci || seq < s.post_seq || seq > s.qp_seq) return;  // stale
   if (st == Status::ok && seq != s.qp_seq) return;  // an early chunk (not normally signalled)
   s.live = false;
-  const BackendOp& op = op_at(index);
-  const bool atomic = op.kind == OpKind::fetch_add || op.kind == OpKind::compare_swap;
-  if (st != Status::ok) {
-    complete(index, st, 0, 0);
-  } else if (atomic) {
-    complete(index, Status::ok, 8, m.atomic_words[index]);
-  } else {
-    complete(index, Status::ok, op.length, 0);
-  }
+  // An atomic's old value is in its result word, where the base reads it.
+  complete(index, st, st == Status::ok ? op_at(index).length : 0);
 }
 
 std::size_t VerbsEndpoint::poll_cq(std::size_t max) noexcept {
@@ -1135,12 +1124,15 @@ void VerbsEndpoint::do_cancel(const BackendOp& /*op*/) noexcept {
 // ----------------------------------------------------------------- exposures
 
 Result<ExposureInfo> VerbsEndpoint::do_expose(const Slice& slice, RemoteAccess access, ExposureMode /*mode*/,
-                                              PeerId peer, std::uint64_t peer_handle) noexcept {
-  // The base makes standard exposures for any peer from the arena's rkey;
-  // what reaches here is a window for one peer (either mode) or a scoped
-  // exposure for any peer.
-  if (peer != kAnyPeer) return expose_window(slice, access, peer, peer_handle);
-  return expose_registration(slice, access);
+                                              std::uint64_t peer_handle) noexcept {
+  // The base makes exposures for any peer (the arena's rkey, or a
+  // registration of exactly the slice); what reaches here is a window for
+  // one peer, in either mode.
+  Impl& m = *impl_;
+  if (!domain_->memory_windows()) return Status::unsupported;
+  if (peer_handle >= m.conns.size() || !m.conns[peer_handle].used) return Status::invalid_argument;
+  // A standard exposure: no registration per exposure (see WindowBacking).
+  return expose_window(slice, access, static_cast<std::uint32_t>(peer_handle), false);
 }
 
 Enforcement VerbsEndpoint::do_enforcement(ExposureMode mode, bool per_peer) const noexcept {
@@ -1171,30 +1163,6 @@ Enforcement VerbsEndpoint::do_enforcement(ExposureMode mode, bool per_peer) cons
     e.revocation = true;
   }
   return e;
-}
-
-Result<ExposureInfo> VerbsEndpoint::expose_registration(const Slice& slice, RemoteAccess access) noexcept {
-  Impl& m = *impl_;
-  const Access rights = registration_access(access);
-  // A registration of exactly the slice: its rkey grants that slice with
-  // those rights and nothing else, to any peer; deregistering revokes it.
-  auto reg = domain_->try_register(slice.address(), static_cast<std::size_t>(slice.length()), rights);
-  if (!reg) return reg.status();
-  try {
-    const std::size_t slot = m.claim_exposure_slot();
-    Exposed& x = m.exposed[slot];
-    x.registration = std::move(*reg);
-    x.live = true;
-    ExposureInfo info;
-    info.key = x.registration.remote_key();
-    info.address = reinterpret_cast<std::uintptr_t>(slice.address());
-    info.mode = AddressMode::virtual_address;
-    info.handle = slot;
-    info.registered = true;
-    return info;
-  } catch (...) {
-    return Status::out_of_memory;
-  }
 }
 
 void VerbsEndpoint::finish_window(std::size_t slot) noexcept {
@@ -1247,15 +1215,6 @@ void VerbsEndpoint::window_op_done(std::uint64_t wr_id, int wc_status) noexcept 
     exposure_settled(slot, Status::ok);
     return;
   }
-}
-
-Result<ExposureInfo> VerbsEndpoint::expose_window(const Slice& slice, RemoteAccess access, PeerId /*peer*/,
-                                                  std::uint64_t peer_handle) noexcept {
-  Impl& m = *impl_;
-  if (!domain_->memory_windows()) return Status::unsupported;
-  if (peer_handle >= m.conns.size() || !m.conns[peer_handle].used) return Status::invalid_argument;
-  // A standard exposure: no registration per exposure (see WindowBacking).
-  return expose_window(slice, access, static_cast<std::uint32_t>(peer_handle), false);
 }
 
 bool VerbsEndpoint::window_over_slice(bool scoped) const noexcept {
@@ -1412,7 +1371,6 @@ Result<ExposureInfo> VerbsEndpoint::expose_window(const Slice& slice, RemoteAcce
   // exposure_settled() from window_op_done(), progressing without the mutex.
   Exposed& x = m.exposed[slot];
   x.live = true;
-  x.window = true;
   x.registration = std::move(backing);
   x.mw = mw;
   x.rkey = rkey;
@@ -1434,11 +1392,6 @@ void VerbsEndpoint::do_revoke(std::uint64_t handle) noexcept {
   Impl& m = *impl_;
   if (handle >= m.exposed.size() || !m.exposed[handle].live) return;
   Exposed& x = m.exposed[handle];
-  if (!x.window) {
-    x.registration.reset();
-    x.live = false;
-    return;
-  }
   if (x.pending == Exposed::Pending::invalidate) {
     revoke_deferred(handle);  // already on its way
     return;
