@@ -431,6 +431,11 @@ class REGPOOL_API Endpoint {
   // Progress for `duration` (serving a target role on manual-progress
   // providers).
   void progress_for(std::chrono::milliseconds duration) noexcept;
+  // One progress round; when it found nothing to do, wait up to `max` for
+  // work as config().wait_mode says (spin: return at once; sleep and
+  // adaptive: sleep on the provider). For waits layered above the endpoint
+  // (Messenger::wait), which decide themselves when to stop spinning.
+  std::size_t progress_or_idle(std::chrono::milliseconds max) noexcept;
 
   // --- health ---
   bool usable() const noexcept { return usable_.load(std::memory_order_acquire); }

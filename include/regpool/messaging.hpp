@@ -155,7 +155,7 @@ struct MessengerConfig {
   // Eager messages and rendezvous notices a sender may have outstanding at
   // one receiver before the receiver gives credits back. Must be the same
   // on both sides.
-  std::uint32_t peer_credits = 16;
+  std::uint32_t peer_credits = 32;
   // Bytes of unexpected messages (arrived, not yet received) the receiver
   // holds while still giving credits back at once. Past it, credits come
   // back only as the application receives, so each sender can add at most

@@ -857,7 +857,10 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
   c.threshold = std::clamp<std::uint64_t>(c.threshold, mw::kRefSize, limit - mw::kHeaderSize);
   c.chunk = cfg.rendezvous_chunk ? cfg.rendezvous_chunk : std::min<std::uint64_t>(limit, 16 << 20);
   c.chunk = std::min(c.chunk, limit);
-  c.credit_batch = std::max<std::uint32_t>(1, cfg.peer_credits / 2);
+  // Credits go back in batches (a quarter of the window), or riding on any
+  // message to that peer: a stream keeps flowing with one credit message
+  // per quarter window.
+  c.credit_batch = std::max<std::uint32_t>(1, cfg.peer_credits / 4);
   if (!endpoint.claim_receive_side()) {
     throw Error(Status::invalid_argument, 0,
                 "messenger: this endpoint's receive side already belongs to a Messenger (one per endpoint)");
@@ -1169,8 +1172,14 @@ std::size_t Messenger::progress() noexcept {
 MessageCompletion Messenger::wait(MessageToken token, std::chrono::milliseconds timeout) noexcept {
   Core& c = *core_;
   const auto until = Clock::now() + timeout;
-  for (std::uint32_t round = 0;; ++round) {
-    (void)progress();
+  // Spin as the endpoint's wait_mode says: spin for ever, adaptive for
+  // wait_spin after the last activity, sleep at once; then sleep on the
+  // provider (bounded by 10 ms so deadlines are noticed).
+  const WaitMode mode = c.ep.config().wait_mode;
+  const auto spin = mode == WaitMode::adaptive ? Clock::duration(c.ep.config().wait_spin) : Clock::duration::zero();
+  auto last_work = Clock::now();
+  for (;;) {
+    if (progress() > 0) last_work = Clock::now();
     {
       std::lock_guard<std::mutex> g(c.mu);
       Core::Op* o = c.find(token);
@@ -1192,7 +1201,9 @@ MessageCompletion Messenger::wait(MessageToken token, std::chrono::milliseconds 
       pending.status = Status::in_progress;
       return pending;
     }
-    if (round > 64) std::this_thread::yield();
+    if (mode != WaitMode::spin && Clock::now() - last_work >= spin) {
+      if (c.ep.progress_or_idle(std::chrono::milliseconds{10}) > 0) last_work = Clock::now();
+    }
   }
 }
 
