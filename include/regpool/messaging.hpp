@@ -144,7 +144,8 @@ class MessageCallback {
 struct MessengerConfig {
   // Largest message sent eagerly (copied into a bounce LDO and sent in one
   // message); larger ones go by rendezvous. 0 = the provider's default,
-  // measured (docs/messaging.md): shm 16 KiB, tcp 64 KiB, verbs 16 KiB.
+  // measured (docs/messaging.md): shm 64 KiB, tcp;ofi_rxm 32 KiB; verbs
+  // 16 KiB (not measured).
   // Clamped to the endpoint's message size limit minus the 64-byte header.
   std::uint64_t eager_threshold = 0;
   // Receives kept posted, each a bounce LDO of 64 + eager_threshold bytes

@@ -44,12 +44,16 @@ const char* to_string(MessageOp op) noexcept {
 
 std::uint64_t default_eager_threshold(Endpoint& endpoint) noexcept {
   // Copy-versus-rendezvous crossovers measured with regpool-perf --ops
-  // tagged (docs/messaging.md, bench/RESULTS.md).
+  // tagged --tagged-threshold (all eager, then all rendezvous) over 4 KiB
+  // .. 256 KiB (docs/messaging.md): shm, eager ahead up to 64 KiB, even
+  // at 128 KiB, behind at 256 KiB; tcp;ofi_rxm, even from 16 to 64 KiB,
+  // rendezvous ahead above. verbs was not measured (Soft-RoCE under
+  // emulation says little about a NIC): 16 KiB, the usual hardware figure.
   if (endpoint.backend() == Backend::verbs) return 16 << 10;
 #if REGPOOL_HAVE_FABRIC
   if (auto* f = dynamic_cast<FabricEndpoint*>(&endpoint)) {
-    if (f->fabric_domain()->provider_name() == "shm") return 16 << 10;
-    return 64 << 10;
+    if (f->fabric_domain()->provider_name() == "shm") return 64 << 10;
+    return 32 << 10;
   }
 #endif
   return 16 << 10;

@@ -1,5 +1,6 @@
-// Messenger (regpool/messaging.hpp) between processes, on libfabric shm and
-// tcp (messaging-tagged, suite fabric):
+// Messenger (regpool/messaging.hpp) between processes. Built twice
+// (test/meson.build): messaging-tagged on libfabric shm and tcp (suite
+// fabric), verbs-messaging on rxe in the Soft-RoCE guest (suite verbs):
 //  - eager: unexpected-before-posted and posted-before-arrival, per-pair
 //    ordering, tag masks, any-source and named-source receives, truncation
 //    (nothing written past the buffer), probe, zero-copy receive;
@@ -199,7 +200,7 @@ TEST_CASE("tagged eager messages: ordering, masks, sources, truncation, probe, z
 }
 
 TEST_CASE("a second Messenger on one endpoint is refused", "[fabric][messaging]") {
-  rpt::Stack s("shm", ep_config());
+  rpt::Stack s(rpt::backends().front(), ep_config());
   Messenger m(*s.ep, *s.pool);
   CHECK_THROWS_AS(Messenger(*s.ep, *s.pool), regpool::Error);
 }
