@@ -378,6 +378,54 @@ TEST_CASE("a receiver killed mid-rendezvous: the sender fails in bound and lets 
   CHECK(l.use_count() == 1);
 }
 
+TEST_CASE("a sender killed mid-rendezvous: the receive fails in bound and lets go", "[fabric][messaging]") {
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  constexpr std::uint64_t kSize = std::uint64_t{64} << 20;
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  auto kid = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        Node n(prov);
+        const PeerId rx = n.s.ep->insert_peer(b->allgather(n.s.ep->name(), 30s)[0]);
+        auto l = n.s.alloc(kSize);
+        rpt::fill(l.data(), 5);
+        l.data()[0] = std::byte{0xcd};
+        b->barrier(60s);
+        auto t = n.m.send(rx, 1, rpt::slice_or_die(Slice::data(l)));
+        RPT_CHECK(t.ok());
+        (void)n.m.wait(*t, 60s);  // serves the gets (tcp) until the parent kills us
+        return 1;
+      },
+      120);
+  MessengerConfig mc;
+  mc.rendezvous_chunk = 4096;  // thousands of gets: the kill lands mid-transfer
+  mc.rendezvous_depth = 1;
+  Node n(prov, mc);
+  (void)n.s.ep->insert_peer(boot->allgather(n.s.ep->name(), 30s)[1]);
+  auto buf = n.s.alloc(kSize);
+  std::memset(buf.data().data(), 0, 16);
+  auto t = n.m.recv(regpool::kAnyPeer, 1, 0, rpt::slice_or_die(Slice::data(buf)));
+  REQUIRE(t.ok());
+  boot->barrier(60s);
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (buf.data()[0] == std::byte{0} && std::chrono::steady_clock::now() < until) n.m.progress();
+  REQUIRE(buf.data()[0] == std::byte{0xcd});  // the first chunk landed
+  ::kill(kid.pid, SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  const MessageCompletion c = n.m.wait(*t, 60s);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO("receive completed with " << regpool::to_string(c.status) << " after " << took << " s");
+  CHECK(c.status != Status::ok);
+  CHECK(c.status != Status::in_progress);
+  // op_timeout (10 s) + 4 KiB / min_bandwidth, and slack.
+  CHECK(took < 15.0);
+  CHECK(rpt::reap(kid, 10s) == 128 + SIGKILL);
+  n.s.ep->progress_for(200ms);
+  CHECK(buf.use_count() == 1);  // no get holds the buffer any more
+}
+
 namespace {
 constexpr int kClients = 3;
 constexpr std::uint64_t kRequests = 40;
