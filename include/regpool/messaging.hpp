@@ -45,6 +45,10 @@
 
 namespace regpool {
 
+namespace detail {
+struct MessengerCore;  // the library's (lib/messaging/messenger.cpp)
+}  // namespace detail
+
 // Names one messaging operation (slot index low 32 bits, generation high).
 struct MessageToken {
   std::uint64_t value = 0;
@@ -248,10 +252,11 @@ class REGPOOL_API Messenger {
   std::uint64_t eager_threshold() const noexcept;
   MessengerStats stats() const noexcept;
 
-  struct Core;  // library-internal
 
  private:
-  std::shared_ptr<Core> core_;
+  // Shared with the endpoint's completion callbacks, which may outlive this
+  // handle (they then find it closed).
+  std::shared_ptr<detail::MessengerCore> core_;
 };
 
 // The measured default eager threshold for a provider ("shm", "tcp;ofi_rxm",

@@ -68,7 +68,8 @@ std::uint64_t make_token(std::uint32_t gen, std::uint32_t index) noexcept {
 }
 }  // namespace
 
-struct Messenger::Core : std::enable_shared_from_this<Messenger::Core> {
+namespace detail {
+struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   enum class State : std::uint8_t { free, posted, queued, active, done };
   enum class Kind : std::uint8_t { send, recv, request, internal };
 
@@ -159,7 +160,7 @@ struct Messenger::Core : std::enable_shared_from_this<Messenger::Core> {
   Clock::time_point next_scan{};
   MessengerStats st;
 
-  Core(Endpoint& e, Pool& p, const MessengerConfig& c) : ep(e), pool(p), cfg(c) {}
+  MessengerCore(Endpoint& e, Pool& p, const MessengerConfig& c) : ep(e), pool(p), cfg(c) {}
 
   // ---------- small helpers (mutex held) ----------
   bool matches(const Op& r, PeerId src, mw::Space sp, std::uint64_t tag) const noexcept {
@@ -841,6 +842,10 @@ struct Messenger::Core : std::enable_shared_from_this<Messenger::Core> {
   }
 };
 
+}  // namespace detail
+
+using Core = detail::MessengerCore;
+
 // ---------- Messenger ----------
 
 Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& config)
@@ -960,9 +965,8 @@ Result<MessageToken> Messenger::send(PeerId peer, std::uint64_t tag, const Slice
 }
 
 namespace {
-Result<MessageToken> post_receive(Messenger::Core& c, PeerId source, std::uint64_t tag, std::uint64_t ignore,
+Result<MessageToken> post_receive(Core& c, PeerId source, std::uint64_t tag, std::uint64_t ignore,
                                   const Slice* buffer, MessageCallback&& cb) noexcept {
-  using Core = Messenger::Core;
   MessageToken t;
   Ldo spare;  // a bounce handed over: dropped after the unlock
   {

@@ -423,7 +423,13 @@ TEST_CASE("a sender killed mid-rendezvous: the receive fails in bound and lets g
   CHECK(took < 15.0);
   CHECK(rpt::reap(kid, 10s) == 128 + SIGKILL);
   n.s.ep->progress_for(200ms);
-  CHECK(buf.use_count() == 1);  // no get holds the buffer any more
+  // The Messenger holds nothing; a get the endpoint failed early (the shm
+  // backend saw the process die) keeps its slot's reference until the
+  // provider lets go of it, at the latest when the endpoint closes.
+  INFO("buffer references after the failure: " << buf.use_count());
+  CHECK(buf.use_count() <= 1 + mc.rendezvous_depth);
+  n.s.ep.reset();
+  CHECK(buf.use_count() == 1);
 }
 
 namespace {
