@@ -25,6 +25,7 @@ const char* to_string(Status s) noexcept {
     case Status::unsupported: return "unsupported";
     case Status::closed: return "closed";
     case Status::transport_error: return "transport error";
+    case Status::truncated: return "truncated";
   }
   return "unknown status";
 }

@@ -55,6 +55,7 @@
 #include "platform/mapping.hpp"
 #include "regpool/bootstrap.hpp"
 #include "regpool/endpoint.hpp"
+#include "regpool/messaging.hpp"
 #include "regpool/pool.hpp"
 #include "regpool/slice.hpp"
 #include "regpool_config.h"
@@ -117,7 +118,11 @@ void usage(std::FILE* to) {
       "  --iters N        operations per latency test and per bandwidth test (default\n"
       "                   1000; bandwidth tests move at most 1 GiB per size)\n"
       "  --window W       operations in flight in bandwidth tests (default 16, max 512)\n"
-      "  --ops LIST       put,get,send,atomic,expose or a subset (default all)\n"
+      "  --ops LIST       put,get,send,atomic,expose,tagged or a subset (default all\n"
+      "                   but tagged: Messenger tagged send/receive, eager below the\n"
+      "                   threshold and rendezvous above, docs/messaging.md)\n"
+      "  --tagged-threshold N  the Messenger's eager threshold for --ops tagged\n"
+      "                   (default: the provider's measured default)\n"
       "  --expose-mode M  standard or scoped: the ExposureMode the expose test uses\n"
       "                   (default standard)\n"
       "  --wait MODE      how both sides wait for completions: spin (default), sleep\n"
@@ -153,6 +158,9 @@ struct Config {
   std::uint64_t iters = 1000;
   std::uint64_t window = 16;
   bool put = true, get = true, send = true, atomic = true, expose = true;
+  // Messenger tagged send/receive (regpool/messaging.hpp); only when asked.
+  bool tagged = false;
+  std::uint64_t tagged_threshold = 0;  // MessengerConfig::eager_threshold (0 = provider default)
   regpool::ExposureMode expose_mode = regpool::ExposureMode::standard;
   // How both sides wait for completions (EndpointConfig::wait_mode).
   regpool::WaitMode wait = regpool::WaitMode::spin;
@@ -162,7 +170,7 @@ struct Config {
     std::ostringstream o;
     o << "provider=" << provider << "\nwait=" << regpool::to_string(wait) << "\niters=" << iters << "\nwindow=" << window << "\nops=" << (put ? "put," : "")
       << (get ? "get," : "") << (send ? "send," : "") << (atomic ? "atomic," : "") << (expose ? "expose," : "")
-      << "\nexpose_mode=" << regpool::to_string(expose_mode) << "\nsizes=";
+      << (tagged ? "tagged," : "") << "\ntagged_threshold=" << tagged_threshold << "\nexpose_mode=" << regpool::to_string(expose_mode) << "\nsizes=";
     for (std::size_t i = 0; i < sizes.size(); ++i) o << (i ? "," : "") << sizes[i];
     o << "\n";
     return o.str();
@@ -189,7 +197,9 @@ struct Config {
         c.send = v.find("send") != std::string::npos;
         c.atomic = v.find("atomic") != std::string::npos;
         c.expose = v.find("expose") != std::string::npos;
+        c.tagged = v.find("tagged") != std::string::npos;
       }
+      if (k == "tagged_threshold") c.tagged_threshold = std::strtoull(v.c_str(), nullptr, 10);
       if (k == "expose_mode") {
         if (v == "scoped") {
           c.expose_mode = regpool::ExposureMode::scoped;
@@ -283,7 +293,7 @@ Options parse_args(int argc, char** argv, bool& help) {
       o.config.window = regpool_tools::parse_uint(option_value(argc, argv, i, "--window"), "--window", 1, kMaxWindow);
       client_only_option = true;
     } else if (is_option(a, "--ops")) {
-      o.config.put = o.config.get = o.config.send = o.config.atomic = o.config.expose = false;
+      o.config.put = o.config.get = o.config.send = o.config.atomic = o.config.expose = o.config.tagged = false;
       for (const auto& op : regpool_tools::split(option_value(argc, argv, i, "--ops"), ',')) {
         if (op == "put") {
           o.config.put = true;
@@ -295,10 +305,16 @@ Options parse_args(int argc, char** argv, bool& help) {
           o.config.atomic = true;
         } else if (op == "expose") {
           o.config.expose = true;
+        } else if (op == "tagged") {
+          o.config.tagged = true;
         } else {
-          throw UsageError("--ops: unknown operation '" + op + "' (put, get, send, atomic, expose)");
+          throw UsageError("--ops: unknown operation '" + op + "' (put, get, send, atomic, expose, tagged)");
         }
       }
+      client_only_option = true;
+    } else if (is_option(a, "--tagged-threshold")) {
+      o.config.tagged_threshold = regpool_tools::parse_uint(option_value(argc, argv, i, "--tagged-threshold"),
+                                                            "--tagged-threshold", 64, std::uint64_t{1} << 30);
       client_only_option = true;
     } else if (is_option(a, "--expose-mode")) {
       const std::string m = option_value(argc, argv, i, "--expose-mode");
@@ -345,7 +361,8 @@ struct Side {
 
   Side(const Config& c, bool loopback, const char* name) {
     regpool::EndpointConfig ec;
-    ec.max_in_flight = 2 * kMaxWindow + 16;
+    // Plus the Messenger's posted receives and rendezvous gets (--ops tagged).
+    ec.max_in_flight = 2 * kMaxWindow + 16 + 256;
     ec.op_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(kPhaseTimeout);
     ec.wait_mode = c.wait;
     if (is_verbs(c.provider)) {
@@ -567,6 +584,58 @@ ExposeResult measure_expose(Side& s, const Slice& slice, regpool::ExposureMode m
   return r;
 }
 
+// ------------------------------------------------------------ tagged
+// Messenger phase (last: the Messenger takes the endpoint's receive side).
+// Tags: 1 ping / stream, 2 pong, 3 the stream's ack.
+regpool::MessengerConfig tagged_config(const Config& c) {
+  regpool::MessengerConfig mc;
+  mc.eager_threshold = c.tagged_threshold;
+  mc.receive_buffers = 64;
+  return mc;
+}
+
+regpool::MessageCompletion mwait(regpool::Messenger& m, regpool::MessageToken t, const char* what) {
+  auto c = m.wait(t, std::chrono::duration_cast<std::chrono::milliseconds>(kPhaseTimeout));
+  if (c.status != Status::ok) op_failed(c.status, what);
+  return c;
+}
+regpool::MessageCompletion mwait(regpool::Messenger& m, const regpool::Result<regpool::MessageToken>& t,
+                                 const char* what) {
+  if (!t) op_failed(t.status(), what);
+  return mwait(m, t.value(), what);
+}
+
+void serve_tagged(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpool::PeerId peer, const Slice& rx_all,
+                  const Slice& ctrl_slice) {
+  regpool::Messenger m(*s.ep, *s.pool, tagged_config(c));
+  boot.barrier(kBootTimeout);  // both Messengers have their receives posted
+  for (const auto size : c.sizes) {
+    const Slice in = must(rx_all.select(0, size), "receive slice");
+    boot.barrier(kBootTimeout);
+    for (std::uint64_t i = 0; i < c.iters + kWarmupOps; ++i) {
+      (void)mwait(m, m.recv(peer, 1, 0, in), "tagged latency");
+      (void)mwait(m, m.send(peer, 2, in), "tagged pong");
+    }
+    boot.barrier(kBootTimeout);
+    const std::uint64_t n = c.bw_ops(size);
+    std::vector<regpool::MessageToken> ring(c.window);
+    std::uint64_t posted = 0, received = 0;
+    auto post = [&]() {
+      auto t = m.recv(peer, 1, 0, in);
+      if (!t) op_failed(t.status(), "tagged stream receive");
+      ring[posted % c.window] = *t;
+      ++posted;
+    };
+    while (posted < std::min(n, c.window)) post();
+    while (received < n) {
+      (void)mwait(m, ring[received % c.window], "tagged stream receive");
+      ++received;
+      if (posted < n) post();
+    }
+    (void)mwait(m, m.send(peer, 3, ctrl_slice), "tagged ack");
+  }
+}
+
 // Serves one client run, then returns.
 int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
   // Step 1: the client's configuration. A standalone server waits up to an
@@ -643,6 +712,7 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
       (void)wait_ok(s, s.ep->send(peer, ctrl_slice), "send ack");
     }
   }
+  if (c.tagged) serve_tagged(s, boot, c, peer, rx_all, ctrl_slice);
   boot.barrier(kBootTimeout);
   return 0;
 }
@@ -879,6 +949,53 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       (void)windowed(s, n, c.window, [&]() { return token_or_throw(s.ep->send(peer, out), "send"); }, pl, "send", size);
       auto a = s.ep->wait(ack, std::chrono::duration_cast<std::chrono::milliseconds>(kPhaseTimeout));
       if (a.status != Status::ok) op_failed(a.status, "send ack");
+      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+      r.has_bandwidth = true;
+      r.bw_ops = n;
+      r.mbps = static_cast<double>(n * size) / secs / 1e6;
+      r.mops = static_cast<double>(n) / secs / 1e6;
+      rows.push_back(std::move(r));
+    }
+  }
+  if (c.tagged) {
+    regpool::Messenger m(*s.ep, *s.pool, tagged_config(c));
+    boot.barrier(kBootTimeout);
+    for (const auto size : c.sizes) {
+      Row r;
+      r.op = "tagged";
+      r.size = size;
+      const Slice out = must(all.select(0, size), "send slice");
+      boot.barrier(kBootTimeout);
+      std::vector<double> lat;
+      for (std::uint64_t i = 0; i < c.iters + kWarmupOps; ++i) {
+        auto back = m.recv(peer, 2, 0, out);  // posted before the ping: never unexpected
+        const auto t0 = Clock::now();
+        (void)mwait(m, m.send(peer, 1, out), "tagged send");
+        (void)mwait(m, back, "tagged pong");
+        if (i >= static_cast<std::uint64_t>(kWarmupOps)) lat.push_back(us_since(t0) / 2);
+        pl.show("tagged", size, "lat", i + 1, c.iters + kWarmupOps);
+      }
+      set_latency(r, std::move(lat));
+      boot.barrier(kBootTimeout);
+      const std::uint64_t n = c.bw_ops(size);
+      auto ack = m.recv(peer, 3, 0, ctrl_slice);
+      std::vector<regpool::MessageToken> ring(c.window);
+      const auto t0 = Clock::now();
+      std::uint64_t posted = 0, done = 0;
+      auto post = [&]() {
+        auto t = m.send(peer, 1, out);
+        if (!t) op_failed(t.status(), "tagged stream send");
+        ring[posted % c.window] = *t;
+        ++posted;
+      };
+      while (posted < std::min(n, c.window)) post();
+      while (done < n) {
+        (void)mwait(m, ring[done % c.window], "tagged stream send");
+        ++done;
+        if (posted < n) post();
+        pl.show("tagged", size, "bw", done, n);
+      }
+      (void)mwait(m, ack, "tagged ack");
       const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
       r.has_bandwidth = true;
       r.bw_ops = n;

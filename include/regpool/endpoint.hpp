@@ -430,6 +430,11 @@ class REGPOOL_API Endpoint {
   // Progress for `duration` (serving a target role on manual-progress
   // providers).
   void progress_for(std::chrono::milliseconds duration) noexcept;
+  // One progress round; when it found nothing to do, wait up to `max` for
+  // work as config().wait_mode says (spin: return at once; sleep and
+  // adaptive: sleep on the provider). For waits layered above the endpoint
+  // (Messenger::wait), which decide themselves when to stop spinning.
+  std::size_t progress_or_idle(std::chrono::milliseconds max) noexcept;
 
   // --- health ---
   bool usable() const noexcept { return usable_.load(std::memory_order_acquire); }
@@ -450,6 +455,14 @@ class REGPOOL_API Endpoint {
   bool target_progress_required() const noexcept { return needs_target_progress(); }
   const EndpointConfig& config() const noexcept { return config_; }
   EndpointStats stats() const noexcept;
+  // Largest send/receive (and the chunk size layered protocols use for get).
+  std::uint64_t message_size_limit() const noexcept { return max_message_size(); }
+
+  // --- receive-side ownership (regpool/messaging.hpp) ---
+  // A Messenger owns the endpoint's receives (it posts and consumes them
+  // all). The first claim returns true; later ones false until released.
+  bool claim_receive_side() noexcept { return !receive_side_claimed_.exchange(true, std::memory_order_acq_rel); }
+  void release_receive_side() noexcept { receive_side_claimed_.store(false, std::memory_order_release); }
 
  protected:
   // For backends: the contract below is documented in regpool/endpoint_backend.hpp.
@@ -692,6 +705,7 @@ class REGPOOL_API Endpoint {
 
   std::atomic<bool> usable_{true};
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> receive_side_claimed_{false};
   // The progress thread and the condition variable wait() sleeps on in
   // progress thread mode (defined in endpoint.cpp, so this header needs
   // neither <thread> nor <condition_variable>; neither is on the post path).

@@ -39,6 +39,7 @@ enum class Status : std::uint8_t {
   unsupported,
   closed,             // the endpoint or pool is shut down
   transport_error,
+  truncated,          // a message longer than its receive buffer: the buffer holds its first bytes
 };
 
 // Static strings; never allocates.

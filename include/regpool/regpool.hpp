@@ -9,6 +9,7 @@
 #include "regpool/host_domain.hpp"
 #include "regpool/ldo.hpp"
 #include "regpool/membership.hpp"
+#include "regpool/messaging.hpp"
 #include "regpool/memory_resource.hpp"
 #include "regpool/pool.hpp"
 #include "regpool/remote_ref.hpp"

@@ -1357,6 +1357,23 @@ void Endpoint::progress_for(std::chrono::milliseconds duration) noexcept {
   }
 }
 
+std::size_t Endpoint::progress_or_idle(std::chrono::milliseconds max) noexcept {
+  if (impl_->progress_thread.joinable()) {
+    // The progress thread does the polling; take one look and nap briefly.
+    const std::size_t delivered = progress();
+    if (delivered == 0) std::this_thread::sleep_for(std::min<Clock::duration>(max, std::chrono::microseconds(50)));
+    return delivered;
+  }
+  const std::uint64_t seen = sleeps() ? activity() : 0;
+  std::size_t events = 0;
+  const std::size_t delivered = progress_counting(events);
+  // Past any adaptive spin: the caller has already spun as long as it wants.
+  IdleState st;
+  st.since = Clock::now() - std::chrono::hours(1);
+  idle(delivered + events, Clock::now() + max, seen, st);
+  return delivered;
+}
+
 void Endpoint::progress_thread_main() noexcept {
   IdleState idle_state;
   while (!stopping_.load(std::memory_order_acquire)) {

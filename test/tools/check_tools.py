@@ -317,6 +317,18 @@ def mode_perf(tool, readme, provider):
             lat = r["latency_us"]
             check(lat is not None and lat["iters"] == 30 and lat["min"] <= lat["median"] <= lat["p99"] <= lat["max"],
                   f"scoped expose {r['size']}: latency sane")
+    # Tagged messaging (Messenger): an eager and a rendezvous size, next to send.
+    rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", "8,1M", "--iters", "20",
+                        "--window", "4", "--ops", "send,tagged", "--json"], timeout=240)
+    check(rc == 0, f"perf {provider} --ops send,tagged exits 0 (got {rc}: {err})")
+    if rc == 0:
+        d = json.loads(out)
+        check([(r["op"], r["size"]) for r in d["results"]] ==
+              [("send", 8), ("send", 1048576), ("tagged", 8), ("tagged", 1048576)], "perf --ops send,tagged rows")
+        for r in d["results"]:
+            lat = r["latency_us"]
+            check(r["error"] is None and lat is not None and lat["iters"] == 20 and positive(lat["median"]) and
+                  positive(r["bandwidth_MBps"]), f"{r['op']} {r['size']}: latency and bandwidth")
     # Text output and a subset of ops.
     rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", "64", "--iters", "5",
                         "--ops", "put", "--progress"], timeout=240)

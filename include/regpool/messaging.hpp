@@ -1,0 +1,266 @@
+#pragma once
+// Messaging for data services (docs/messaging.md): tagged send/receive with
+// MPI-style matching, unexpected messages held in pool LDOs under a byte
+// budget with per-peer credits, eager below a threshold and rendezvous
+// (notice + remote get of an exposure) above, and request/response on top.
+//
+// Written once above the backend interface: a Messenger uses only an
+// Endpoint's public send/post_recv/get/expose, so it works the same on
+// libfabric shm, tcp;ofi_rxm and verbs.
+//
+// Ownership: a Messenger owns its endpoint's receive side. It posts
+// MessengerConfig::receive_buffers receives at construction and consumes
+// every message that arrives; do not call Endpoint::post_recv on that
+// endpoint yourself. A second Messenger on the same endpoint is refused
+// (Error, invalid_argument) until the first is destroyed. The Endpoint and
+// the Pool must outlive the Messenger; destroy the Messenger, then the
+// endpoint, then the pool. Both sides of a conversation must use the same
+// peer_credits, and a receiver must have at least the eager threshold of
+// its senders (messages are checked; a sender beyond it is refused).
+//
+// Thread-safety: every public member may be called from any thread; an
+// internal mutex serialises them, and it is never held while posting to
+// the endpoint, while waiting, or while running callbacks. Callbacks run on
+// the thread calling progress()/wait() (never under a lock), so they may
+// call into the Messenger. Protocol work (matching, rendezvous gets, fin,
+// credits) happens in the endpoint's completion callbacks: on whichever
+// thread progresses the endpoint (its progress thread, if configured).
+//
+// Data path: every operation returns Status/Result and never throws; only
+// the constructor throws (setup).
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <type_traits>
+#include <utility>
+
+#include "regpool/endpoint.hpp"
+#include "regpool/error.hpp"
+#include "regpool/ldo.hpp"
+#include "regpool/pool.hpp"
+#include "regpool/slice.hpp"
+
+namespace regpool {
+
+namespace detail {
+struct MessengerCore;  // the library's (lib/messaging/messenger.cpp)
+}  // namespace detail
+
+// Names one messaging operation (slot index low 32 bits, generation high).
+struct MessageToken {
+  std::uint64_t value = 0;
+  explicit operator bool() const noexcept { return value != 0; }
+  friend bool operator==(MessageToken a, MessageToken b) noexcept { return a.value == b.value; }
+};
+
+enum class MessageOp : std::uint8_t { send, recv, request };
+REGPOOL_API const char* to_string(MessageOp op) noexcept;
+
+struct MessageCompletion {
+  MessageToken token;
+  MessageOp op = MessageOp::send;
+  // ok; truncated (recv: the message was longer than the buffer, which
+  // holds its first `received` bytes and nothing was written past it);
+  // canceled; timeout; peer_unreachable (the peer died or was failed);
+  // pool_exhausted; malformed; closed; in_progress (wait's own bound).
+  Status status = Status::ok;
+  PeerId peer = kAnyPeer;          // recv: the sender; send/request: the target
+  std::uint64_t tag = 0;           // recv: the message's tag
+  std::uint64_t length = 0;        // the message's full length
+  std::uint64_t received = 0;      // recv: bytes placed in the buffer
+  // recv: non-zero when the message is a request (Messenger::request);
+  // answer it with Messenger::reply(peer, request_id, ...).
+  std::uint64_t request_id = 0;
+  // recv_ldo and request: the object holding the message (its data()
+  // section is exactly the message; its meta section holds protocol bytes).
+  Ldo ldo;
+};
+
+// Where a pending message comes from and how large it is (probe()).
+struct MessageInfo {
+  PeerId peer = kAnyPeer;
+  std::uint64_t tag = 0;
+  std::uint64_t length = 0;
+  std::uint64_t request_id = 0;
+};
+
+// Move-only callable with inline storage (like Callback): storing one never
+// allocates. Receives the completion by reference and may move its Ldo out.
+class MessageCallback {
+ public:
+  static constexpr std::size_t kCapacity = 48;
+  MessageCallback() noexcept = default;
+  template <class F, class = std::enable_if_t<!std::is_same_v<std::decay_t<F>, MessageCallback> &&
+                                              std::is_invocable_v<F&, MessageCompletion&>>>
+  MessageCallback(F&& f) noexcept {  // NOLINT: implicit by design
+    using Fn = std::decay_t<F>;
+    static_assert(sizeof(Fn) <= kCapacity, "callback captures too much: capture a pointer instead");
+    static_assert(alignof(Fn) <= alignof(std::max_align_t), "over-aligned callback");
+    static_assert(std::is_nothrow_move_constructible_v<Fn>, "callback must be nothrow movable");
+    new (storage_) Fn(std::forward<F>(f));
+    ops_ = &kOps<Fn>;
+  }
+  MessageCallback(MessageCallback&& o) noexcept { move_from(o); }
+  MessageCallback& operator=(MessageCallback&& o) noexcept {
+    if (this != &o) {
+      reset();
+      move_from(o);
+    }
+    return *this;
+  }
+  MessageCallback(const MessageCallback&) = delete;
+  MessageCallback& operator=(const MessageCallback&) = delete;
+  ~MessageCallback() { reset(); }
+  explicit operator bool() const noexcept { return ops_ != nullptr; }
+  void operator()(MessageCompletion& c) { ops_->call(storage_, c); }
+  void reset() noexcept {
+    if (ops_) ops_->destroy(storage_);
+    ops_ = nullptr;
+  }
+
+ private:
+  struct Ops {
+    void (*call)(void*, MessageCompletion&);
+    void (*move)(void* dst, void* src) noexcept;
+    void (*destroy)(void*) noexcept;
+  };
+  template <class Fn>
+  static constexpr Ops kOps{[](void* p, MessageCompletion& c) { (*static_cast<Fn*>(p))(c); },
+                            [](void* d, void* s) noexcept {
+                              new (d) Fn(std::move(*static_cast<Fn*>(s)));
+                              static_cast<Fn*>(s)->~Fn();
+                            },
+                            [](void* p) noexcept { static_cast<Fn*>(p)->~Fn(); }};
+  void move_from(MessageCallback& o) noexcept {
+    if (o.ops_) {
+      o.ops_->move(storage_, o.storage_);
+      ops_ = o.ops_;
+      o.ops_ = nullptr;
+    }
+  }
+  alignas(std::max_align_t) unsigned char storage_[kCapacity];
+  const Ops* ops_ = nullptr;
+};
+
+struct MessengerConfig {
+  // Largest message sent eagerly (copied into a bounce LDO and sent in one
+  // message); larger ones go by rendezvous. 0 = the provider's default,
+  // measured (docs/messaging.md): shm 64 KiB, tcp;ofi_rxm 32 KiB; verbs
+  // 16 KiB (not measured).
+  // Clamped to the endpoint's message size limit minus the 64-byte header.
+  std::uint64_t eager_threshold = 0;
+  // Receives kept posted, each a bounce LDO of 64 + eager_threshold bytes
+  // from the pool. Should cover peers x peer_credits x 2 (messages plus
+  // control messages) for the peers that send at once: on verbs a message
+  // with no posted receive waits in RNR retries.
+  std::size_t receive_buffers = 64;
+  // Eager messages and rendezvous notices a sender may have outstanding at
+  // one receiver before the receiver gives credits back. Must be the same
+  // on both sides.
+  std::uint32_t peer_credits = 32;
+  // Bytes of unexpected messages (arrived, not yet received) the receiver
+  // holds while still giving credits back at once. Past it, credits come
+  // back only as the application receives, so each sender can add at most
+  // peer_credits more messages: senders are flow-controlled, never dropped.
+  std::uint64_t unexpected_budget = std::uint64_t{8} << 20;
+  // Operations (sends, receives, requests) in flight at once; beyond it
+  // calls answer would_block. Preallocated.
+  std::size_t max_operations = 1024;
+  // Unexpected messages held at once (entries; preallocated).
+  std::size_t max_unexpected = 4096;
+  // PeerIds this Messenger serves (0 .. max_peers-1; preallocated).
+  std::size_t max_peers = 1024;
+  // Rendezvous: bytes per get (0 = the endpoint's message size limit, at
+  // most 16 MiB) and gets in flight per message.
+  std::uint64_t rendezvous_chunk = 0;
+  std::uint32_t rendezvous_depth = 4;
+  // A rendezvous sender waiting for the receiver's fin, a receive whose
+  // gets stall, and a peer noticed dead: fail after this (scaled like
+  // EndpointConfig::op_timeout by length / min_bandwidth). 0 = never.
+  std::chrono::milliseconds rendezvous_timeout{30000};
+};
+
+struct MessengerStats {
+  std::uint64_t eager_sent = 0;
+  std::uint64_t rendezvous_sent = 0;
+  std::uint64_t received = 0;
+  std::uint64_t unexpected = 0;         // messages that arrived before their receive
+  std::uint64_t unexpected_held = 0;    // held now
+  std::uint64_t unexpected_bytes = 0;   // bytes held now (LDO capacity)
+  std::uint64_t credit_stalls = 0;      // sends that waited for credits
+  std::uint64_t credits_withheld = 0;   // credits held back because of the budget
+  std::uint64_t credit_messages = 0;    // credit-only messages sent
+  std::uint64_t rejected = 0;           // messages dropped: malformed, unknown sender, stale replies
+  std::uint64_t truncated = 0;
+};
+
+// Thread-safety and ownership: see the top of this header.
+class REGPOOL_API Messenger {
+ public:
+  // Takes the endpoint's receive side and posts the receives. Throws Error:
+  // invalid_argument (already attached, bad config), pool_exhausted.
+  Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& config = {});
+  ~Messenger();
+  Messenger(const Messenger&) = delete;
+  Messenger& operator=(const Messenger&) = delete;
+
+  // Send `data` to `peer` with `tag`. Completes when the bytes are out of
+  // `data` (eager: sent; rendezvous: the receiver fetched them and said so).
+  // The slice is held until then.
+  Result<MessageToken> send(PeerId peer, std::uint64_t tag, const Slice& data, MessageCallback cb = {}) noexcept;
+  // Receive a message whose tag matches `tag` on the bits not set in
+  // `ignore`, from `source` (kAnyPeer = any) into `buffer`. Earliest posted
+  // matching receive takes the earliest arriving matching message.
+  Result<MessageToken> recv(PeerId source, std::uint64_t tag, std::uint64_t ignore, const Slice& buffer,
+                            MessageCallback cb = {}) noexcept;
+  // Zero-copy receive: the completion's `ldo` is the object holding the
+  // message (an unexpected message's own bounce LDO, or for rendezvous an
+  // object of the message's size the payload was fetched into).
+  Result<MessageToken> recv_ldo(PeerId source, std::uint64_t tag, std::uint64_t ignore,
+                                MessageCallback cb = {}) noexcept;
+  // The earliest pending (arrived, unreceived) matching message, without
+  // receiving it; would_block when none. Progresses the endpoint first.
+  Result<MessageInfo> probe(PeerId source, std::uint64_t tag, std::uint64_t ignore) noexcept;
+
+  // Request/response: send `data` with `tag` to `peer`; the completion
+  // (op request) carries the response in `ldo`. Fails with timeout after
+  // `timeout` (0 = none), canceled after cancel(), peer_unreachable when
+  // the peer is failed (fail_peer, Endpoint::fail_peer, membership).
+  Result<MessageToken> request(PeerId peer, std::uint64_t tag, const Slice& data, std::chrono::milliseconds timeout,
+                               MessageCallback cb = {}) noexcept;
+  // Answer a received request (MessageCompletion::request_id). A reply to
+  // a request that was canceled or timed out is dropped by the requester.
+  Result<MessageToken> reply(PeerId peer, std::uint64_t request_id, const Slice& data,
+                             MessageCallback cb = {}) noexcept;
+
+  // Cancel a receive or request not matched yet, or a send still waiting
+  // for credits: it completes with canceled. in_progress when it is already
+  // moving bytes; invalid_argument for an unknown token.
+  Status cancel(MessageToken token) noexcept;
+  // Progress the endpoint, run messaging callbacks; the number delivered.
+  std::size_t progress() noexcept;
+  // Until the operation (posted without a callback) completes or `timeout`.
+  MessageCompletion wait(MessageToken token, std::chrono::milliseconds timeout) noexcept;
+  // The peer is gone: its pending operations fail with `status`, its
+  // unexpected messages are dropped, its credits reset. Also noticed by
+  // itself when the endpoint reports the peer unusable.
+  void fail_peer(PeerId peer, Status status = Status::peer_unreachable) noexcept;
+
+  std::uint64_t eager_threshold() const noexcept;
+  MessengerStats stats() const noexcept;
+
+
+ private:
+  // Shared with the endpoint's completion callbacks, which may outlive this
+  // handle (they then find it closed).
+  std::shared_ptr<detail::MessengerCore> core_;
+};
+
+// The measured default eager threshold for a provider ("shm", "tcp;ofi_rxm",
+// "verbs").
+REGPOOL_API std::uint64_t default_eager_threshold(Endpoint& endpoint) noexcept;
+
+}  // namespace regpool

@@ -1,0 +1,123 @@
+#pragma once
+// The messaging protocol's header (regpool/messaging.hpp, docs/messaging.md):
+// every message a Messenger sends starts with these 64 bytes, little-endian.
+// A ready-to-send notice (rts) carries the sender's 64-byte RemoteRef right
+// after the header. Pure functions, so the fuzzer (test/fuzz/
+// messaging_wire_fuzz.cpp) reaches the parser without an endpoint.
+//
+//   off size field
+//    0   4   magic "RPMG" (0x474d5052 little-endian)
+//    4   1   version (1)
+//    5   1   type: eager 1, rts 2, fin 3, credit 4
+//    6   1   space: 0 user tags, 1 replies of request/response
+//    7   1   flags (must be 0)
+//    8   4   credits returned to the receiver of this message
+//   12   4   status (fin: the receiver's Status; else 0)
+//   16   8   tag
+//   24   8   length: eager, the payload after the header; rts, the
+//            exposed message (1 .. 2^40); fin/credit 0
+//   32   8   message id (rts/fin pairing; eager: the sender's counter)
+//   40   8   reply id (request/response: where the reply goes; 0 = none)
+//   48   8   seq: per sender and receiver, from 1 (eager, rts); 0 otherwise
+//   56   8   reserved, must be 0
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "regpool/error.hpp"
+#include "transport/wire_le.hpp"
+
+namespace regpool::detail::msgwire {
+
+inline constexpr std::uint32_t kMagic = 0x474d5052;  // "RPMG"
+inline constexpr std::uint8_t kVersion = 1;
+inline constexpr std::size_t kHeaderSize = 64;
+inline constexpr std::size_t kRefSize = 64;  // RemoteRef::kEncodedSize
+inline constexpr std::size_t kRtsSize = kHeaderSize + kRefSize;
+inline constexpr std::uint64_t kMaxLength = std::uint64_t{1} << 40;
+// Largest status value a fin may carry (Status::truncated is the last).
+inline constexpr std::uint32_t kMaxStatus = 255;
+
+enum class Type : std::uint8_t { eager = 1, rts = 2, fin = 3, credit = 4 };
+enum class Space : std::uint8_t { user = 0, reply = 1 };
+
+struct Header {
+  Type type = Type::eager;
+  Space space = Space::user;
+  std::uint32_t credits = 0;
+  std::uint32_t status = 0;
+  std::uint64_t tag = 0;
+  std::uint64_t length = 0;
+  std::uint64_t msg_id = 0;
+  std::uint64_t reply_id = 0;
+  std::uint64_t seq = 0;
+};
+
+inline void encode(const Header& h, std::byte* out) noexcept {
+  le::put_u32(out, kMagic);
+  out[4] = static_cast<std::byte>(kVersion);
+  out[5] = static_cast<std::byte>(h.type);
+  out[6] = static_cast<std::byte>(h.space);
+  out[7] = std::byte{0};
+  le::put_u32(out + 8, h.credits);
+  le::put_u32(out + 12, h.status);
+  le::put_u64(out + 16, h.tag);
+  le::put_u64(out + 24, h.length);
+  le::put_u64(out + 32, h.msg_id);
+  le::put_u64(out + 40, h.reply_id);
+  le::put_u64(out + 48, h.seq);
+  le::put_u64(out + 56, 0);
+}
+
+// Validates a received message of `received` bytes (header included)
+// against the receiver's limits: `max_eager` is the largest eager payload
+// the receiver accepts (its bounce buffers). Returns malformed for any
+// violation: short message, bad magic/version/type/space/flags/reserved,
+// a length that disagrees with the bytes received (eager), a length of 0
+// or above 2^40 (rts), an rts without its reference, a fin/credit with a
+// length, seq 0 on eager/rts or non-zero on fin/credit, credits above
+// `max_credits`, a status above kMaxStatus.
+inline Status parse(std::span<const std::byte> msg, std::uint64_t max_eager, std::uint32_t max_credits,
+                    Header& out) noexcept {
+  if (msg.size() < kHeaderSize) return Status::malformed;
+  const std::byte* p = msg.data();
+  if (le::get_u32(p) != kMagic) return Status::malformed;
+  if (std::to_integer<std::uint8_t>(p[4]) != kVersion) return Status::malformed;
+  const auto type = std::to_integer<std::uint8_t>(p[5]);
+  const auto space = std::to_integer<std::uint8_t>(p[6]);
+  if (type < 1 || type > 4) return Status::malformed;
+  if (space > 1) return Status::malformed;
+  if (std::to_integer<std::uint8_t>(p[7]) != 0) return Status::malformed;
+  if (le::get_u64(p + 56) != 0) return Status::malformed;
+  Header h;
+  h.type = static_cast<Type>(type);
+  h.space = static_cast<Space>(space);
+  h.credits = le::get_u32(p + 8);
+  h.status = le::get_u32(p + 12);
+  h.tag = le::get_u64(p + 16);
+  h.length = le::get_u64(p + 24);
+  h.msg_id = le::get_u64(p + 32);
+  h.reply_id = le::get_u64(p + 40);
+  h.seq = le::get_u64(p + 48);
+  if (h.credits > max_credits) return Status::malformed;
+  if (h.status > kMaxStatus) return Status::malformed;
+  switch (h.type) {
+    case Type::eager:
+      if (h.length > max_eager || msg.size() != kHeaderSize + h.length) return Status::malformed;
+      if (h.seq == 0 || h.status != 0) return Status::malformed;
+      break;
+    case Type::rts:
+      if (msg.size() != kRtsSize || h.length == 0 || h.length > kMaxLength) return Status::malformed;
+      if (h.seq == 0 || h.status != 0) return Status::malformed;
+      break;
+    case Type::fin:
+    case Type::credit:
+      if (msg.size() != kHeaderSize || h.length != 0 || h.seq != 0 || h.tag != 0) return Status::malformed;
+      if (h.type == Type::credit && (h.status != 0 || h.msg_id != 0)) return Status::malformed;
+      break;
+  }
+  out = h;
+  return Status::ok;
+}
+
+}  // namespace regpool::detail::msgwire

@@ -1,0 +1,1233 @@
+// Messenger (regpool/messaging.hpp): matching, unexpected messages, credits,
+// eager/rendezvous and request/response above Endpoint's public operations.
+//
+// Structure: one Core, shared with the endpoint's completion callbacks (so
+// a callback that runs after the Messenger is gone finds a closed Core, not
+// freed memory). Every table is preallocated at construction:
+//   ops_         operation slots (user sends/receives/requests and internal
+//                sends), with intrusive links for the posted-receive list
+//                (posting order) and the per-peer credit queues (FIFO);
+//   unexpected_  arrived messages not yet received, each keeping the bounce
+//                LDO it arrived in (no copy, no malloc), in arrival order;
+//                out-of-sequence arrivals wait there too ("early");
+//   posts_       a ring of endpoint posts decided under the mutex and made
+//                after it is released, by one drainer at a time, in order
+//                (so sends to a peer leave in sequence order).
+// The message header and its validation live in messaging_wire.hpp.
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "messaging/messaging_wire.hpp"
+#include "regpool/messaging.hpp"
+#include "regpool_config.h"
+#if REGPOOL_HAVE_FABRIC
+#include "regpool/fabric_domain.hpp"
+#include "regpool/fabric_endpoint.hpp"
+#endif
+
+namespace regpool {
+
+namespace mw = detail::msgwire;
+
+const char* to_string(MessageOp op) noexcept {
+  switch (op) {
+    case MessageOp::send: return "send";
+    case MessageOp::recv: return "recv";
+    case MessageOp::request: return "request";
+  }
+  return "unknown";
+}
+
+std::uint64_t default_eager_threshold(Endpoint& endpoint) noexcept {
+  // Copy-versus-rendezvous crossovers measured with regpool-perf --ops
+  // tagged --tagged-threshold (all eager, then all rendezvous) over 4 KiB
+  // .. 256 KiB (docs/messaging.md): shm, eager ahead up to 64 KiB, even
+  // at 128 KiB, behind at 256 KiB; tcp;ofi_rxm, even from 16 to 64 KiB,
+  // rendezvous ahead above. verbs was not measured (Soft-RoCE under
+  // emulation says little about a NIC): 16 KiB, the usual hardware figure.
+  if (endpoint.backend() == Backend::verbs) return 16 << 10;
+#if REGPOOL_HAVE_FABRIC
+  if (auto* f = dynamic_cast<FabricEndpoint*>(&endpoint)) {
+    if (f->fabric_domain()->provider_name() == "shm") return 64 << 10;
+    return 32 << 10;
+  }
+#endif
+  return 16 << 10;
+}
+
+namespace {
+using Clock = std::chrono::steady_clock;
+constexpr std::uint32_t kNone = ~std::uint32_t{0};
+
+std::uint64_t make_token(std::uint32_t gen, std::uint32_t index) noexcept {
+  return (static_cast<std::uint64_t>(gen) << 32) | index;
+}
+}  // namespace
+
+namespace detail {
+struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
+  enum class State : std::uint8_t { free, posted, queued, active, done };
+  enum class Kind : std::uint8_t { send, recv, request, internal };
+
+  struct Op {
+    std::uint32_t gen = 0;
+    State state = State::free;
+    Kind kind = Kind::send;
+    bool has_cb = false;
+    bool zero_copy = false;
+    bool rendezvous = false;
+    bool fin_wait = false;  // rendezvous send: rts out, waiting for the fin
+    mw::Space space = mw::Space::user;
+    PeerId peer = kAnyPeer;
+    std::uint64_t tag = 0;
+    std::uint64_t ignore = 0;
+    std::uint64_t reply_id = 0;
+    Slice buf;  // send payload or receive buffer
+    Exposure exposure;
+    // Receive side of a rendezvous.
+    RemoteRef ref;
+    std::uint64_t want = 0, issued = 0, done = 0, rdv_msg = 0;
+    std::uint32_t gets = 0;
+    Status rdv_status = Status::ok;
+    // request <-> its internal send
+    std::uint32_t link = kNone, link_gen = 0;
+    Clock::time_point deadline = Clock::time_point::max();
+    std::uint32_t prev = kNone, next = kNone;
+    MessageCallback cb;
+    MessageCompletion result;
+  };
+
+  struct Unexp {
+    bool used = false;
+    bool early = false;
+    bool credit_held = false;
+    PeerId peer = kAnyPeer;
+    mw::Header hdr;
+    RemoteRef ref;
+    Ldo ldo;
+    std::uint64_t charged = 0;
+    std::uint32_t prev = kNone, next = kNone;
+  };
+
+  struct PeerState {
+    std::uint32_t credits = 0;
+    std::uint32_t owed = 0;
+    std::uint64_t send_seq = 0;
+    std::uint64_t recv_seq = 1;  // next expected
+    std::uint32_t qhead = kNone, qtail = kNone;
+  };
+
+  enum class PostKind : std::uint8_t { recv, send, rts, get };
+  struct Post {
+    PostKind kind = PostKind::recv;
+    PeerId peer = kAnyPeer;
+    std::uint32_t op = kNone, gen = 0;
+    std::uint32_t bounce = 0;
+    std::uint64_t remote_offset = 0;
+    Slice local;  // recv: the bounce; send: the message; rts: the payload to expose; get: the target
+    Slice msg;    // rts: the notice
+    RemoteRef ref;
+  };
+
+  Endpoint& ep;
+  Pool& pool;
+  MessengerConfig cfg;
+  std::uint64_t threshold = 0;
+  std::uint64_t chunk = 0;
+  std::uint32_t credit_batch = 1;
+
+  mutable std::mutex mu;
+  bool closed = false;
+  std::vector<Op> ops;
+  std::vector<std::uint32_t> free_ops;
+  std::uint32_t posted_head = kNone, posted_tail = kNone;
+  std::vector<Unexp> unexpected;
+  std::vector<std::uint32_t> free_unexp;
+  std::uint32_t unexp_head = kNone, unexp_tail = kNone;
+  std::vector<PeerState> peers;
+  std::vector<Ldo> bounces;   // receive bounce LDOs, by slot
+  std::vector<bool> bounce_empty;
+  std::vector<Post> posts;    // ring
+  std::size_t post_head = 0, post_count = 0;
+  bool draining = false;
+  std::vector<std::uint32_t> ready;  // ring of op indices with callbacks
+  std::size_t ready_head = 0, ready_count = 0;
+  std::vector<Exposure> graveyard;  // revoked after the mutex is released
+  Clock::time_point next_scan{};
+  MessengerStats st;
+
+  MessengerCore(Endpoint& e, Pool& p, const MessengerConfig& c) : ep(e), pool(p), cfg(c) {}
+
+  // ---------- small helpers (mutex held) ----------
+  bool matches(const Op& r, PeerId src, mw::Space sp, std::uint64_t tag) const noexcept {
+    return r.space == sp && (r.peer == kAnyPeer || r.peer == src) && ((r.tag ^ tag) & ~r.ignore) == 0;
+  }
+
+  Result<std::uint32_t> claim_op(Kind kind) noexcept {
+    if (closed) return Status::closed;
+    if (free_ops.empty()) return Status::would_block;
+    const std::uint32_t i = free_ops.back();
+    free_ops.pop_back();
+    Op& o = ops[i];
+    if (++o.gen == 0) o.gen = 1;
+    o.state = State::active;
+    o.kind = kind;
+    o.has_cb = false;
+    o.zero_copy = o.rendezvous = o.fin_wait = false;
+    o.space = mw::Space::user;
+    o.peer = kAnyPeer;
+    o.tag = o.ignore = o.reply_id = 0;
+    o.want = o.issued = o.done = o.rdv_msg = 0;
+    o.gets = 0;
+    o.rdv_status = Status::ok;
+    o.link = kNone;
+    o.link_gen = 0;
+    o.deadline = Clock::time_point::max();
+    o.prev = o.next = kNone;
+    o.result = MessageCompletion{};
+    o.result.token = MessageToken{make_token(o.gen, i)};
+    o.result.op = kind == Kind::recv ? MessageOp::recv : kind == Kind::request ? MessageOp::request : MessageOp::send;
+    return i;
+  }
+
+  void free_op(std::uint32_t i) noexcept {
+    Op& o = ops[i];
+    o.state = State::free;
+    o.buf = Slice{};
+    o.cb.reset();
+    o.result.ldo.reset();
+    if (o.exposure) graveyard.push_back(std::move(o.exposure));
+    free_ops.push_back(i);
+  }
+
+  Op* find(MessageToken t) noexcept {
+    const auto i = static_cast<std::uint32_t>(t.value & 0xffffffffu);
+    const auto g = static_cast<std::uint32_t>(t.value >> 32);
+    if (i >= ops.size() || ops[i].gen != g || ops[i].state == State::free) return nullptr;
+    return &ops[i];
+  }
+
+  // Completes op i: internal ops are freed; user ops go to the ready ring
+  // (callback) or stay for wait().
+  void complete(std::uint32_t i, Status s) noexcept {
+    Op& o = ops[i];
+    if (o.state == State::free || o.state == State::done) return;
+    if (o.exposure) graveyard.push_back(std::move(o.exposure));
+    o.buf = Slice{};
+    if (o.kind == Kind::internal) {
+      // A request whose send failed fails too.
+      if (s != Status::ok && o.link != kNone) {
+        Op& r = ops[o.link];
+        if (r.gen == o.link_gen && r.state == State::posted) {
+          unlink_posted(o.link);
+          complete(o.link, s);
+        }
+      }
+      free_op(i);
+      return;
+    }
+    o.result.status = s;
+    if (s == Status::truncated) ++st.truncated;
+    o.state = State::done;
+    if (o.has_cb) {
+      ready[(ready_head + ready_count) % ready.size()] = i;
+      ++ready_count;
+    }
+  }
+
+  void unlink_posted(std::uint32_t i) noexcept {
+    Op& o = ops[i];
+    if (o.prev != kNone) ops[o.prev].next = o.next; else posted_head = o.next;
+    if (o.next != kNone) ops[o.next].prev = o.prev; else posted_tail = o.prev;
+    o.prev = o.next = kNone;
+    o.state = State::active;
+  }
+  void link_posted(std::uint32_t i) noexcept {
+    Op& o = ops[i];
+    o.state = State::posted;
+    o.prev = posted_tail;
+    o.next = kNone;
+    if (posted_tail != kNone) ops[posted_tail].next = i; else posted_head = i;
+    posted_tail = i;
+  }
+
+  void unlink_unexp(std::uint32_t u) noexcept {
+    Unexp& e = unexpected[u];
+    if (e.prev != kNone) unexpected[e.prev].next = e.next; else unexp_head = e.next;
+    if (e.next != kNone) unexpected[e.next].prev = e.prev; else unexp_tail = e.prev;
+    e.prev = e.next = kNone;
+  }
+  void release_unexp(std::uint32_t u) noexcept {
+    Unexp& e = unexpected[u];
+    unlink_unexp(u);
+    st.unexpected_bytes -= e.charged;
+    --st.unexpected_held;
+    e.ldo.reset();
+    e.used = false;
+    free_unexp.push_back(u);
+  }
+
+  bool push_post(Post&& p) noexcept {
+    if (post_count == posts.size()) return false;
+    posts[(post_head + post_count) % posts.size()] = std::move(p);
+    ++post_count;
+    return true;
+  }
+
+  Result<Ldo> alloc_message(std::uint64_t bytes) noexcept {
+    LdoShape shape;
+    shape.data_size = bytes;
+    shape.zeroing = Zeroing::uninitialized;
+    return pool.allocate(shape);
+  }
+  Result<Ldo> alloc_bounce() noexcept {
+    LdoShape shape;
+    shape.meta_size = mw::kHeaderSize;
+    shape.data_size = threshold;
+    shape.zeroing = Zeroing::uninitialized;
+    return pool.allocate(shape);
+  }
+
+  void post_bounce(std::uint32_t b) noexcept {
+    auto s = Slice::raw(bounces[b], kWireHeaderSize, mw::kHeaderSize + threshold);
+    if (!s) {
+      bounce_empty[b] = true;
+      return;
+    }
+    Post p;
+    p.kind = PostKind::recv;
+    p.bounce = b;
+    p.local = std::move(*s);
+    if (!push_post(std::move(p))) bounce_empty[b] = true;
+  }
+
+  // A control message (fin, credit) to `peer`.
+  void send_control(PeerId peer, mw::Type type, std::uint64_t msg_id, Status status) noexcept {
+    auto m = alloc_message(mw::kHeaderSize);
+    if (!m) return;  // credits stay owed (retried by the scan); a lost fin ends in the sender's timeout
+    mw::Header h;
+    h.type = type;
+    h.msg_id = msg_id;
+    h.status = static_cast<std::uint32_t>(status);
+    PeerState& ps = peers[peer];
+    h.credits = std::min(ps.owed, cfg.peer_credits);
+    ps.owed -= h.credits;
+    mw::encode(h, m->data().data());
+    Post p;
+    p.kind = PostKind::send;
+    p.peer = peer;
+    p.local = *Slice::data(std::move(*m));
+    if (!push_post(std::move(p))) ps.owed += h.credits;
+  }
+
+  void maybe_return_credits(PeerId peer) noexcept {
+    PeerState& ps = peers[peer];
+    if (ps.owed >= credit_batch) {
+      ++st.credit_messages;
+      send_control(peer, mw::Type::credit, 0, Status::ok);
+    }
+  }
+
+  // Sends op i now (a credit is available and nothing is queued before it).
+  void dispatch_send(std::uint32_t i) noexcept {
+    Op& o = ops[i];
+    PeerState& ps = peers[o.peer];
+    const std::uint64_t len = o.buf.length();
+    mw::Header h;
+    h.space = o.space;
+    h.tag = o.tag;
+    h.length = len;
+    h.msg_id = make_token(o.gen, i);
+    h.reply_id = o.reply_id;
+    Post p;
+    p.peer = o.peer;
+    p.op = i;
+    p.gen = o.gen;
+    if (len <= threshold) {
+      auto m = alloc_message(mw::kHeaderSize + len);
+      if (!m) return complete(i, m.status());
+      h.type = mw::Type::eager;
+      std::memcpy(m->data().data() + mw::kHeaderSize, o.buf.address(), len);
+      o.buf = Slice{};  // copied: the user's bytes are free
+      p.kind = PostKind::send;
+      p.local = *Slice::data(std::move(*m));
+      ++st.eager_sent;
+    } else {
+      auto m = alloc_message(mw::kRtsSize);
+      if (!m) return complete(i, m.status());
+      h.type = mw::Type::rts;
+      o.rendezvous = true;
+      o.fin_wait = true;
+      o.deadline = deadline_for(len);
+      p.kind = PostKind::rts;
+      p.local = o.buf;
+      p.msg = *Slice::data(std::move(*m));
+      ++st.rendezvous_sent;
+    }
+    --ps.credits;
+    h.seq = ++ps.send_seq;
+    h.credits = std::min(ps.owed, cfg.peer_credits);
+    ps.owed -= h.credits;
+    mw::encode(h, (p.kind == PostKind::rts ? p.msg : p.local).address());
+    if (!push_post(std::move(p))) {
+      ++ps.credits;
+      --ps.send_seq;
+      complete(i, Status::would_block);
+    }
+  }
+
+  void drain_queue(PeerId peer) noexcept {
+    PeerState& ps = peers[peer];
+    while (ps.credits > 0 && ps.qhead != kNone) {
+      const std::uint32_t i = ps.qhead;
+      ps.qhead = ops[i].next;
+      if (ps.qhead == kNone) ps.qtail = kNone;
+      ops[i].next = kNone;
+      ops[i].state = State::active;
+      dispatch_send(i);
+    }
+  }
+
+  Clock::time_point deadline_for(std::uint64_t length) const noexcept {
+    if (cfg.rendezvous_timeout.count() <= 0) return Clock::time_point::max();
+    double seconds = std::chrono::duration<double>(cfg.rendezvous_timeout).count();
+    const auto bw = ep.config().min_bandwidth;
+    if (bw > 0) seconds += static_cast<double>(length) / static_cast<double>(bw);
+    return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  }
+
+  // ---------- arrival ----------
+  // A matched eager message or rts for receive op i. `ldo` is the bounce it
+  // arrived in; returns true when the receive kept it (zero copy).
+  bool deliver(std::uint32_t i, PeerId src, const mw::Header& h, const RemoteRef& ref, Ldo& ldo) noexcept {
+    Op& o = ops[i];
+    o.result.peer = src;
+    o.result.tag = h.tag;
+    o.result.length = h.length;
+    o.result.request_id = h.space == mw::Space::user ? h.reply_id : 0;
+    ++st.received;
+    if (h.type == mw::Type::eager) {
+      if (o.zero_copy) {
+        (void)ldo.resize_data(h.length);
+        o.result.received = h.length;
+        o.result.ldo = std::move(ldo);
+        complete(i, Status::ok);
+        return true;
+      }
+      const std::uint64_t n = std::min<std::uint64_t>(h.length, o.buf.length());
+      std::memcpy(o.buf.address(), ldo.data().data(), n);
+      o.result.received = n;
+      complete(i, n < h.length ? Status::truncated : Status::ok);
+      return false;
+    }
+    // Rendezvous: pull with gets, then fin.
+    o.state = State::active;
+    o.rendezvous = true;
+    o.peer = src;
+    o.ref = ref;
+    o.rdv_msg = h.msg_id;
+    if (o.zero_copy) {
+      auto m = alloc_message(h.length);
+      if (!m) {
+        send_control(src, mw::Type::fin, h.msg_id, m.status());
+        complete(i, m.status());
+        return false;
+      }
+      o.buf = *Slice::data(std::move(*m));
+    }
+    o.want = std::min<std::uint64_t>(h.length, o.buf.length());
+    if (!ref.contains(0, o.want)) {
+      ++st.rejected;
+      send_control(src, mw::Type::fin, h.msg_id, Status::malformed);
+      complete(i, Status::malformed);
+      return false;
+    }
+    issue_gets(i);
+    return false;
+  }
+
+  void issue_gets(std::uint32_t i) noexcept {
+    Op& o = ops[i];
+    while (o.gets < cfg.rendezvous_depth && o.issued < o.want && o.rdv_status == Status::ok) {
+      const std::uint64_t n = std::min(chunk, o.want - o.issued);
+      auto local = o.buf.select(o.issued, n);
+      if (!local) {
+        o.rdv_status = local.status();
+        break;
+      }
+      Post p;
+      p.kind = PostKind::get;
+      p.peer = o.peer;
+      p.op = i;
+      p.gen = o.gen;
+      p.local = std::move(*local);
+      p.ref = o.ref;
+      p.remote_offset = o.issued;
+      if (!push_post(std::move(p))) {
+        o.rdv_status = Status::would_block;
+        break;
+      }
+      o.issued += n;
+      ++o.gets;
+    }
+    if (o.gets == 0 && (o.issued >= o.want || o.rdv_status != Status::ok)) finish_rendezvous_recv(i);
+  }
+
+  void finish_rendezvous_recv(std::uint32_t i) noexcept {
+    Op& o = ops[i];
+    const Status s = o.rdv_status;
+    if (ep.usable(o.peer)) send_control(o.peer, mw::Type::fin, o.rdv_msg, s);
+    if (s == Status::ok && o.zero_copy) o.result.ldo = o.buf.ldo();
+    o.result.received = s == Status::ok ? o.want : 0;
+    complete(i, s != Status::ok ? s : o.want < o.result.length ? Status::truncated : Status::ok);
+  }
+
+  // An in-sequence eager/rts message from src. Returns true when `ldo` was
+  // kept (matched zero-copy or held as unexpected).
+  bool arrive(PeerId src, const mw::Header& h, const RemoteRef& ref, Ldo& ldo, bool credit_counted) noexcept {
+    for (std::uint32_t i = posted_head; i != kNone; i = ops[i].next) {
+      if (!matches(ops[i], src, h.space, h.tag)) continue;
+      unlink_posted(i);
+      if (!credit_counted) ++peers[src].owed;
+      return deliver(i, src, h, ref, ldo);
+    }
+    if (h.space == mw::Space::reply || free_unexp.empty()) {
+      // A reply nobody waits for (its request was canceled or timed out),
+      // or no room to hold it (only a sender ignoring credits gets here).
+      ++st.rejected;
+      if (!credit_counted) ++peers[src].owed;
+      return false;
+    }
+    const std::uint32_t u = free_unexp.back();
+    free_unexp.pop_back();
+    Unexp& e = unexpected[u];
+    e.used = true;
+    e.early = false;
+    e.peer = src;
+    e.hdr = h;
+    e.ref = ref;
+    e.ldo = std::move(ldo);
+    e.charged = e.ldo.capacity();
+    st.unexpected_bytes += e.charged;
+    ++st.unexpected_held;
+    ++st.unexpected;
+    e.credit_held = false;
+    if (!credit_counted) {
+      if (st.unexpected_bytes <= cfg.unexpected_budget) {
+        ++peers[src].owed;
+      } else {
+        e.credit_held = true;
+        ++st.credits_withheld;
+      }
+    }
+    e.prev = unexp_tail;
+    e.next = kNone;
+    if (unexp_tail != kNone) unexpected[unexp_tail].next = u; else unexp_head = u;
+    unexp_tail = u;
+    return true;
+  }
+
+  // Early arrivals of `src` that are now in sequence.
+  void release_early(PeerId src) noexcept {
+    for (bool found = true; found;) {
+      found = false;
+      for (std::uint32_t u = unexp_head; u != kNone; u = unexpected[u].next) {
+        Unexp& e = unexpected[u];
+        if (!e.early || e.peer != src || e.hdr.seq != peers[src].recv_seq) continue;
+        ++peers[src].recv_seq;
+        Ldo l = std::move(e.ldo);
+        const mw::Header h = e.hdr;
+        const RemoteRef r = e.ref;
+        release_unexp(u);
+        (void)arrive(src, h, r, l, false);
+        found = true;
+        break;
+      }
+    }
+  }
+
+  // A bounce receive completed (mutex held). Returns whether the bounce
+  // LDO must be replaced (it was kept).
+  bool on_message(PeerId src, std::span<const std::byte> bytes, Ldo& ldo) noexcept {
+    mw::Header h;
+    if (mw::parse(bytes, threshold, cfg.peer_credits, h) != Status::ok || src == kAnyPeer || src >= peers.size()) {
+      ++st.rejected;
+      return false;
+    }
+    PeerState& ps = peers[src];
+    ps.credits = std::min(cfg.peer_credits, ps.credits + h.credits);
+    bool kept = false;
+    switch (h.type) {
+      case mw::Type::credit: break;
+      case mw::Type::fin: {
+        const auto i = static_cast<std::uint32_t>(h.msg_id & 0xffffffffu);
+        if (i < ops.size() && ops[i].gen == static_cast<std::uint32_t>(h.msg_id >> 32) &&
+            ops[i].state == State::active && ops[i].fin_wait && ops[i].peer == src) {
+          ops[i].fin_wait = false;
+          const auto s = static_cast<Status>(h.status);
+          complete(i, s == Status::truncated ? Status::ok : s);
+        } else {
+          ++st.rejected;
+        }
+        break;
+      }
+      case mw::Type::eager:
+      case mw::Type::rts: {
+        RemoteRef ref;
+        if (h.type == mw::Type::rts) {
+          auto r = RemoteRef::decode(bytes.subspan(mw::kHeaderSize, mw::kRefSize));
+          if (!r || r->length < h.length) {
+            ++st.rejected;
+            ++ps.owed;
+            send_control(src, mw::Type::fin, h.msg_id, Status::malformed);
+            break;
+          }
+          ref = *r;
+        }
+        if (h.seq == 1 && ps.recv_seq != 1) ps.recv_seq = 1;  // the peer started over (a new incarnation)
+        if (h.seq == ps.recv_seq) {
+          ++ps.recv_seq;
+          kept = arrive(src, h, ref, ldo, false);
+          release_early(src);
+        } else if (h.seq > ps.recv_seq && !free_unexp.empty() && h.seq - ps.recv_seq < ops.size()) {
+          // Ahead of a message still being handed over (two threads ran
+          // completion callbacks): hold it until its turn.
+          const std::uint32_t u = free_unexp.back();
+          free_unexp.pop_back();
+          Unexp& e = unexpected[u];
+          e.used = true;
+          e.early = true;
+          e.credit_held = false;
+          e.peer = src;
+          e.hdr = h;
+          e.ref = ref;
+          e.ldo = std::move(ldo);
+          e.charged = e.ldo.capacity();
+          st.unexpected_bytes += e.charged;
+          ++st.unexpected_held;
+          e.prev = unexp_tail;
+          e.next = kNone;
+          if (unexp_tail != kNone) unexpected[unexp_tail].next = u; else unexp_head = u;
+          unexp_tail = u;
+          kept = true;
+        } else {
+          ++st.rejected;  // a duplicate or a sequence nobody sent
+        }
+        break;
+      }
+    }
+    drain_queue(src);
+    maybe_return_credits(src);
+    return kept;
+  }
+
+  void on_recv(std::uint32_t b, const Completion& c) noexcept {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      if (closed || c.status == Status::closed || c.status == Status::canceled) return;
+      if (c.status == Status::ok) {
+        Ldo& ldo = bounces[b];
+        const std::span<const std::byte> bytes{ldo.base() + kWireHeaderSize, static_cast<std::size_t>(c.bytes)};
+        if (on_message(c.peer, bytes, ldo)) {
+          auto fresh = alloc_bounce();
+          if (!fresh) {
+            bounce_empty[b] = true;  // refilled by the scan once the pool has room
+          } else {
+            bounces[b] = std::move(*fresh);
+          }
+        }
+      } else {
+        ++st.rejected;
+      }
+      if (!bounce_empty[b]) post_bounce(b);
+    }
+    run_posts();
+  }
+
+  void on_sent(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      if (closed || i == kNone || i >= ops.size() || ops[i].gen != gen) return;
+      Op& o = ops[i];
+      if (o.state != State::active) return;
+      if (o.fin_wait) {
+        if (c.status != Status::ok) {
+          o.fin_wait = false;
+          complete(i, c.status);
+        }
+      } else {
+        o.result.length = c.bytes >= mw::kHeaderSize ? c.bytes - mw::kHeaderSize : 0;
+        complete(i, c.status);
+      }
+    }
+    run_posts();
+  }
+
+  void on_got(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      if (i >= ops.size() || ops[i].gen != gen) return;
+      Op& o = ops[i];
+      if (o.gets > 0) --o.gets;
+      if (closed) return;
+      if (c.status != Status::ok && o.rdv_status == Status::ok) o.rdv_status = c.status;
+      o.done += c.status == Status::ok ? c.bytes : 0;
+      issue_gets(i);
+    }
+    run_posts();
+  }
+
+  // ---------- posting (no mutex) ----------
+  void run_posts() noexcept {
+    std::unique_lock<std::mutex> g(mu);
+    if (draining) return;
+    draining = true;
+    while (post_count > 0 || !graveyard.empty()) {
+      if (!graveyard.empty()) {
+        Exposure dead = std::move(graveyard.back());
+        graveyard.pop_back();
+        g.unlock();
+        dead.revoke();
+        g.lock();
+        continue;
+      }
+      Post p = std::move(posts[post_head]);
+      post_head = (post_head + 1) % posts.size();
+      --post_count;
+      g.unlock();
+      const Status s = execute(p);
+      g.lock();
+      if (s != Status::ok) post_failed(p, s);
+    }
+    draining = false;
+  }
+
+  Status execute(Post& p) noexcept {
+    auto self = shared_from_this();
+    switch (p.kind) {
+      case PostKind::recv: {
+        const std::uint32_t b = p.bounce;
+        auto t = ep.post_recv(p.local, [self, b](const Completion& c) { self->on_recv(b, c); });
+        return t.status();
+      }
+      case PostKind::send: {
+        const std::uint32_t i = p.op, gen = p.gen;
+        auto t = ep.send(p.peer, p.local, [self, i, gen](const Completion& c) { self->on_sent(i, gen, c); });
+        return t.status();
+      }
+      case PostKind::rts: {
+        auto x = ep.expose(p.local, RemoteAccess::read_only, p.peer);
+        if (!x) return x.status();
+        const auto wire = x->encode();
+        std::memcpy(p.msg.address() + mw::kHeaderSize, wire.data(), wire.size());
+        {
+          std::lock_guard<std::mutex> g(mu);
+          Op& o = ops[p.op];
+          if (o.gen != p.gen || o.state != State::active || !o.fin_wait) return Status::ok;  // failed meanwhile: revoke
+          o.exposure = std::move(*x);
+        }
+        const std::uint32_t i = p.op, gen = p.gen;
+        auto t = ep.send(p.peer, p.msg, [self, i, gen](const Completion& c) { self->on_sent(i, gen, c); });
+        return t.status();
+      }
+      case PostKind::get: {
+        const std::uint32_t i = p.op, gen = p.gen;
+        auto t = ep.get(p.peer, p.ref, p.remote_offset, p.local,
+                        [self, i, gen](const Completion& c) { self->on_got(i, gen, c); });
+        return t.status();
+      }
+    }
+    return Status::invalid_argument;
+  }
+
+  void post_failed(Post& p, Status s) noexcept {
+    switch (p.kind) {
+      case PostKind::recv:
+        if (s != Status::closed) bounce_empty[p.bounce] = true;  // retried by the scan
+        break;
+      case PostKind::send:
+      case PostKind::rts:
+        if (p.op != kNone && p.op < ops.size() && ops[p.op].gen == p.gen && ops[p.op].state == State::active) {
+          ops[p.op].fin_wait = false;
+          complete(p.op, s);
+        }
+        break;
+      case PostKind::get:
+        if (p.op < ops.size() && ops[p.op].gen == p.gen) {
+          Op& o = ops[p.op];
+          if (o.gets > 0) --o.gets;
+          if (o.rdv_status == Status::ok) o.rdv_status = s;
+          issue_gets(p.op);
+        }
+        break;
+    }
+  }
+
+  // ---------- peers, deadlines ----------
+  void fail_peer_locked(PeerId peer, Status s) noexcept {
+    if (peer >= peers.size()) return;
+    for (std::uint32_t i = 0; i < ops.size(); ++i) {
+      Op& o = ops[i];
+      if (o.peer != peer) continue;
+      if (o.state == State::posted) {
+        unlink_posted(i);
+        complete(i, s);
+      } else if (o.state == State::queued) {
+        o.state = State::active;
+        complete(i, s);
+      } else if (o.state == State::active && o.fin_wait) {
+        o.fin_wait = false;
+        complete(i, s);
+      }
+      // Rendezvous receives in progress finish when their gets do (the
+      // endpoint fails those): their buffer is written until then.
+    }
+    PeerState& ps = peers[peer];
+    ps = PeerState{};
+    ps.credits = cfg.peer_credits;
+    for (std::uint32_t u = unexp_head; u != kNone;) {
+      const std::uint32_t next = unexpected[u].next;
+      if (unexpected[u].peer == peer) release_unexp(u);
+      u = next;
+    }
+  }
+
+  void scan_locked(Clock::time_point now) noexcept {
+    // Dead peers and deadlines.
+    for (std::uint32_t i = 0; i < ops.size(); ++i) {
+      Op& o = ops[i];
+      if (o.state == State::free || o.state == State::done) continue;
+      const bool waiting = o.state == State::posted || o.state == State::queued || o.fin_wait;
+      if (!waiting) continue;
+      if (o.peer != kAnyPeer && !ep.usable(o.peer)) {
+        fail_peer_locked(o.peer, Status::peer_unreachable);
+        continue;
+      }
+      if (o.deadline <= now) {
+        if (o.state == State::posted) unlink_posted(i);
+        if (o.state == State::queued) {
+          // Leave the credit queue: rebuild it without this op.
+          PeerState& ps = peers[o.peer];
+          std::uint32_t prev = kNone;
+          for (std::uint32_t q = ps.qhead; q != kNone; prev = q, q = ops[q].next) {
+            if (q != i) continue;
+            if (prev == kNone) ps.qhead = ops[q].next; else ops[prev].next = ops[q].next;
+            if (ps.qtail == q) ps.qtail = prev;
+            break;
+          }
+          o.state = State::active;
+        }
+        o.fin_wait = false;
+        complete(i, Status::timeout);
+      }
+    }
+    // Bounces the pool could not refill, credits a full pool kept owed.
+    for (std::uint32_t b = 0; b < bounces.size(); ++b) {
+      if (!bounce_empty[b]) continue;
+      if (!bounces[b] || bounces[b].use_count() > 1) {
+        auto fresh = alloc_bounce();
+        if (!fresh) break;
+        bounces[b] = std::move(*fresh);
+      }
+      bounce_empty[b] = false;
+      post_bounce(b);
+    }
+    for (PeerId p = 0; p < peers.size(); ++p) {
+      if (peers[p].owed >= credit_batch) maybe_return_credits(p);
+    }
+  }
+};
+
+}  // namespace detail
+
+using Core = detail::MessengerCore;
+
+// ---------- Messenger ----------
+
+Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& config)
+    : core_(std::make_shared<Core>(endpoint, pool, config)) {
+  Core& c = *core_;
+  const auto& cfg = c.cfg;
+  if (cfg.receive_buffers == 0 || cfg.peer_credits == 0 || cfg.max_operations == 0 || cfg.max_peers == 0 ||
+      cfg.rendezvous_depth == 0 || cfg.max_operations > 0x7fffffff) {
+    throw Error(Status::invalid_argument, 0,
+                "messenger: receive_buffers, peer_credits, max_operations, max_peers and rendezvous_depth must be "
+                "positive");
+  }
+  const std::uint64_t limit = endpoint.message_size_limit();
+  if (limit < 2 * mw::kRtsSize) {
+    throw Error(Status::unsupported, 0, "messenger: the endpoint's messages are too small for the protocol header");
+  }
+  c.threshold = cfg.eager_threshold ? cfg.eager_threshold : default_eager_threshold(endpoint);
+  c.threshold = std::clamp<std::uint64_t>(c.threshold, mw::kRefSize, limit - mw::kHeaderSize);
+  c.chunk = cfg.rendezvous_chunk ? cfg.rendezvous_chunk : std::min<std::uint64_t>(limit, 16 << 20);
+  c.chunk = std::min(c.chunk, limit);
+  // Credits go back in batches (a quarter of the window), or riding on any
+  // message to that peer: a stream keeps flowing with one credit message
+  // per quarter window.
+  c.credit_batch = std::max<std::uint32_t>(1, cfg.peer_credits / 4);
+  if (!endpoint.claim_receive_side()) {
+    throw Error(Status::invalid_argument, 0,
+                "messenger: this endpoint's receive side already belongs to a Messenger (one per endpoint)");
+  }
+  c.ops.resize(cfg.max_operations);
+  c.free_ops.reserve(cfg.max_operations);
+  for (std::size_t i = cfg.max_operations; i-- > 0;) c.free_ops.push_back(static_cast<std::uint32_t>(i));
+  c.unexpected.resize(cfg.max_unexpected);
+  c.free_unexp.reserve(cfg.max_unexpected);
+  for (std::size_t i = cfg.max_unexpected; i-- > 0;) c.free_unexp.push_back(static_cast<std::uint32_t>(i));
+  c.peers.resize(cfg.max_peers);
+  for (auto& p : c.peers) p.credits = cfg.peer_credits;
+  // Posts in the ring at once: a send or notice per op, the gets of every
+  // rendezvous, a fin per op, a repost per bounce, a credit per peer.
+  c.posts.resize(cfg.max_operations * (2 + cfg.rendezvous_depth) + cfg.receive_buffers + cfg.max_peers);
+  c.ready.resize(cfg.max_operations);
+  c.graveyard.reserve(cfg.max_operations);
+  c.bounces.resize(cfg.receive_buffers);
+  c.bounce_empty.assign(cfg.receive_buffers, false);
+  for (std::uint32_t b = 0; b < cfg.receive_buffers; ++b) {
+    auto l = c.alloc_bounce();
+    if (!l) throw Error(l.status(), 0, "messenger: allocating receive bounce buffers from the pool");
+    c.bounces[b] = std::move(*l);
+  }
+  {
+    std::lock_guard<std::mutex> g(c.mu);
+    for (std::uint32_t b = 0; b < cfg.receive_buffers; ++b) c.post_bounce(b);
+  }
+  c.run_posts();
+  std::lock_guard<std::mutex> g(c.mu);
+  for (bool e : c.bounce_empty) {
+    if (e) throw Error(Status::would_block, 0, "messenger: posting the receive buffers failed (max_in_flight?)");
+  }
+}
+
+Messenger::~Messenger() {
+  // The endpoint's posted receives keep the Core alive (their callbacks
+  // hold it) and find it closed; the receive side stays claimed, since
+  // those receives are still posted.
+  std::vector<Exposure> dead;
+  {
+    std::lock_guard<std::mutex> g(core_->mu);
+    core_->closed = true;
+    for (auto& o : core_->ops) {
+      if (o.exposure) core_->graveyard.push_back(std::move(o.exposure));
+      o.cb.reset();
+      o.buf = Slice{};
+      o.result.ldo.reset();
+    }
+    for (std::uint32_t u = core_->unexp_head; u != kNone;) {
+      const std::uint32_t next = core_->unexpected[u].next;
+      core_->release_unexp(u);
+      u = next;
+    }
+    dead.swap(core_->graveyard);
+  }
+  dead.clear();
+}
+
+Result<MessageToken> Messenger::send(PeerId peer, std::uint64_t tag, const Slice& data, MessageCallback cb) noexcept {
+  Core& c = *core_;
+  if (!data || data.length() == 0 || data.length() > mw::kMaxLength) return Status::invalid_argument;
+  MessageToken t;
+  {
+    std::lock_guard<std::mutex> g(c.mu);
+    if (peer >= c.peers.size()) return Status::invalid_argument;
+    if (!c.ep.usable(peer)) return Status::peer_unreachable;
+    auto r = c.claim_op(Core::Kind::send);
+    if (!r) return r.status();
+    Core::Op& o = c.ops[*r];
+    o.peer = peer;
+    o.tag = tag;
+    o.buf = data;
+    o.has_cb = static_cast<bool>(cb);
+    o.cb = std::move(cb);
+    o.result.peer = peer;
+    o.result.tag = tag;
+    o.result.length = data.length();
+    t = o.result.token;
+    Core::PeerState& ps = c.peers[peer];
+    if (ps.credits == 0 || ps.qhead != kNone) {
+      ++c.st.credit_stalls;
+      o.state = Core::State::queued;
+      o.next = kNone;
+      if (ps.qtail != kNone) c.ops[ps.qtail].next = *r; else ps.qhead = *r;
+      ps.qtail = *r;
+    } else {
+      c.dispatch_send(*r);
+    }
+  }
+  c.run_posts();
+  return t;
+}
+
+namespace {
+Result<MessageToken> post_receive(Core& c, PeerId source, std::uint64_t tag, std::uint64_t ignore,
+                                  const Slice* buffer, MessageCallback&& cb) noexcept {
+  MessageToken t;
+  Ldo spare;  // a bounce handed over: dropped after the unlock
+  {
+    std::lock_guard<std::mutex> g(c.mu);
+    if (source != kAnyPeer && source >= c.peers.size()) return Status::invalid_argument;
+    auto r = c.claim_op(Core::Kind::recv);
+    if (!r) return r.status();
+    const std::uint32_t i = *r;
+    Core::Op& o = c.ops[i];
+    o.peer = source;
+    o.tag = tag;
+    o.ignore = ignore;
+    o.zero_copy = buffer == nullptr;
+    if (buffer) o.buf = *buffer;
+    o.has_cb = static_cast<bool>(cb);
+    o.cb = std::move(cb);
+    t = o.result.token;
+    // An unexpected message first (earliest arrival that matches).
+    bool matched = false;
+    for (std::uint32_t u = c.unexp_head; u != kNone && !matched; u = c.unexpected[u].next) {
+      Core::Unexp& e = c.unexpected[u];
+      if (e.early || !c.matches(o, e.peer, e.hdr.space, e.hdr.tag)) continue;
+      const PeerId src = e.peer;
+      const mw::Header h = e.hdr;
+      const RemoteRef ref = e.ref;
+      if (e.credit_held) ++c.peers[src].owed;
+      Ldo l = std::move(e.ldo);
+      c.release_unexp(u);
+      if (!c.deliver(i, src, h, ref, l)) spare = std::move(l);
+      c.maybe_return_credits(src);
+      matched = true;
+      break;
+    }
+    if (!matched) c.link_posted(i);
+  }
+  c.run_posts();
+  return t;
+}
+}  // namespace
+
+Result<MessageToken> Messenger::recv(PeerId source, std::uint64_t tag, std::uint64_t ignore, const Slice& buffer,
+                                     MessageCallback cb) noexcept {
+  if (!buffer || buffer.length() == 0) return Status::invalid_argument;
+  return post_receive(*core_, source, tag, ignore, &buffer, std::move(cb));
+}
+
+Result<MessageToken> Messenger::recv_ldo(PeerId source, std::uint64_t tag, std::uint64_t ignore,
+                                         MessageCallback cb) noexcept {
+  return post_receive(*core_, source, tag, ignore, nullptr, std::move(cb));
+}
+
+Result<MessageInfo> Messenger::probe(PeerId source, std::uint64_t tag, std::uint64_t ignore) noexcept {
+  Core& c = *core_;
+  (void)c.ep.progress();
+  c.run_posts();
+  std::lock_guard<std::mutex> g(c.mu);
+  Core::Op probe;
+  probe.peer = source;
+  probe.tag = tag;
+  probe.ignore = ignore;
+  for (std::uint32_t u = c.unexp_head; u != kNone; u = c.unexpected[u].next) {
+    const Core::Unexp& e = c.unexpected[u];
+    if (e.early || !c.matches(probe, e.peer, e.hdr.space, e.hdr.tag)) continue;
+    return MessageInfo{e.peer, e.hdr.tag, e.hdr.length, e.hdr.reply_id};
+  }
+  return Status::would_block;
+}
+
+Result<MessageToken> Messenger::request(PeerId peer, std::uint64_t tag, const Slice& data,
+                                        std::chrono::milliseconds timeout, MessageCallback cb) noexcept {
+  Core& c = *core_;
+  if (!data || data.length() == 0 || data.length() > mw::kMaxLength) return Status::invalid_argument;
+  MessageToken t;
+  {
+    std::lock_guard<std::mutex> g(c.mu);
+    if (peer >= c.peers.size()) return Status::invalid_argument;
+    if (!c.ep.usable(peer)) return Status::peer_unreachable;
+    if (c.free_ops.size() < 2) return c.closed ? Status::closed : Status::would_block;
+    const std::uint32_t r = *c.claim_op(Core::Kind::request);
+    const std::uint32_t s = *c.claim_op(Core::Kind::internal);
+    Core::Op& ro = c.ops[r];
+    ro.peer = peer;
+    ro.space = mw::Space::reply;
+    ro.tag = make_token(ro.gen, r);
+    ro.zero_copy = true;
+    ro.has_cb = static_cast<bool>(cb);
+    ro.cb = std::move(cb);
+    if (timeout.count() > 0) ro.deadline = Clock::now() + timeout;
+    t = ro.result.token;
+    c.link_posted(r);  // the reply's receive exists before the request leaves
+    Core::Op& so = c.ops[s];
+    so.peer = peer;
+    so.tag = tag;
+    so.buf = data;
+    so.reply_id = ro.tag;
+    so.link = r;
+    so.link_gen = ro.gen;
+    Core::PeerState& ps = c.peers[peer];
+    if (ps.credits == 0 || ps.qhead != kNone) {
+      ++c.st.credit_stalls;
+      so.state = Core::State::queued;
+      if (ps.qtail != kNone) c.ops[ps.qtail].next = s; else ps.qhead = s;
+      ps.qtail = s;
+    } else {
+      c.dispatch_send(s);
+    }
+  }
+  c.run_posts();
+  return t;
+}
+
+Result<MessageToken> Messenger::reply(PeerId peer, std::uint64_t request_id, const Slice& data,
+                                      MessageCallback cb) noexcept {
+  Core& c = *core_;
+  if (!data || data.length() == 0 || data.length() > mw::kMaxLength || request_id == 0) {
+    return Status::invalid_argument;
+  }
+  MessageToken t;
+  {
+    std::lock_guard<std::mutex> g(c.mu);
+    if (peer >= c.peers.size()) return Status::invalid_argument;
+    if (!c.ep.usable(peer)) return Status::peer_unreachable;
+    auto r = c.claim_op(Core::Kind::send);
+    if (!r) return r.status();
+    Core::Op& o = c.ops[*r];
+    o.peer = peer;
+    o.space = mw::Space::reply;
+    o.tag = request_id;
+    o.buf = data;
+    o.has_cb = static_cast<bool>(cb);
+    o.cb = std::move(cb);
+    o.result.peer = peer;
+    o.result.tag = request_id;
+    o.result.length = data.length();
+    t = o.result.token;
+    Core::PeerState& ps = c.peers[peer];
+    if (ps.credits == 0 || ps.qhead != kNone) {
+      ++c.st.credit_stalls;
+      o.state = Core::State::queued;
+      if (ps.qtail != kNone) c.ops[ps.qtail].next = *r; else ps.qhead = *r;
+      ps.qtail = *r;
+    } else {
+      c.dispatch_send(*r);
+    }
+  }
+  c.run_posts();
+  return t;
+}
+
+Status Messenger::cancel(MessageToken token) noexcept {
+  Core& c = *core_;
+  std::lock_guard<std::mutex> g(c.mu);
+  Core::Op* o = c.find(token);
+  if (!o || o->kind == Core::Kind::internal) return Status::invalid_argument;
+  const auto i = static_cast<std::uint32_t>(token.value & 0xffffffffu);
+  if (o->state == Core::State::done) return Status::ok;
+  if (o->state == Core::State::posted) {
+    c.unlink_posted(i);
+    c.complete(i, Status::canceled);
+    return Status::ok;
+  }
+  if (o->state == Core::State::queued) {
+    Core::PeerState& ps = c.peers[o->peer];
+    std::uint32_t prev = kNone;
+    for (std::uint32_t q = ps.qhead; q != kNone; prev = q, q = c.ops[q].next) {
+      if (q != i) continue;
+      if (prev == kNone) ps.qhead = c.ops[q].next; else c.ops[prev].next = c.ops[q].next;
+      if (ps.qtail == q) ps.qtail = prev;
+      break;
+    }
+    o->state = Core::State::active;
+    c.complete(i, Status::canceled);
+    return Status::ok;
+  }
+  return Status::in_progress;
+}
+
+std::size_t Messenger::progress() noexcept {
+  Core& c = *core_;
+  (void)c.ep.progress();
+  {
+    std::lock_guard<std::mutex> g(c.mu);
+    const auto now = Clock::now();
+    if (now >= c.next_scan && !c.closed) {
+      c.next_scan = now + std::chrono::milliseconds{1};
+      c.scan_locked(now);
+    }
+  }
+  c.run_posts();
+  std::size_t delivered = 0;
+  for (;;) {
+    MessageCompletion done;
+    MessageCallback cb;
+    {
+      std::lock_guard<std::mutex> g(c.mu);
+      if (c.ready_count == 0) break;
+      const std::uint32_t i = c.ready[c.ready_head];
+      c.ready_head = (c.ready_head + 1) % c.ready.size();
+      --c.ready_count;
+      Core::Op& o = c.ops[i];
+      done = std::move(o.result);
+      cb = std::move(o.cb);
+      c.free_op(i);
+    }
+    cb(done);
+    ++delivered;
+  }
+  return delivered;
+}
+
+MessageCompletion Messenger::wait(MessageToken token, std::chrono::milliseconds timeout) noexcept {
+  Core& c = *core_;
+  const auto until = Clock::now() + timeout;
+  // Spin as the endpoint's wait_mode says: spin for ever, adaptive for
+  // wait_spin after the last activity, sleep at once; then sleep on the
+  // provider (bounded by 10 ms so deadlines are noticed).
+  const WaitMode mode = c.ep.config().wait_mode;
+  const auto spin = mode == WaitMode::adaptive ? Clock::duration(c.ep.config().wait_spin) : Clock::duration::zero();
+  auto last_work = Clock::now();
+  for (;;) {
+    if (progress() > 0) last_work = Clock::now();
+    {
+      std::lock_guard<std::mutex> g(c.mu);
+      Core::Op* o = c.find(token);
+      if (!o || o->has_cb) {
+        MessageCompletion bad;
+        bad.token = token;
+        bad.status = Status::invalid_argument;
+        return bad;
+      }
+      if (o->state == Core::State::done) {
+        MessageCompletion done = std::move(o->result);
+        c.free_op(static_cast<std::uint32_t>(token.value & 0xffffffffu));
+        return done;
+      }
+    }
+    if (Clock::now() >= until) {
+      MessageCompletion pending;
+      pending.token = token;
+      pending.status = Status::in_progress;
+      return pending;
+    }
+    if (mode != WaitMode::spin && Clock::now() - last_work >= spin) {
+      if (c.ep.progress_or_idle(std::chrono::milliseconds{10}) > 0) last_work = Clock::now();
+    }
+  }
+}
+
+void Messenger::fail_peer(PeerId peer, Status status) noexcept {
+  {
+    std::lock_guard<std::mutex> g(core_->mu);
+    core_->fail_peer_locked(peer, status);
+  }
+  core_->run_posts();
+}
+
+std::uint64_t Messenger::eager_threshold() const noexcept { return core_->threshold; }
+
+MessengerStats Messenger::stats() const noexcept {
+  std::lock_guard<std::mutex> g(core_->mu);
+  return core_->st;
+}
+
+}  // namespace regpool

@@ -1,0 +1,507 @@
+// Messenger (regpool/messaging.hpp) between processes. Built twice
+// (test/meson.build): messaging-tagged on libfabric shm and tcp (suite
+// fabric), verbs-messaging on rxe in the Soft-RoCE guest (suite verbs):
+//  - eager: unexpected-before-posted and posted-before-arrival, per-pair
+//    ordering, tag masks, any-source and named-source receives, truncation
+//    (nothing written past the buffer), probe, zero-copy receive;
+//  - budget and credits: a receiver that does not receive holds at most its
+//    budget plus one credit window of messages; nothing is lost;
+//  - rendezvous at 4 MiB and 64 MiB, every byte checked, exposures revoked,
+//    truncation of a rendezvous;
+//  - a receiver killed mid-rendezvous: the sender fails within its bound,
+//    its exposure is revoked and its LDO references released;
+//  - request/response with 3 clients, timeout, cancel, a failed peer.
+
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "regpool/messaging.hpp"
+#include "transport/harness.hpp"
+
+using namespace std::chrono_literals;
+using regpool::MessageCompletion;
+using regpool::Messenger;
+using regpool::MessengerConfig;
+using regpool::PeerId;
+using regpool::Slice;
+using regpool::Status;
+
+namespace {
+
+regpool::EndpointConfig ep_config() {
+  regpool::EndpointConfig c;
+  c.wait_mode = regpool::WaitMode::adaptive;
+  c.op_timeout = 10s;
+  c.revoke_quarantine = 50ms;
+  return c;
+}
+
+struct Node {
+  rpt::Stack s;
+  Messenger m;
+  Node(const std::string& prov, const MessengerConfig& mc = {}, std::size_t arena = std::size_t{32} << 20)
+      : s(prov, ep_config(), arena), m(*s.ep, *s.pool, mc) {}
+  Slice filled(std::uint64_t n, std::uint64_t seed) {
+    auto l = s.alloc(n);
+    rpt::fill(l.data(), seed);
+    return rpt::slice_or_die(Slice::data(l));
+  }
+  MessageCompletion wait(regpool::Result<regpool::MessageToken> t, std::chrono::milliseconds bound = 60s) {
+    if (!t) {
+      MessageCompletion c;
+      c.status = t.status();
+      return c;
+    }
+    return m.wait(*t, bound);
+  }
+};
+
+std::uint64_t word_at(std::span<const std::byte> b) {
+  std::uint64_t w = 0;
+  std::memcpy(&w, b.data(), 8);
+  return w;
+}
+
+// The sender of the eager test: messages i = 0..kCount-1, tag 100 + i % 3,
+// size 16 + 8 * i, first word i.
+constexpr std::uint64_t kCount = 24;
+std::uint64_t eager_tag(std::uint64_t i) { return 100 + i % 3; }
+std::uint64_t eager_size(std::uint64_t i) { return 16 + 8 * i; }
+
+int eager_sender(const std::string& prov, std::uint16_t port) {
+  auto b = rpt::child_bootstrap(port);
+  Node n(prov);
+  auto all = b->allgather(n.s.ep->name(), 30s);
+  const PeerId rx = n.s.ep->insert_peer(all[0]);
+  std::vector<regpool::MessageToken> sent;
+  // Phase 1: everything arrives before any receive is posted.
+  for (std::uint64_t i = 0; i < kCount; ++i) {
+    Slice s = n.filled(eager_size(i), i);
+    std::memcpy(s.address(), &i, 8);
+    auto t = n.m.send(rx, eager_tag(i), s);
+    RPT_CHECK(t.ok());
+    sent.push_back(*t);
+  }
+  for (auto t : sent) RPT_CHECK(n.m.wait(t, 60s).status == Status::ok);
+  b->barrier(60s);  // receiver has them all as unexpected
+  b->barrier(60s);  // receiver posted phase 2 receives
+  // Phase 2: receives were posted first.
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    Slice s = n.filled(64, 1000 + i);
+    std::memcpy(s.address(), &i, 8);
+    RPT_CHECK(n.wait(n.m.send(rx, 7, s)).status == Status::ok);
+  }
+  // A message longer than the receive buffer posted for it.
+  RPT_CHECK(n.wait(n.m.send(rx, 8, n.filled(1000, 77))).status == Status::ok);
+  b->barrier(60s);
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("tagged eager messages: ordering, masks, sources, truncation, probe, zero copy", "[fabric][messaging]") {
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  auto kid = rpt::spawn([&] { return eager_sender(prov, port); }, 240);
+  Node n(prov);
+  auto all = boot->allgather(n.s.ep->name(), 30s);
+  const PeerId tx = n.s.ep->insert_peer(all[1]);
+
+  // Everything arrives unexpected.
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (n.m.stats().unexpected_held < kCount && std::chrono::steady_clock::now() < until) n.m.progress();
+  REQUIRE(n.m.stats().unexpected_held == kCount);
+  boot->barrier(60s);
+
+  // probe: the earliest tag-101 message, not consumed.
+  auto p = n.m.probe(regpool::kAnyPeer, 101, 0);
+  REQUIRE(p.ok());
+  CHECK(p->peer == tx);
+  CHECK(p->tag == 101);
+  CHECK(p->length == eager_size(1));
+  CHECK(n.m.probe(regpool::kAnyPeer, 101, 0)->length == eager_size(1));
+  CHECK(n.m.probe(tx, 555, 0).status() == Status::would_block);
+  CHECK(n.m.stats().unexpected_held == kCount);
+
+  // Exact tag 101, named source: messages 1, 4, 7, ... in sending order.
+  auto buf = n.s.alloc(4096);
+  for (std::uint64_t i = 1; i < kCount; i += 3) {
+    const MessageCompletion c = n.wait(n.m.recv(tx, 101, 0, rpt::slice_or_die(Slice::data(buf, 0, 4096))));
+    REQUIRE(c.status == Status::ok);
+    CHECK(c.peer == tx);
+    CHECK(c.tag == 101);
+    CHECK(c.length == eager_size(i));
+    CHECK(c.received == eager_size(i));
+    CHECK(word_at(buf.data()) == i);
+  }
+  // Mask: tag 100 with bit 0 ignored matches 100 (and 101, all taken): 0, 3, 6, ...
+  // Zero-copy: the completion's LDO holds the message, data() is exactly it.
+  for (std::uint64_t i = 0; i < kCount; i += 3) {
+    const MessageCompletion c = n.wait(n.m.recv_ldo(regpool::kAnyPeer, 100, 1));
+    REQUIRE(c.status == Status::ok);
+    CHECK(c.tag == 100);
+    REQUIRE(c.ldo);
+    CHECK(c.ldo.data().size() == eager_size(i));
+    CHECK(word_at(c.ldo.data()) == i);
+    std::vector<std::byte> expect(eager_size(i));
+    rpt::fill(expect, i);
+    std::memcpy(expect.data(), &i, 8);
+    CHECK(std::memcmp(expect.data(), c.ldo.data().data(), expect.size()) == 0);
+  }
+  // Any tag: the rest (tag 102), in order.
+  for (std::uint64_t i = 2; i < kCount; i += 3) {
+    const MessageCompletion c = n.wait(n.m.recv(regpool::kAnyPeer, 0, ~std::uint64_t{0}, rpt::slice_or_die(Slice::data(buf, 0, 4096))));
+    REQUIRE(c.status == Status::ok);
+    CHECK(c.tag == 102);
+    CHECK(word_at(buf.data()) == i);
+  }
+  CHECK(n.m.stats().unexpected_held == 0);
+  CHECK(n.m.stats().unexpected_bytes == 0);
+
+  // Posted before arrival: the earliest posted matching receive takes the
+  // earliest message.
+  auto b2 = n.s.alloc(4 * 64);
+  std::vector<regpool::MessageToken> r;
+  for (std::uint64_t k = 0; k < 4; ++k) {
+    auto t = n.m.recv(tx, 7, 0, rpt::slice_or_die(Slice::data(b2, k * 64, 64)));
+    REQUIRE(t.ok());
+    r.push_back(*t);
+  }
+  // Truncation: 1000 bytes into 100, guard bytes after the buffer untouched.
+  auto b3 = n.s.alloc(200);
+  std::memset(b3.data().data(), 0x5a, 200);
+  auto tr = n.m.recv(tx, 8, 0, rpt::slice_or_die(Slice::data(b3, 0, 100)));
+  REQUIRE(tr.ok());
+  boot->barrier(60s);
+  for (std::uint64_t k = 0; k < 4; ++k) {
+    const MessageCompletion c = n.m.wait(r[k], 60s);
+    REQUIRE(c.status == Status::ok);
+    CHECK(word_at(b2.data().subspan(k * 64)) == k);
+  }
+  const MessageCompletion c = n.m.wait(*tr, 60s);
+  CHECK(c.status == Status::truncated);
+  CHECK(c.length == 1000);
+  CHECK(c.received == 100);
+  std::vector<std::byte> expect(1000);
+  rpt::fill(expect, 77);
+  CHECK(std::memcmp(b3.data().data(), expect.data(), 100) == 0);
+  bool guard_intact = true;
+  for (std::size_t k = 100; k < 200; ++k) guard_intact &= b3.data()[k] == std::byte{0x5a};
+  CHECK(guard_intact);
+  CHECK(std::string(regpool::to_string(Status::truncated)) == "truncated");
+  boot->barrier(60s);
+  CHECK(rpt::reap(kid, 60s) == 0);
+}
+
+TEST_CASE("a second Messenger on one endpoint is refused", "[fabric][messaging]") {
+  rpt::Stack s(rpt::backends().front(), ep_config());
+  Messenger m(*s.ep, *s.pool);
+  CHECK_THROWS_AS(Messenger(*s.ep, *s.pool), regpool::Error);
+}
+
+TEST_CASE("budget exhausted: the sender is flow-controlled, nothing is lost", "[fabric][messaging]") {
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  constexpr std::uint64_t kMessages = 300;
+  MessengerConfig mc;
+  mc.peer_credits = 4;
+  mc.eager_threshold = 1024;
+  mc.unexpected_budget = 8 * 1024;  // a handful of bounce LDOs
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  auto kid = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        Node n(prov, mc);
+        const PeerId rx = n.s.ep->insert_peer(b->allgather(n.s.ep->name(), 30s)[0]);
+        std::vector<regpool::MessageToken> t;
+        for (std::uint64_t i = 0; i < kMessages; ++i) {
+          Slice s = n.filled(512, i);
+          std::memcpy(s.address(), &i, 8);
+          auto r = n.m.send(rx, 5, s);
+          RPT_CHECK(r.ok());
+          t.push_back(*r);
+        }
+        for (auto x : t) RPT_CHECK(n.m.wait(x, 120s).status == Status::ok);
+        RPT_CHECK(n.m.stats().credit_stalls > 0);
+        b->barrier(120s);
+        return 0;
+      },
+      300);
+  Node n(prov, mc);
+  (void)n.s.ep->insert_peer(boot->allgather(n.s.ep->name(), 30s)[1]);
+  // Do not receive for a while: the sender must stall, not flood us.
+  const auto until = std::chrono::steady_clock::now() + 1500ms;
+  std::uint64_t most = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    n.m.progress();
+    most = std::max(most, n.m.stats().unexpected_held);
+  }
+  const auto st = n.m.stats();
+  INFO("held " << most << " messages, " << st.unexpected_bytes << " bytes");
+  CHECK(st.credits_withheld > 0);
+  // Budget / bounce capacity, plus one credit window.
+  const std::uint64_t bounce = 64 + 1024;
+  CHECK(most <= mc.unexpected_budget / bounce + 1 + mc.peer_credits);
+  CHECK(most < kMessages);
+  // Now receive everything: all there, in order, intact.
+  auto buf = n.s.alloc(512);
+  for (std::uint64_t i = 0; i < kMessages; ++i) {
+    const MessageCompletion c = n.wait(n.m.recv(regpool::kAnyPeer, 5, 0, rpt::slice_or_die(Slice::data(buf))));
+    REQUIRE(c.status == Status::ok);
+    REQUIRE(word_at(buf.data()) == i);
+    std::vector<std::byte> expect(512);
+    rpt::fill(expect, i);
+    REQUIRE(std::memcmp(expect.data() + 8, buf.data().data() + 8, 504) == 0);
+  }
+  boot->barrier(120s);
+  CHECK(rpt::reap(kid, 60s) == 0);
+}
+
+TEST_CASE("rendezvous at 4 MiB and 64 MiB moves every byte and revokes its exposures", "[fabric][messaging]") {
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  const std::vector<std::uint64_t> sizes = {std::uint64_t{4} << 20, std::uint64_t{64} << 20, std::uint64_t{1} << 20};
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  auto kid = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        Node n(prov);
+        const PeerId rx = n.s.ep->insert_peer(b->allgather(n.s.ep->name(), 30s)[0]);
+        for (std::size_t k = 0; k < sizes.size(); ++k) {
+          Slice s = n.filled(sizes[k], 40 + k);
+          RPT_CHECK(n.wait(n.m.send(rx, 9, s), 120s).status == Status::ok);
+          RPT_CHECK(s.ldo().use_count() <= 2);  // ours and the quarantine's at most
+        }
+        RPT_CHECK(n.m.stats().rendezvous_sent == sizes.size());
+        RPT_CHECK(n.s.ep->exposure_stats().live == 0);
+        b->barrier(120s);
+        return 0;
+      },
+      300);
+  Node n(prov);
+  (void)n.s.ep->insert_peer(boot->allgather(n.s.ep->name(), 30s)[1]);
+  // 4 MiB into a posted buffer.
+  {
+    auto buf = n.s.alloc(sizes[0]);
+    const MessageCompletion c = n.wait(n.m.recv(regpool::kAnyPeer, 9, 0, rpt::slice_or_die(Slice::data(buf))), 120s);
+    REQUIRE(c.status == Status::ok);
+    CHECK(c.received == sizes[0]);
+    std::vector<std::byte> expect(sizes[0]);
+    rpt::fill(expect, 40);
+    CHECK(std::memcmp(expect.data(), buf.data().data(), sizes[0]) == 0);
+  }
+  // 64 MiB zero copy.
+  {
+    const MessageCompletion c = n.wait(n.m.recv_ldo(regpool::kAnyPeer, 9, 0), 120s);
+    REQUIRE(c.status == Status::ok);
+    REQUIRE(c.ldo);
+    CHECK(c.ldo.data().size() == sizes[1]);
+    std::vector<std::byte> expect(sizes[1]);
+    rpt::fill(expect, 41);
+    CHECK(std::memcmp(expect.data(), c.ldo.data().data(), sizes[1]) == 0);
+  }
+  // 1 MiB into 300 KiB: truncated, nothing past the buffer.
+  {
+    auto buf = n.s.alloc(400 << 10);
+    std::memset(buf.data().data(), 0x33, buf.data().size());
+    const MessageCompletion c =
+        n.wait(n.m.recv(regpool::kAnyPeer, 9, 0, rpt::slice_or_die(Slice::data(buf, 0, 300 << 10))), 120s);
+    CHECK(c.status == Status::truncated);
+    CHECK(c.length == sizes[2]);
+    CHECK(c.received == 300 << 10);
+    std::vector<std::byte> expect(sizes[2]);
+    rpt::fill(expect, 42);
+    CHECK(std::memcmp(expect.data(), buf.data().data(), 300 << 10) == 0);
+    bool guard = true;
+    for (std::size_t k = 300 << 10; k < buf.data().size(); ++k) guard &= buf.data()[k] == std::byte{0x33};
+    CHECK(guard);
+  }
+  boot->barrier(120s);
+  CHECK(rpt::reap(kid, 60s) == 0);
+}
+
+TEST_CASE("a receiver killed mid-rendezvous: the sender fails in bound and lets go", "[fabric][messaging]") {
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  constexpr std::uint64_t kSize = std::uint64_t{64} << 20;
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  auto kid = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        MessengerConfig mc;
+        mc.rendezvous_chunk = 4096;  // slow on purpose: thousands of gets
+        mc.rendezvous_depth = 1;
+        Node n(prov, mc);
+        (void)n.s.ep->insert_peer(b->allgather(n.s.ep->name(), 30s)[0]);
+        auto buf = n.s.alloc(kSize);
+        std::memset(buf.data().data(), 0, 16);
+        auto t = n.m.recv(regpool::kAnyPeer, 1, 0, rpt::slice_or_die(Slice::data(buf)));
+        RPT_CHECK(t.ok());
+        b->barrier(60s);
+        // Die as soon as the first chunk has landed.
+        const auto until = std::chrono::steady_clock::now() + 60s;
+        while (buf.data()[0] == std::byte{0} && std::chrono::steady_clock::now() < until) n.m.progress();
+        ::raise(SIGKILL);
+        return 1;
+      },
+      120);
+  MessengerConfig mc;
+  mc.rendezvous_timeout = 2s;
+  Node n(prov, mc);
+  const PeerId rx = n.s.ep->insert_peer(boot->allgather(n.s.ep->name(), 30s)[1]);
+  auto l = n.s.alloc(kSize);
+  rpt::fill(l.data(), 3);
+  l.data()[0] = std::byte{0xab};
+  boot->barrier(60s);
+  const auto t0 = std::chrono::steady_clock::now();
+  const MessageCompletion c = n.wait(n.m.send(rx, 1, rpt::slice_or_die(Slice::data(l))), 60s);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO("send completed with " << regpool::to_string(c.status) << " after " << took << " s");
+  CHECK(c.status != Status::ok);
+  CHECK(c.status != Status::in_progress);
+  // rendezvous_timeout + 64 MiB / min_bandwidth (2.7 s) + slack.
+  CHECK(took < 8.0);
+  CHECK(rpt::reap(kid, 10s) == 128 + SIGKILL);
+  // Exposure revoked; after the quarantine only our handle is left.
+  n.s.ep->progress_for(200ms);
+  n.m.progress();
+  CHECK(n.s.ep->exposure_stats().live == 0);
+  CHECK(l.use_count() == 1);
+}
+
+TEST_CASE("a sender killed mid-rendezvous: the receive fails in bound and lets go", "[fabric][messaging]") {
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  constexpr std::uint64_t kSize = std::uint64_t{64} << 20;
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  auto kid = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        Node n(prov);
+        const PeerId rx = n.s.ep->insert_peer(b->allgather(n.s.ep->name(), 30s)[0]);
+        auto l = n.s.alloc(kSize);
+        rpt::fill(l.data(), 5);
+        l.data()[0] = std::byte{0xcd};
+        b->barrier(60s);
+        auto t = n.m.send(rx, 1, rpt::slice_or_die(Slice::data(l)));
+        RPT_CHECK(t.ok());
+        (void)n.m.wait(*t, 60s);  // serves the gets (tcp) until the parent kills us
+        return 1;
+      },
+      120);
+  MessengerConfig mc;
+  mc.rendezvous_chunk = 4096;  // thousands of gets: the kill lands mid-transfer
+  mc.rendezvous_depth = 1;
+  Node n(prov, mc);
+  (void)n.s.ep->insert_peer(boot->allgather(n.s.ep->name(), 30s)[1]);
+  auto buf = n.s.alloc(kSize);
+  std::memset(buf.data().data(), 0, 16);
+  auto t = n.m.recv(regpool::kAnyPeer, 1, 0, rpt::slice_or_die(Slice::data(buf)));
+  REQUIRE(t.ok());
+  boot->barrier(60s);
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (buf.data()[0] == std::byte{0} && std::chrono::steady_clock::now() < until) n.m.progress();
+  REQUIRE(buf.data()[0] == std::byte{0xcd});  // the first chunk landed
+  ::kill(kid.pid, SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  const MessageCompletion c = n.m.wait(*t, 60s);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO("receive completed with " << regpool::to_string(c.status) << " after " << took << " s");
+  CHECK(c.status != Status::ok);
+  CHECK(c.status != Status::in_progress);
+  // op_timeout (10 s) + 4 KiB / min_bandwidth, and slack.
+  CHECK(took < 15.0);
+  CHECK(rpt::reap(kid, 10s) == 128 + SIGKILL);
+  n.s.ep->progress_for(200ms);
+  // The Messenger holds nothing; a get the endpoint failed early (the shm
+  // backend saw the process die) keeps its slot's reference until the
+  // provider lets go of it, at the latest when the endpoint closes.
+  INFO("buffer references after the failure: " << buf.use_count());
+  CHECK(buf.use_count() <= 1 + mc.rendezvous_depth);
+  n.s.ep.reset();
+  CHECK(buf.use_count() == 1);
+}
+
+namespace {
+constexpr int kClients = 3;
+constexpr std::uint64_t kRequests = 40;
+
+int rpc_client(const std::string& prov, std::uint16_t port, int rank) {
+  auto b = rpt::child_bootstrap(port, rank, kClients + 1);
+  Node n(prov);
+  const PeerId server = n.s.ep->insert_peer(b->allgather(n.s.ep->name(), 30s)[0]);
+  const std::uint64_t big = n.m.eager_threshold() * 4;  // a rendezvous request and reply
+  for (std::uint64_t i = 0; i < kRequests; ++i) {
+    const std::uint64_t size = i % 10 == 9 ? big : 64;
+    Slice s = n.filled(size, static_cast<std::uint64_t>(rank) * 1000 + i);
+    const std::uint64_t word = (static_cast<std::uint64_t>(rank) << 32) | i;
+    std::memcpy(s.address(), &word, 8);
+    const MessageCompletion c = n.wait(n.m.request(server, 1, s, 30s));
+    RPT_CHECK(c.status == Status::ok);
+    RPT_CHECK(c.op == regpool::MessageOp::request);
+    RPT_CHECK(c.ldo);
+    RPT_CHECK(c.ldo.data().size() == size);
+    RPT_CHECK(word_at(c.ldo.data()) == word + 1);
+    RPT_CHECK(std::memcmp(c.ldo.data().data() + 8, s.address() + 8, size - 8) == 0);
+  }
+  // Nobody answers tag 2: timeout. Cancel. A failed peer fails its request.
+  const auto t0 = std::chrono::steady_clock::now();
+  RPT_CHECK(n.wait(n.m.request(server, 2, n.filled(8, 1), 300ms)).status == Status::timeout);
+  RPT_CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  auto pending = n.m.request(server, 2, n.filled(8, 2), 0ms);
+  RPT_CHECK(pending.ok());
+  RPT_CHECK(n.m.cancel(*pending) == Status::ok);
+  RPT_CHECK(n.m.wait(*pending, 5s).status == Status::canceled);
+  b->barrier(60s);  // all clients done with the server
+  auto doomed = n.m.request(server, 2, n.filled(8, 3), 0ms);
+  RPT_CHECK(doomed.ok());
+  n.s.ep->fail_peer(server);
+  RPT_CHECK(n.m.wait(*doomed, 5s).status == Status::peer_unreachable);
+  return 0;
+}
+}  // namespace
+
+TEST_CASE("request/response with 3 clients, timeout, cancel, a failed peer", "[fabric][messaging]") {
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  auto boot = rpt::root_bootstrap(kClients + 1);
+  const auto port = boot->port();
+  std::vector<rpt::ChildGuard> kids;
+  for (int r = 1; r <= kClients; ++r) kids.push_back(rpt::spawn([&, r] { return rpc_client(prov, port, r); }, 240));
+  Node n(prov);
+  auto all = boot->allgather(n.s.ep->name(), 30s);
+  std::vector<PeerId> ids;
+  for (int r = 1; r <= kClients; ++r) ids.push_back(n.s.ep->insert_peer(all[static_cast<std::size_t>(r)]));
+  std::uint64_t served = 0;
+  std::vector<std::uint64_t> per(kClients + 1, 0);
+  while (served < kClients * kRequests) {
+    MessageCompletion c = n.wait(n.m.recv_ldo(regpool::kAnyPeer, 1, 0), 60s);
+    REQUIRE(c.status == Status::ok);
+    REQUIRE(c.request_id != 0);
+    const std::uint64_t word = word_at(c.ldo.data());
+    const auto rank = static_cast<int>(word >> 32);
+    REQUIRE(rank >= 1);
+    REQUIRE(rank <= kClients);
+    CHECK(c.peer == ids[static_cast<std::size_t>(rank - 1)]);
+    CHECK((word & 0xffffffffu) == per[static_cast<std::size_t>(rank)]);  // in order per client
+    ++per[static_cast<std::size_t>(rank)];
+    const std::uint64_t reply_word = word + 1;
+    std::memcpy(c.ldo.data().data(), &reply_word, 8);
+    // The request's own LDO goes back as the reply (zero copy both ways).
+    const MessageCompletion r = n.wait(n.m.reply(c.peer, c.request_id, rpt::slice_or_die(Slice::data(c.ldo))));
+    REQUIRE(r.status == Status::ok);
+    ++served;
+  }
+  boot->barrier(60s);
+  for (auto& k : kids) CHECK(rpt::reap(k, 60s) == 0);
+}
