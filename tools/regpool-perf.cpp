@@ -364,6 +364,10 @@ struct Side {
     // Plus the Messenger's posted receives and rendezvous gets (--ops tagged).
     ec.max_in_flight = 2 * kMaxWindow + 16 + 256;
     ec.op_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(kPhaseTimeout);
+    // A post is retried while the provider answers "again"; tcp;ofi_rxm
+    // answers that for ever to a dead peer, so this bounds how long a post
+    // to a killed peer can hold the run before the liveness checks run.
+    ec.post_timeout = 5s;
     ec.wait_mode = c.wait;
     if (is_verbs(c.provider)) {
 #if PERF_HAVE_VERBS
@@ -496,7 +500,16 @@ bool peer_unreachable_now() {
   return true;
 }
 
+const regpool::TcpBootstrap* g_boot = nullptr;
+// The bootstrap connection's verdict on the peer (empty: still there).
+std::string peer_lost() { return g_boot ? g_boot->lost_peer() : std::string(); }
+
 [[noreturn]] void op_failed(Status st, const std::string& what) {
+  if (const std::string lost = peer_lost(); !lost.empty()) {
+    throw regpool::Error(Status::peer_unreachable, 0,
+                         what + ": " + g_peer_label + " is gone (bootstrap " + lost + "; the transport reported: " +
+                             regpool::to_string(st) + ")");
+  }
   if (st != Status::ok && st != Status::peer_unreachable && !peer_gone() && peer_unreachable_now()) {
     throw regpool::Error(Status::peer_unreachable, 0,
                          what + ": " + g_peer_label + " is unreachable (the transport reported: " +
@@ -517,24 +530,49 @@ void check_child(const char* what) {
   }
 }
 
-// The server's phase loops wait for the client's messages with wait(), so
-// the target keeps progressing (spinning or sleeping as --wait says), in
-// slices of 100 ms between which a loopback server checks its client.
-void wait_serving(Side& s, regpool::Token t, const char* what) {
+// The bootstrap connection to the other side, kept open for the whole run:
+// it is the liveness channel. A killed peer's kernel closes it, which
+// TcpBootstrap::lost_peer() sees at once, whether or not the transport
+// reports anything (tcp;ofi_rxm fails nothing when no operation of ours is
+// in flight: a server progressing while its client puts, a client waiting
+// for a pong with only an unbound receive posted).
+struct BootWatch {
+  explicit BootWatch(const regpool::TcpBootstrap& b) { g_boot = &b; }
+  ~BootWatch() { g_boot = nullptr; }
+  BootWatch(const BootWatch&) = delete;
+  BootWatch& operator=(const BootWatch&) = delete;
+};
+
+void check_peer_alive(const std::string& what) {
+  check_child(what.c_str());
+  if (g_peer != regpool::kAnyPeer && g_ep && !g_ep->usable(g_peer)) op_failed(Status::peer_unreachable, what);
+  if (const std::string lost = peer_lost(); !lost.empty()) {
+    throw regpool::Error(Status::peer_unreachable, 0, what + ": " + g_peer_label + " is gone (bootstrap " + lost + ")");
+  }
+}
+
+// Every wait for the peer: wait() (spinning or sleeping as --wait says, so
+// the process keeps progressing) in slices of 100 ms, between which the
+// peer's liveness is checked; bounded by kPhaseTimeout.
+regpool::Completion wait_watching(Side& s, regpool::Token t, const std::string& what) {
   const auto deadline = Clock::now() + kPhaseTimeout;
   for (;;) {
     const auto c = s.ep->wait(t, 100ms);
-    if (c.status == Status::ok) return;
-    if (c.status != Status::in_progress) op_failed(c.status, what);
-    check_child(what);
-    if (g_peer != regpool::kAnyPeer && !s.ep->usable(g_peer)) op_failed(Status::peer_unreachable, what);
-    if (Clock::now() > deadline) throw regpool::Error(Status::timeout, 0, std::string(what) + ": peer silent");
+    if (c.status != Status::in_progress) return c;
+    check_peer_alive(what);
+    if (Clock::now() > deadline) throw regpool::Error(Status::timeout, 0, what + ": " + g_peer_label + " silent");
   }
+}
+
+// The server's phase loops wait for the client's messages.
+void wait_serving(Side& s, regpool::Token t, const char* what) {
+  const auto c = wait_watching(s, t, what);
+  if (c.status != Status::ok) op_failed(c.status, what);
 }
 
 regpool::Completion wait_ok(Side& s, regpool::Result<regpool::Token> t, const char* what) {
   if (!t) op_failed(t.status(), what);
-  auto c = s.ep->wait(*t, std::chrono::duration_cast<std::chrono::milliseconds>(kPhaseTimeout));
+  auto c = wait_watching(s, *t, what);
   if (c.status != Status::ok) op_failed(c.status, what);
   return c;
 }
@@ -641,6 +679,7 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
   // Step 1: the client's configuration. A standalone server waits up to an
   // hour for its client to show up (like ib_write_bw, it is started first).
   auto cfg_blobs = boot.allgather({}, loopback ? kBootTimeout : std::chrono::milliseconds(3600 * 1000));
+  const BootWatch boot_watch(boot);
   const Config c = Config::decode(to_string(cfg_blobs[1]));
   Side s(c, loopback, "perf-server");
   auto target = s.alloc(c.max_size());
@@ -774,8 +813,8 @@ double windowed(Side& s, std::uint64_t n, std::uint64_t window, Post post, Progr
   std::uint64_t posted = 0, done = 0;
   for (; posted < std::min(n, window); ++posted) ring[posted % window] = post();
   while (done < n) {
-    auto c = s.ep->wait(ring[done % window], std::chrono::duration_cast<std::chrono::milliseconds>(kPhaseTimeout));
-    if (c.status != Status::ok) throw regpool::Error(c.status, 0, op + " bandwidth: " + regpool::to_string(c.status));
+    auto c = wait_watching(s, ring[done % window], op + " bandwidth");
+    if (c.status != Status::ok) op_failed(c.status, op + " bandwidth");
     ++done;
     if (posted < n) {
       ring[posted % window] = post();
@@ -795,6 +834,7 @@ regpool::Token token_or_throw(regpool::Result<regpool::Token> t, const std::stri
 std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool loopback, ProgressLine& pl,
                             std::string& provider_out, bool& emulated_atomics) {
   (void)boot.allgather(to_bytes(c.encode()), kBootTimeout);
+  const BootWatch boot_watch(boot);
   Side s(c, loopback, "perf-client");
   provider_out = s.provider;
   emulated_atomics = s.emulated_atomics;
@@ -844,6 +884,7 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
         r.mbps = static_cast<double>(n * size) / secs / 1e6;
         r.mops = static_cast<double>(n) / secs / 1e6;
       } catch (const std::exception& e) {
+        if (!peer_lost().empty()) throw;  // the peer is gone: no later row can run
         r.error = e.what();
       }
       const bool failed = !r.error.empty();
@@ -881,6 +922,7 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
           r.mops = static_cast<double>(c.iters) / secs / 1e6;
         }
       } catch (const std::exception& e) {
+        if (!peer_lost().empty()) throw;  // the peer is gone: no later row can run
         r.error = e.what();
       }
       rows.push_back(std::move(r));
@@ -935,7 +977,7 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
         auto rt = token_or_throw(s.ep->post_recv(out), "post_recv");
         const auto t0 = Clock::now();
         (void)wait_ok(s, s.ep->send(peer, out), "send");
-        auto back = s.ep->wait(rt, std::chrono::duration_cast<std::chrono::milliseconds>(kPhaseTimeout));
+        auto back = wait_watching(s, rt, "send pong");
         if (back.status != Status::ok) op_failed(back.status, "send pong");
         if (i >= static_cast<std::uint64_t>(kWarmupOps)) lat.push_back(us_since(t0) / 2);
         pl.show("send", size, "lat", i + 1, c.iters + kWarmupOps);
@@ -947,7 +989,7 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       auto ack = token_or_throw(s.ep->post_recv(ctrl_slice), "post_recv ack");
       const auto t0 = Clock::now();
       (void)windowed(s, n, c.window, [&]() { return token_or_throw(s.ep->send(peer, out), "send"); }, pl, "send", size);
-      auto a = s.ep->wait(ack, std::chrono::duration_cast<std::chrono::milliseconds>(kPhaseTimeout));
+      auto a = wait_watching(s, ack, "send ack");
       if (a.status != Status::ok) op_failed(a.status, "send ack");
       const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
       r.has_bandwidth = true;

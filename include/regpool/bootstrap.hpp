@@ -117,6 +117,17 @@ class REGPOOL_API TcpBootstrap final : public Bootstrap {
   bool uses_key() const noexcept { return !key_.empty(); }
   std::vector<std::vector<std::byte>> allgather(std::span<const std::byte> mine,
                                                 std::chrono::milliseconds timeout) override;
+  // Liveness between collectives, without blocking and without reading:
+  // the first rank whose connection has ended (its process exited or was
+  // killed, so its kernel closed the socket; or the connection failed),
+  // described as "rank R (address:port): <what happened>"; empty while
+  // every connection is up. Bytes a rank sent before it went count as an
+  // end too. Rank 0 watches every rank, the others rank 0. Lets a process
+  // that waits on its transport (a server progressing while its client
+  // puts) notice a dead peer that the transport does not report
+  // (tcp;ofi_rxm with nothing of ours in flight). Same thread rule as the
+  // collectives.
+  std::string lost_peer() const;
 
  private:
   void accept_all(std::chrono::steady_clock::time_point deadline);

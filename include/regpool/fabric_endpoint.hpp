@@ -364,6 +364,10 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   OwnRegion own_ctrl_;
   std::chrono::steady_clock::time_point next_peer_check_{};
   std::atomic<std::uint64_t> dead_peers_{0};
+  // When a peer was last found dead, or removed while its process was gone
+  // (membership removes a dead client at once, often before the pid check
+  // has seen it): a stuck own lock may then be recovered (shm_try_recover).
+  std::chrono::steady_clock::time_point last_peer_death_{};
   std::atomic<std::uint64_t> lock_skips_{0};
   std::atomic<std::uint64_t> lock_recoveries_{0};
   std::atomic<bool> region_stuck_{false};

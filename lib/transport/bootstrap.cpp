@@ -113,6 +113,23 @@ TcpBootstrap::~TcpBootstrap() {
   detail::secure_wipe(key_.data(), key_.size());
 }
 
+std::string TcpBootstrap::lost_peer() const {
+  for (std::size_t i = 0; i < peers_.size(); ++i) {
+    if (peers_[i] < 0) continue;
+    pollfd p{peers_[i], POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) != 1) continue;
+    const int rank = config_.rank == 0 ? static_cast<int>(i) : 0;
+    const std::string who = "rank " + std::to_string(rank) + " (" + peer_addr_[i] + ")";
+    int err = 0;
+    socklen_t len = sizeof err;
+    if ((p.revents & POLLERR) && ::getsockopt(peers_[i], SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err != 0) {
+      return who + ": connection lost: " + std::strerror(err);
+    }
+    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) return who + ": closed its connection (the process exited or was killed)";
+  }
+  return {};
+}
+
 void TcpBootstrap::log(const std::string& line) const {
   if (config_.log) {
     try {

@@ -516,6 +516,11 @@ PeerId FabricEndpoint::peer_of_addr(std::uint64_t addr) const noexcept {
 void FabricEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
   if (handle >= peers_.size() || !peers_[handle].used) return;
   PeerAddr& p = peers_[handle];
+  // Removed because it died (the membership layer removes a dead client at
+  // once): that death may be what left our region lock held.
+  if (p.pid != 0 && (p.dead || !fabric_shm::process_alive(p.pid))) {
+    last_peer_death_ = std::chrono::steady_clock::now();
+  }
   fi_addr_t a = p.data;
   (void)fi_av_remove(av_, &a, 1, 0);
   if (a < handle_by_addr_.size()) handle_by_addr_[a] = kNoEntry;
@@ -1198,6 +1203,7 @@ void FabricEndpoint::shm_check_peers(std::chrono::steady_clock::time_point now) 
       p.checked = now;
       if (fabric_shm::process_alive(p.pid)) continue;
       p.dead = true;
+      last_peer_death_ = now;
     }
     // Dead: whatever is still in flight to it will never complete (shm
     // reports a failed fast RMA without the op's context, and a request
@@ -1219,6 +1225,7 @@ bool FabricEndpoint::shm_peer_gone(std::uint64_t handle) noexcept {
     if (now - p.checked >= std::chrono::milliseconds(1)) {
       p.checked = now;
       p.dead = !fabric_shm::process_alive(p.pid);
+      if (p.dead) last_peer_death_ = now;
     }
   }
   return p.dead;
@@ -1281,6 +1288,12 @@ void FabricEndpoint::shm_try_recover(OwnRegion& r, std::chrono::steady_clock::ti
   shm_check_peers(now);
   bool peer_died = false;
   for (const PeerAddr& p : peers_) peer_died = peer_died || (p.used && p.dead);
+  // A peer that died and was removed meanwhile counts too, if it died
+  // around or after the time the lock was first seen held.
+  if (last_peer_death_ != std::chrono::steady_clock::time_point{} &&
+      last_peer_death_ + options_.stuck_lock_patience >= r.held_since) {
+    peer_died = true;
+  }
   const fabric_shm::Mappers m = fabric_shm::region_mappers(r.lock->name());
   const bool nobody_alive = m.complete && m.live == 0;
   const bool dead_holder = m.complete && m.stopped == 0 && peer_died;

@@ -509,19 +509,16 @@ KILL_BOUND = 15
 
 
 def mode_perf_kill(tool, provider):
-    # tcp: only a killed server is checked. A server that merely progresses
-    # while its client puts learns of the client's death only if rxm reports
-    # the connection (not reliably: no operation of its own is in flight),
-    # and a client waiting for a pong has only an unbound receive posted;
-    # peer events are the membership layer's (docs/provider-facts.md).
-    # tcp send and atomics: a client waiting for a dead server's answer (a
-    # pong, an atomic's reply) has nothing in flight that rxm can fail, so
-    # it waits for perf's op bound; not checked here.
-    ops = ["put", "get", "send", "atomic"] if provider == "shm" else ["put", "get"]
-    victims = ("client", "server") if provider == "shm" else ("server",)
+    # Both directions on both providers. On tcp the transport alone does not
+    # always tell (a server that only progresses while its client puts has
+    # nothing in flight that rxm could fail; a client waiting for a pong or
+    # an atomic's reply has only an unbound receive posted): regpool-perf
+    # watches the bootstrap connection it keeps open to the other side
+    # (TcpBootstrap::lost_peer), which a killed process's kernel closes.
+    ops = ["put", "get", "send", "atomic"]
     with tempfile.TemporaryDirectory() as tmp:
         for op in ops:
-            for victim in victims:
+            for victim in ("client", "server"):
                 perf_kill_once(tool, provider, op, victim, tmp)
 
 
@@ -532,13 +529,23 @@ def perf_kill_once(tool, provider, op, victim, tmp):
     srv, errname = start_server(tool, port, env, tmp, f"kill-{op}-{victim}")
     cerr = open(os.path.join(tmp, f"client-{op}-{victim}.err"), "w+", encoding="utf-8")
     cli = subprocess.Popen([tool, "--client", f"127.0.0.1:{port}", "--provider", provider, "--sizes", "1M",
-                            "--iters", "100000000", "--ops", op, "--no-progress"], stdout=subprocess.DEVNULL,
+                            "--iters", "100000000", "--ops", op, "--progress"], stdout=subprocess.DEVNULL,
                            stderr=cerr, env=env)
     try:
-        # Let the run reach its operations (large transfers: the kill lands
-        # inside one, where shm holds a lock in shared memory).
-        # (tcp endpoints take about a second each to open.)
-        time.sleep(2.0 if provider == "shm" else 4.0)
+        # Kill only once the run is inside its operations (large transfers:
+        # the kill lands inside one, where shm holds a lock in shared
+        # memory): the client's progress line says so. A fixed sleep was not
+        # enough on a busy machine (the kill landed in the bootstrap).
+        started = time.monotonic()
+        while time.monotonic() - started < 90:
+            with open(cerr.name, encoding="utf-8", errors="replace") as f:
+                if " lat " in f.read():
+                    break
+            if cli.poll() is not None or srv.poll() is not None:
+                break
+            time.sleep(0.1)
+        check(time.monotonic() - started < 90, f"{what}: the client reached its operations")
+        time.sleep(0.3)
         dead, survivor, labels = ((cli, srv, ("the client", "rank 1")) if victim == "client"
                                   else (srv, cli, ("the server at", "rank 0")))
         dead.kill()
@@ -555,7 +562,8 @@ def perf_kill_once(tool, provider, op, victim, tmp):
             check(rc == 1, f"{what}: survivor exits 1 (got {rc}: {err!r})")
             check(any(l in err for l in labels) and ("unreachable" in err or "closed its connection" in err or "send failed" in err),
                   f"{what}: survivor names the dead peer ({err!r})")
-            print(f"{what}: survivor exited {rc} after {took:.2f} s", file=sys.stderr)
+            last = err.strip().splitlines()[-1] if err.strip() else ""
+            print(f"{what}: survivor exited {rc} after {took:.2f} s: {last}", file=sys.stderr)
     finally:
         for p in (srv, cli):
             if p.poll() is None:

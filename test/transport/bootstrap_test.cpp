@@ -1,6 +1,8 @@
 // TcpBootstrap on loopback: allgather among forked processes, and bounded
 // failure when a rank never shows up or dies.
 
+#include <poll.h>
+
 #include <catch2/catch.hpp>
 #include <string>
 #include <thread>
@@ -84,6 +86,66 @@ TEST_CASE("tcp bootstrap reports a rank that died", "[unit]") {
   } catch (const regpool::Error& e) {
     CHECK(e.status() == Status::peer_unreachable);
   }
+}
+
+TEST_CASE("lost_peer names a rank killed between collectives, on both sides", "[unit]") {
+  auto root = rpt::root_bootstrap(2);
+  const auto port = root->port();
+  int fds[2], acks[2];
+  REQUIRE(::pipe(fds) == 0);
+  REQUIRE(::pipe(acks) == 0);
+  auto kid = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        (void)b->allgather({}, 10s);
+        RPT_CHECK(b->lost_peer().empty());
+        const char ok = 1;
+        RPT_CHECK(::write(acks[1], &ok, 1) == 1);
+        char c = 0;
+        RPT_CHECK(::read(fds[0], &c, 1) == 1);  // rank 0 says it is about to exit
+        const auto end = std::chrono::steady_clock::now() + 5s;
+        while (b->lost_peer().empty() && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(5ms);
+        const std::string lost = b->lost_peer();
+        RPT_CHECK(lost.find("rank 0 (127.0.0.1:") == 0);
+        RPT_CHECK(lost.find("closed its connection") != std::string::npos);
+        for (;;) ::pause();  // killed by the parent
+      },
+      30);
+  (void)root->allgather({}, 10s);
+  CHECK(root->lost_peer().empty());
+  pollfd pa{acks[0], POLLIN, 0};
+  REQUIRE(::poll(&pa, 1, 10000) == 1);  // the child saw rank 0 alive
+  char ack = 0;
+  REQUIRE(::read(acks[0], &ack, 1) == 1);
+  // Rank 0 goes away: the child sees it (then passes its own checks).
+  const char one = 1;
+  REQUIRE(::write(fds[1], &one, 1) == 1);
+  root.reset();
+  std::this_thread::sleep_for(300ms);
+  // A fresh rank 0 whose rank 1 is killed between collectives.
+  auto root2 = rpt::root_bootstrap(2);
+  const auto port2 = root2->port();
+  auto kid2 = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port2);
+        (void)b->allgather({}, 10s);
+        for (;;) ::pause();
+      },
+      30);
+  (void)root2->allgather({}, 10s);
+  CHECK(root2->lost_peer().empty());
+  REQUIRE(::kill(kid2.pid, SIGKILL) == 0);
+  CHECK(rpt::reap(kid2, 10s) == 128 + SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (root2->lost_peer().empty() && std::chrono::steady_clock::now() - t0 < 5s) std::this_thread::sleep_for(5ms);
+  const std::string lost = root2->lost_peer();
+  INFO(lost);
+  CHECK(lost.find("rank 1 (127.0.0.1:") == 0);
+  CHECK(lost.find("closed its connection") != std::string::npos);
+  // The first child checked rank 0's departure; it is still pausing.
+  ::kill(kid.pid, SIGKILL);
+  CHECK(rpt::reap(kid, 10s) == 128 + SIGKILL);
+  for (int fd : {fds[0], fds[1], acks[0], acks[1]}) ::close(fd);
 }
 
 TEST_CASE("tcp bootstrap validates its configuration", "[unit]") {
