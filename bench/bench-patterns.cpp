@@ -56,6 +56,7 @@ struct Options {
   std::uint64_t records = 200000;
   std::uint64_t paced = 5000;
   std::chrono::microseconds gap{20};
+  std::string methods = "send,ring,ring-batch,aggregate";
   bool json = false;
   bool smoke = false;
 };
@@ -330,10 +331,19 @@ std::vector<Result> run_method(const std::vector<Case>& cases, const Options& o)
         Tally t;
         if (c.paced) t.lat.reserve(count_for(c, o));
         const auto bound = Clock::now() + 120s;
+        auto last_seen = Clock::now();
         while (t.n < count_for(c, o) && Clock::now() < bound) {
           auto r = cons.peek();
+          if (Clock::now() - last_seen > 5s) {
+            const auto cs = cons.stats();
+            std::fprintf(stderr, "stuck: n=%llu records=%llu control=%llu keepalives=%llu pads=%llu\n",
+                         (unsigned long long)t.n, (unsigned long long)cs.records, (unsigned long long)cs.control_puts,
+                         (unsigned long long)cs.keepalives, (unsigned long long)cs.pads);
+            last_seen = Clock::now();
+          }
+          if (r) last_seen = Clock::now();
           if (!r) {
-            if (r.status() != Status::would_block) die("ring peek", r.status());
+            if (r.status() != Status::would_block) die(c.label + " " + std::to_string(c.size) + " B: ring peek", r.status());
             continue;
           }
           t.record(*r, c.paced);
@@ -383,9 +393,10 @@ int main(int argc, char** argv) {
     else if (a == "--records") o.records = std::stoull(next());
     else if (a == "--paced") o.paced = std::stoull(next());
     else if (a == "--gap-us") o.gap = std::chrono::microseconds(std::stoll(next()));
+    else if (a == "--methods") o.methods = next();
     else if (a == "--json") o.json = true;
     else if (a == "--smoke") o.smoke = true;
-    else die("unknown argument " + a + " (--provider shm|tcp --records N --paced N --gap-us U --json --smoke)");
+    else die("unknown argument " + a + " (--provider shm|tcp --records N --paced N --gap-us U --methods LIST --json --smoke)");
   }
   if (o.smoke) {
     o.records = 2000;
@@ -396,6 +407,7 @@ int main(int argc, char** argv) {
   const std::vector<std::string> methods = {"send", "ring", "ring-batch", "aggregate"};
   std::vector<std::pair<Case, Result>> all;
   for (const auto& m : methods) {
+    if (("," + o.methods + ",").find("," + m + ",") == std::string::npos) continue;
     std::vector<Case> cases;
     for (auto sz : sizes) cases.push_back(Case{m, sz, false, {}, 0, m});
     // Latency of paced 64-byte records.
@@ -416,7 +428,7 @@ int main(int argc, char** argv) {
   for (const auto& [c, r] : all) {
     if (c.paced) continue;
     std::printf("%-12s %6zu %14.3f\n", c.method.c_str(), c.size, r.rate / 1e6);
-    ok = ok && r.records == o.records;
+    if (r.records != o.records) ok = false;
   }
   std::printf("one-way latency of 64 B records, one every %lld us (us)\n", static_cast<long long>(o.gap.count()));
   std::printf("%-32s %10s %10s\n", "method", "p50", "p99");

@@ -142,10 +142,13 @@ struct RingConsumer::Impl {
     if (keepalive) ++st.keepalives;
   }
 
+  // Credits go back every credit_interval bytes, and when the producer says
+  // it waits, once we have caught up with what it published (then it gets
+  // all the room there is with one put, rather than one put per record).
   void maybe_credit() noexcept {
     reap_credit();
     if (!connected || head == credited) return;
-    if (head - credited < credit_interval && !want_credit) return;
+    if (head - credited < credit_interval && !(want_credit && head == known_tail)) return;
     if (credit_in_flight) {
       ep.progress();
       reap_credit();
