@@ -336,7 +336,9 @@ std::vector<Result> run_method(const std::vector<Case>& cases, const Options& o)
           auto r = cons.peek();
           if (Clock::now() - last_seen > 5s) {
             const auto cs = cons.stats();
-            std::fprintf(stderr, "stuck: n=%llu records=%llu control=%llu keepalives=%llu pads=%llu\n",
+            std::fprintf(stderr,
+                         "bench-patterns: ring consumer waited 5 s for a record: n=%llu records=%llu "
+                         "control=%llu keepalives=%llu pads=%llu\n",
                          (unsigned long long)t.n, (unsigned long long)cs.records, (unsigned long long)cs.control_puts,
                          (unsigned long long)cs.keepalives, (unsigned long long)cs.pads);
             last_seen = Clock::now();
