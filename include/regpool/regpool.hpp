@@ -2,6 +2,7 @@
 // Umbrella header: the whole public API of regpool.
 
 #include "regpool/config.hpp"
+#include "regpool/aggregator.hpp"
 #include "regpool/bootstrap.hpp"
 #include "regpool/domain.hpp"
 #include "regpool/endpoint.hpp"
@@ -13,6 +14,7 @@
 #include "regpool/memory_resource.hpp"
 #include "regpool/pool.hpp"
 #include "regpool/remote_ref.hpp"
+#include "regpool/ring_channel.hpp"
 #include "regpool/slice.hpp"
 #include "regpool/telemetry.hpp"
 #if REGPOOL_HAVE_FABRIC

@@ -5,7 +5,8 @@ libregpool is built with hidden visibility and exports only what the public
 headers mark REGPOOL_API (include/regpool/export.hpp). This reads the dynamic
 symbol table of the built library with `nm -D` and checks:
   - no exported symbol names an internal namespace (regpool::detail,
-    the wire parsers fabric_wire / verbs_wire / bootwire, regpool::platform,
+    the wire parsers fabric_wire / verbs_wire / bootwire / ring / aggregate,
+    regpool::platform,
     regpool::le) or the HMAC code, not even in a parameter or template
     argument;
   - the public API is there: a few functions of every layer, and the
@@ -20,7 +21,7 @@ import subprocess
 import sys
 
 INTERNAL = re.compile(
-    r"regpool::(detail|fabric_wire|verbs_wire|bootwire|platform|le)::|hmac", re.IGNORECASE)
+    r"regpool::(detail|fabric_wire|verbs_wire|bootwire|platform|le|ring|aggregate)::|hmac", re.IGNORECASE)
 
 # Mangled names that must be exported (the Itanium C++ ABI spelling is
 # stable; demanglers of different binutils versions print std types
