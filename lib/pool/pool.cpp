@@ -149,6 +149,8 @@ PoolCore::PoolCore(std::vector<std::shared_ptr<Domain>> domains, PoolConfig conf
     if (s != Status::ok) {
       for (Arena* a : arenas_) delete a;
       arenas_.clear();
+      // The destructor does not run for a constructor that throws.
+      for (auto& leaf : arena_map_) delete leaf.exchange(nullptr, std::memory_order_relaxed);
       if (err) std::rethrow_exception(err);
       if (config_.huge_page_size && s == Status::out_of_memory)
         throw Error(s, ENOMEM, "pool '" + config_.name + "': " +
@@ -162,6 +164,41 @@ PoolCore::PoolCore(std::vector<std::shared_ptr<Domain>> domains, PoolConfig conf
 PoolCore::~PoolCore() {
   for (auto& c : central_) c.list.clear();
   for (Arena* a : arenas_) delete a;
+  for (auto& leaf : arena_map_) delete leaf.load(std::memory_order_relaxed);
+}
+
+bool PoolCore::map_arena_locked(Arena* a, Arena* value) noexcept {
+  constexpr std::uintptr_t kChunk = std::uintptr_t{1} << kChunkShift;
+  const auto begin = reinterpret_cast<std::uintptr_t>(a->base());
+  const std::uintptr_t end = begin + a->size();
+  const std::uintptr_t first = (begin + kChunk - 1) >> kChunkShift;
+  const std::uintptr_t last = end >> kChunkShift;  // exclusive
+  bool ok = true;
+  for (std::uintptr_t c = first; c < last; ++c) {
+    const std::uintptr_t root = c >> kLeafBits;
+    if (root >= arena_map_.size()) return false;
+    ArenaLeaf* leaf = arena_map_[root].load(std::memory_order_relaxed);
+    if (!leaf) {
+      if (!value) continue;
+      leaf = new (std::nothrow) ArenaLeaf();
+      if (!leaf) {
+        ok = false;
+        continue;
+      }
+      arena_map_[root].store(leaf, std::memory_order_release);
+    }
+    leaf->entry[c & ((std::uintptr_t{1} << kLeafBits) - 1)].store(value, std::memory_order_release);
+  }
+  return ok;
+}
+
+Arena* PoolCore::arena_of(const void* p) const noexcept {
+  const std::uintptr_t c = reinterpret_cast<std::uintptr_t>(p) >> kChunkShift;
+  const std::uintptr_t root = c >> kLeafBits;
+  if (root >= arena_map_.size()) return nullptr;
+  const ArenaLeaf* leaf = arena_map_[root].load(std::memory_order_acquire);
+  if (!leaf) return nullptr;
+  return leaf->entry[c & ((std::uintptr_t{1} << kLeafBits) - 1)].load(std::memory_order_acquire);
 }
 
 ThreadCache* PoolCore::thread_cache_slow() noexcept {
@@ -506,6 +543,7 @@ std::size_t PoolCore::release_idle_arenas(std::size_t keep) noexcept {
           std::unique_lock w(arenas_rw_);
           arenas_.erase(arenas_.begin() + static_cast<std::ptrdiff_t>(i));
         }
+        map_arena_locked(a, nullptr);
         // Idle and out of arenas_: no object, free list, thread cache or
         // address lookup refers to it any more, so it can go unlocked.
         a->next_released = doomed;
@@ -547,6 +585,8 @@ Status PoolCore::grow_locked(std::uint64_t min_bytes, bool dedicated, std::excep
       delete *a;
       return i == 0 ? Status::out_of_memory : Status::ok;
     }
+    // A leaf that cannot be allocated only sends those lookups to the scan.
+    (void)map_arena_locked(*a, *a);
     bytes_mapped_ += (*a)->size();
     arenas_created_ += 1;
     registrations_ += domains_.size();
@@ -756,6 +796,11 @@ void PoolCore::close() noexcept {
 }
 
 ControlBlock* PoolCore::block_at(const void* base) const noexcept {
+  if (Arena* a = arena_of(base)) {
+    const auto off = static_cast<std::size_t>(static_cast<const std::byte*>(base) - a->base());
+    if (off % kGranule) return nullptr;
+    return a->block_at(off);
+  }
   std::shared_lock r(arenas_rw_);
   for (Arena* a : arenas_) {
     if (a->contains(base)) {

@@ -248,6 +248,8 @@ class PoolCore {
     return -1;
   }
   // Control block of the object whose wire header is at `base`, or nullptr.
+  // For a live object of this pool it takes no lock (the arena map below);
+  // other addresses fall back to a scan of the arenas under arenas_rw_.
   ControlBlock* block_at(const void* base) const noexcept;
 
   // Thread exit: move a cache's objects back and fold its counters in.
@@ -353,6 +355,27 @@ class PoolCore {
   mutable std::mutex mutex_;
   std::vector<Arena*> arenas_;  // guarded by mutex_ (writes also by arenas_rw_)
   mutable std::shared_mutex arenas_rw_;
+
+  // Address -> arena map for block_at: one entry per 2 MiB chunk of the
+  // address space (two levels, leaves allocated on demand under mutex_),
+  // naming the arena that covers the whole chunk. Arenas are 2 MiB aligned
+  // when THP advice is on (the default); chunks an arena covers only in
+  // part are left out and found by the scan. Entries are set before an
+  // arena's first object is handed out and cleared (under mutex_) when the
+  // arena is released, i.e. idle: a lookup for a live object always finds
+  // its arena's entry current. Readers take no lock.
+  static constexpr unsigned kChunkShift = 21;
+  static constexpr unsigned kLeafBits = 14;
+  static constexpr unsigned kRootBits = 47 - kChunkShift - kLeafBits;  // 47-bit user addresses
+  struct ArenaLeaf {
+    std::array<std::atomic<Arena*>, std::size_t{1} << kLeafBits> entry{};
+  };
+  std::array<std::atomic<ArenaLeaf*>, std::size_t{1} << kRootBits> arena_map_{};
+  // Sets (or with nullptr clears) the entries of the chunks `a` covers
+  // whole. Caller holds mutex_. Returns false if a leaf could not be
+  // allocated (those chunks then go through the scan).
+  bool map_arena_locked(Arena* a, Arena* value) noexcept;
+  Arena* arena_of(const void* p) const noexcept;
   std::uint64_t bytes_mapped_ = 0;
   std::uint64_t arenas_created_ = 0;
   std::uint64_t arenas_released_ = 0;
