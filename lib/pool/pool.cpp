@@ -962,6 +962,12 @@ namespace {
   if (!r) return r.status();
   return detail::LdoAccess::adopt(*r);
 }
+// The same for Pool::allocate(data, meta): sizes in registers, so that
+// function needs no stack frame of its own.
+[[gnu::noinline]] Result<Ldo> allocate_miss_sized(detail::PoolCore* core, std::uint64_t data_size,
+                                                  std::uint64_t meta_size) noexcept {
+  return allocate_miss(core, LdoShape{data_size, meta_size, 0, 0});
+}
 }  // namespace
 
 Result<Ldo> Pool::allocate(const LdoShape& shape) noexcept {
@@ -976,7 +982,7 @@ Result<Ldo> Pool::allocate(std::uint64_t data_size, std::uint64_t meta_size) noe
     if (detail::ControlBlock* cb = core_->allocate_cached(data_size, meta_size, 0, 0, Zeroing::pool_default))
         [[likely]]
       return detail::LdoAccess::adopt(cb);
-  return allocate_miss(core_, LdoShape{data_size, meta_size, 0, 0});
+  return allocate_miss_sized(core_, data_size, meta_size);
 }
 
 std::size_t Pool::trim() noexcept { return core_ ? core_->trim() : 0; }

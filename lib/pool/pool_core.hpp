@@ -169,9 +169,11 @@ class PoolCore {
       return nullptr;
     const std::uint64_t sections = ((meta + 7) & ~std::uint64_t{7}) + data;
     const std::uint64_t total = kWireHeaderSize + (sections > cap ? sections : cap);
-    ThreadCache* tc = cached_thread_cache();
-    if (!tc) [[unlikely]]
+    // tls_fast.last is set whenever last_id is, so a match needs no null test.
+    const TlsFast& f = tls_fast;
+    if (f.last_id != id_) [[unlikely]]
       return nullptr;
+    ThreadCache* tc = f.last;
     ControlBlock* cb;
     if (total <= kMaxSmallObject) [[likely]] {
       const std::size_t cls = class_of(total);
@@ -200,11 +202,12 @@ class PoolCore {
   // The drop of a pool object (its last reference). Never deregisters and
   // never waits for anything but the pool's short-held locks.
   void free(ControlBlock* cb) noexcept {
-    ThreadCache* tc = cached_thread_cache();
-    if (!tc) [[unlikely]] {
+    const TlsFast& f = tls_fast;
+    if (f.last_id != id_) [[unlikely]] {
       free_without_fast_cache(cb);
       return;
     }
+    ThreadCache* tc = f.last;
     // busy before detached_: close() pairs its store of detached_ and an
     // asymmetric fence with this (see the locking notes above); a compiler
     // barrier is all this side needs.
@@ -265,7 +268,7 @@ class PoolCore {
   // reused, so never stale), else nullptr: no lookup, no registration.
   ThreadCache* cached_thread_cache() const noexcept {
     const TlsFast& f = tls_fast;
-    return f.last_id == id_ ? f.last : nullptr;
+    return f.last_id == id_ ? f.last : nullptr;  // last is non-null whenever last_id is set
   }
   // A cached span that fits `total` bytes with at most 25% slack (newest
   // first), taken out of the cache, or nullptr.
