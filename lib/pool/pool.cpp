@@ -20,9 +20,9 @@ constinit thread_local TlsFast tls_fast [[gnu::tls_model("initial-exec")]];
 
 namespace {
 
-constexpr std::uint64_t kPage = platform::kPageSize;
 // Objects beyond kMaxObjectBytes are rejected up front, so size arithmetic
-// can never overflow and page counts fit in 32 bits.
+// can never overflow and page counts fit in 32 bits. (kPage is
+// PoolCore::kPage.)
 
 std::atomic<std::uint64_t> g_next_pool_id{1};  // identity only; no pool state is global
 
