@@ -11,11 +11,15 @@ namespace {
 // Offset of the data section chosen for an alignment: the smallest
 // data_offset_for(meta) that is a multiple of the alignment. Objects start
 // 64-byte aligned (slots) or page aligned (spans, forced for big alignments).
-std::uint64_t data_offset_for_alignment(std::size_t alignment) noexcept {
-  std::uint64_t off = data_offset_for(0);
-  while (off % alignment) off += 8;
-  return off;
+// data_offset_for(meta) steps by 8 from kWireHeaderSize, and alignments are
+// powers of two, so that is kWireHeaderSize rounded up to max(alignment, 8).
+constexpr std::uint64_t data_offset_for_alignment(std::size_t alignment) noexcept {
+  const std::uint64_t a = alignment < 8 ? 8 : alignment;
+  return (data_offset_for(0) + a - 1) & ~(a - 1);
 }
+static_assert(data_offset_for_alignment(1) == 24 && data_offset_for_alignment(8) == 24 &&
+              data_offset_for_alignment(16) == 32 && data_offset_for_alignment(64) == 64 &&
+              data_offset_for_alignment(4096) == 4096);
 
 }  // namespace
 

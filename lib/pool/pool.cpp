@@ -20,9 +20,9 @@ constinit thread_local TlsFast tls_fast [[gnu::tls_model("initial-exec")]];
 
 namespace {
 
-constexpr std::uint64_t kPage = platform::kPageSize;
 // Objects beyond kMaxObjectBytes are rejected up front, so size arithmetic
-// can never overflow and page counts fit in 32 bits.
+// can never overflow and page counts fit in 32 bits. (kPage is
+// PoolCore::kPage.)
 
 std::atomic<std::uint64_t> g_next_pool_id{1};  // identity only; no pool state is global
 
@@ -136,6 +136,9 @@ PoolCore::PoolCore(std::vector<std::shared_ptr<Domain>> domains, PoolConfig conf
   // page faults after setup.
   madvise_zero_ = config_.zero_madvise_min != 0 && config_.huge_page_size == 0 && !config_.prefault &&
                   std::none_of(domains_.begin(), domains_.end(), [](const auto& d) { return d->pins_memory(); });
+  zero_by_mode_ = {config_.zero_on_allocate, true, false, false};
+  static_assert(static_cast<int>(Zeroing::pool_default) == 0 && static_cast<int>(Zeroing::zeroed) == 1 &&
+                static_cast<int>(Zeroing::uninitialized) == 2);
   fence_cmd_ = asymmetric_fence_command();
   caches_enabled_ = config_.thread_cache && fence_cmd_ != 0;
   registry_->core = this;
@@ -146,6 +149,8 @@ PoolCore::PoolCore(std::vector<std::shared_ptr<Domain>> domains, PoolConfig conf
     if (s != Status::ok) {
       for (Arena* a : arenas_) delete a;
       arenas_.clear();
+      // The destructor does not run for a constructor that throws.
+      for (auto& leaf : arena_map_) delete leaf.exchange(nullptr, std::memory_order_relaxed);
       if (err) std::rethrow_exception(err);
       if (config_.huge_page_size && s == Status::out_of_memory)
         throw Error(s, ENOMEM, "pool '" + config_.name + "': " +
@@ -159,6 +164,41 @@ PoolCore::PoolCore(std::vector<std::shared_ptr<Domain>> domains, PoolConfig conf
 PoolCore::~PoolCore() {
   for (auto& c : central_) c.list.clear();
   for (Arena* a : arenas_) delete a;
+  for (auto& leaf : arena_map_) delete leaf.load(std::memory_order_relaxed);
+}
+
+bool PoolCore::map_arena_locked(Arena* a, Arena* value) noexcept {
+  constexpr std::uintptr_t kChunk = std::uintptr_t{1} << kChunkShift;
+  const auto begin = reinterpret_cast<std::uintptr_t>(a->base());
+  const std::uintptr_t end = begin + a->size();
+  const std::uintptr_t first = (begin + kChunk - 1) >> kChunkShift;
+  const std::uintptr_t last = end >> kChunkShift;  // exclusive
+  bool ok = true;
+  for (std::uintptr_t c = first; c < last; ++c) {
+    const std::uintptr_t root = c >> kLeafBits;
+    if (root >= arena_map_.size()) return false;
+    ArenaLeaf* leaf = arena_map_[root].load(std::memory_order_relaxed);
+    if (!leaf) {
+      if (!value) continue;
+      leaf = new (std::nothrow) ArenaLeaf();
+      if (!leaf) {
+        ok = false;
+        continue;
+      }
+      arena_map_[root].store(leaf, std::memory_order_release);
+    }
+    leaf->entry[c & ((std::uintptr_t{1} << kLeafBits) - 1)].store(value, std::memory_order_release);
+  }
+  return ok;
+}
+
+Arena* PoolCore::arena_of(const void* p) const noexcept {
+  const std::uintptr_t c = reinterpret_cast<std::uintptr_t>(p) >> kChunkShift;
+  const std::uintptr_t root = c >> kLeafBits;
+  if (root >= arena_map_.size()) return nullptr;
+  const ArenaLeaf* leaf = arena_map_[root].load(std::memory_order_acquire);
+  if (!leaf) return nullptr;
+  return leaf->entry[c & ((std::uintptr_t{1} << kLeafBits) - 1)].load(std::memory_order_acquire);
 }
 
 ThreadCache* PoolCore::thread_cache_slow() noexcept {
@@ -185,7 +225,6 @@ ThreadCache* PoolCore::thread_cache_slow() noexcept {
   auto* tc = new (std::nothrow) ThreadCache();
   if (!tc) return nullptr;
   tc->core = this;
-  for (std::size_t c = 0; c < kNumSizeClasses; ++c) tc->bins[c].limit = cache_limit(c);
   try {
     d.entries.push_back({id_, tc, registry_});
   } catch (...) {
@@ -267,11 +306,13 @@ Result<ControlBlock*> PoolCore::allocate_small(std::size_t cls) noexcept {
   Central& central = central_[cls];
   if (tc) {
     auto& bin = tc->bins[cls];
-    if (bin.list.empty()) {
+    if (bin.count == 0) {
       std::lock_guard g(central.mutex);
       const std::uint32_t batch = std::max<std::uint32_t>(1, bin.limit / 2);
       Status s = Status::ok;
-      while (bin.list.size() < batch) {
+      // The central list's front ends on top of the stack: allocated first.
+      std::uint32_t n = 0;
+      while (n < batch) {
         if (central.list.empty()) {
           s = carve_slab(cls);
           if (s != Status::ok) break;
@@ -279,14 +320,16 @@ Result<ControlBlock*> PoolCore::allocate_small(std::size_t cls) noexcept {
         ControlBlock& cb = central.list.front();
         central.list.pop_front();
         pop_central_locked(cls, &cb);
-        bin.list.push_back(cb);
+        ++n;
+        bin.slots[batch - n] = &cb;
       }
-      if (bin.list.empty()) return s;
+      if (n == 0) return s;
+      if (n < batch) std::copy(bin.slots + (batch - n), bin.slots + batch, bin.slots);
+      bin.count = n;
     }
-    ControlBlock& cb = bin.list.front();
-    bin.list.pop_front();
+    ControlBlock* cb = bin.slots[--bin.count];
     tc->counters.allocs[cls].add(1);
-    return &cb;
+    return cb;
   }
   std::lock_guard g(central.mutex);
   if (central.list.empty()) {
@@ -298,23 +341,6 @@ Result<ControlBlock*> PoolCore::allocate_small(std::size_t cls) noexcept {
   pop_central_locked(cls, &cb);
   shared_add(shared_counters_.allocs[cls], 1);
   return &cb;
-}
-
-ControlBlock* PoolCore::allocate_span_cached(std::uint64_t bytes) noexcept {
-  ThreadCache* tc = thread_cache();
-  if (!tc) return nullptr;
-  const std::uint64_t capacity = platform::round_up(bytes, kPage);
-  // Accept a cached span with at most 25% slack.
-  for (auto& slot : tc->spans) {
-    ControlBlock* cb = slot;
-    if (cb && cb->capacity >= capacity && cb->capacity - capacity <= capacity / 4) {
-      slot = nullptr;
-      tc->counters.large_allocs.add(1);
-      tc->counters.large_bytes_alloc.add(cb->capacity);
-      return cb;
-    }
-  }
-  return nullptr;
 }
 
 Result<ControlBlock*> PoolCore::allocate_large(std::uint64_t bytes, std::uint64_t* dirty) noexcept {
@@ -357,7 +383,7 @@ Result<ControlBlock*> PoolCore::allocate_large(std::uint64_t bytes, std::uint64_
   return cb;
 }
 
-Result<ControlBlock*> PoolCore::allocate(const LdoShape& shape) noexcept {
+Result<ControlBlock*> PoolCore::allocate_slow_path(const LdoShape& shape) noexcept {
   if (shape.meta_size > kMaxObjectBytes || shape.data_size > kMaxObjectBytes || shape.capacity > kMaxObjectBytes) {
     failed_allocations_.fetch_add(1, std::memory_order_relaxed);
     return Status::invalid_argument;
@@ -369,10 +395,14 @@ Result<ControlBlock*> PoolCore::allocate(const LdoShape& shape) noexcept {
     return total > kMaxObjectBytes ? Status::invalid_argument : Status::pool_exhausted;
   }
   const bool small = total <= kMaxSmallObject;
+  // allocate_cached declined (or was not tried); the cache may still hold
+  // a fitting span (a request the fast path's size test sent here).
   // Bytes from the object's start that may hold an earlier object's
   // contents: all of a span from the thread's span cache.
   std::uint64_t dirty = UINT64_MAX;
-  ControlBlock* cb = small ? allocate_cached(class_of(total)) : allocate_span_cached(total);
+  ControlBlock* cb = nullptr;
+  if (!small)
+    if (ThreadCache* tc = thread_cache()) cb = take_cached_span(tc, total);
   if (!cb) {
     auto r = allocate_slow(total, &dirty);
     if (!r) {
@@ -381,16 +411,9 @@ Result<ControlBlock*> PoolCore::allocate(const LdoShape& shape) noexcept {
     }
     cb = *r;
   }
-  const bool zero = shape.zeroing == Zeroing::zeroed ||
-                    (shape.zeroing == Zeroing::pool_default && config_.zero_on_allocate);
-  if (zero) [[unlikely]]
+  if (zero_by_mode_[static_cast<std::uint8_t>(shape.zeroing) & 3]) [[unlikely]]
     zero_object(cb, small && (cb->flags & kFreshSlot) ? 0 : dirty);
-  cb->flags = 0;  // handed out: no longer fresh
-  cb->refs.store(1, std::memory_order_relaxed);
-  cb->type_id = shape.type_id;
-  cb->meta_size = shape.meta_size;
-  cb->data_size = shape.data_size;
-  write_wire_header(base_of(cb), shape.type_id, shape.meta_size, shape.data_size);
+  init_object(cb, shape.data_size, shape.meta_size, shape.type_id);
   return cb;
 }
 
@@ -449,14 +472,19 @@ Result<ControlBlock*> PoolCore::allocate_slow(std::uint64_t total, std::uint64_t
   return r;
 }
 
-void PoolCore::push_central(std::size_t cls, FreeList& from, std::uint32_t count) noexcept {
-  std::lock_guard g(central_[cls].mutex);
-  for (std::uint32_t i = 0; i < count && !from.empty(); ++i) {
-    ControlBlock& cb = from.back();
-    from.pop_back();
-    push_central_locked(cls, &cb);
-    maybe_release_slab_locked(cls, &cb);
+void PoolCore::push_central(std::size_t cls, ThreadCache::Bin& from, std::uint32_t count) noexcept {
+  count = std::min(count, from.count);
+  {
+    std::lock_guard g(central_[cls].mutex);
+    for (std::uint32_t i = 0; i < count; ++i) {
+      ControlBlock* cb = from.slots[i];
+      push_central_locked(cls, cb);
+      maybe_release_slab_locked(cls, cb);
+    }
   }
+  // The newest slots (the cache-hot ones) stay, at the bottom now.
+  std::copy(from.slots + count, from.slots + from.count, from.slots);
+  from.count -= count;
 }
 
 void PoolCore::maybe_release_slab_locked(std::size_t cls, ControlBlock* any_slot) noexcept {
@@ -515,6 +543,7 @@ std::size_t PoolCore::release_idle_arenas(std::size_t keep) noexcept {
           std::unique_lock w(arenas_rw_);
           arenas_.erase(arenas_.begin() + static_cast<std::ptrdiff_t>(i));
         }
+        map_arena_locked(a, nullptr);
         // Idle and out of arenas_: no object, free list, thread cache or
         // address lookup refers to it any more, so it can go unlocked.
         a->next_released = doomed;
@@ -556,6 +585,8 @@ Status PoolCore::grow_locked(std::uint64_t min_bytes, bool dedicated, std::excep
       delete *a;
       return i == 0 ? Status::out_of_memory : Status::ok;
     }
+    // A leaf that cannot be allocated only sends those lookups to the scan.
+    (void)map_arena_locked(*a, *a);
     bytes_mapped_ += (*a)->size();
     arenas_created_ += 1;
     registrations_ += domains_.size();
@@ -597,23 +628,17 @@ void PoolCore::free_busy(ControlBlock* cb, ThreadCache* tc) noexcept {
   if (cb->kind == BlockKind::slab_slot) {
     const std::size_t cls = cb->size_class;
     auto& bin = tc->bins[cls];
-    bin.list.push_front(*cb);
+    if (bin.count == bin.limit) push_central(cls, bin, std::max<std::uint32_t>(1, bin.limit / 2));
+    bin.slots[bin.count++] = cb;
     tc->counters.frees[cls].add(1);
-    if (bin.list.size() > bin.limit) push_central(cls, bin.list, bin.limit / 2);
   } else if (cb->capacity <= kSpanCacheMaxObject && !cb->arena->dedicated()) {
     tc->counters.large_frees.add(1);
     tc->counters.large_bytes_free.add(cb->capacity);
-    ControlBlock* evict = cb;
-    for (auto& slot : tc->spans) {
-      if (!slot) {
-        slot = cb;
-        evict = nullptr;
-        break;
-      }
-    }
-    if (evict) {
+    if (tc->span_count < kSpanCacheEntries) {
+      tc->spans[tc->span_count++] = cb;
+    } else {
       // Full: keep the newest, return the oldest to its arena.
-      evict = tc->spans[0];
+      ControlBlock* evict = tc->spans[0];
       std::copy(tc->spans.begin() + 1, tc->spans.end(), tc->spans.begin());
       tc->spans.back() = cb;
       // The evicted span was already counted as freed when it was cached.
@@ -665,13 +690,11 @@ void PoolCore::free_detached(ControlBlock* cb) noexcept {
 void PoolCore::flush_cache(ThreadCache* tc) noexcept {
   for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
     auto& bin = tc->bins[c];
-    if (!bin.list.empty()) push_central(c, bin.list, static_cast<std::uint32_t>(bin.list.size()));
+    if (bin.count) push_central(c, bin, bin.count);
   }
   std::lock_guard g(mutex_);
-  for (auto& slot : tc->spans) {
-    if (slot) free_span_locked(slot->arena, slot->span_page);
-    slot = nullptr;
-  }
+  for (std::uint32_t i = 0; i < tc->span_count; ++i) free_span_locked(tc->spans[i]->arena, tc->spans[i]->span_page);
+  tc->span_count = 0;
 }
 
 void PoolCore::retire_cache(ThreadCache* tc) noexcept {
@@ -750,8 +773,8 @@ void PoolCore::close() noexcept {
       ThreadCache& tc = registry_->caches.front();
       registry_->caches.pop_front();
       fold(shared_counters_, tc.counters);
-      for (auto& bin : tc.bins) bin.list.clear();
-      tc.spans.fill(nullptr);
+      for (auto& bin : tc.bins) bin.count = 0;
+      tc.span_count = 0;
       tc.core = nullptr;
     }
     live = live_objects();
@@ -773,6 +796,11 @@ void PoolCore::close() noexcept {
 }
 
 ControlBlock* PoolCore::block_at(const void* base) const noexcept {
+  if (Arena* a = arena_of(base)) {
+    const auto off = static_cast<std::size_t>(static_cast<const std::byte*>(base) - a->base());
+    if (off % kGranule) return nullptr;
+    return a->block_at(off);
+  }
   std::shared_lock r(arenas_rw_);
   for (Arena* a : arenas_) {
     if (a->contains(base)) {
@@ -925,11 +953,36 @@ Pool::~Pool() {
   if (core_) core_->close();
 }
 
-Result<Ldo> Pool::allocate(const LdoShape& shape) noexcept {
-  if (!core_) return Status::closed;
-  auto r = core_->allocate(shape);
+namespace {
+// Everything but a cache hit; out of line so Pool::allocate's hit path
+// saves no registers and ends here with a tail call.
+[[gnu::noinline]] Result<Ldo> allocate_miss(detail::PoolCore* core, const LdoShape& shape) noexcept {
+  if (!core) return Status::closed;
+  auto r = core->allocate_slow_path(shape);
   if (!r) return r.status();
   return detail::LdoAccess::adopt(*r);
+}
+// The same for Pool::allocate(data, meta): sizes in registers, so that
+// function needs no stack frame of its own.
+[[gnu::noinline]] Result<Ldo> allocate_miss_sized(detail::PoolCore* core, std::uint64_t data_size,
+                                                  std::uint64_t meta_size) noexcept {
+  return allocate_miss(core, LdoShape{data_size, meta_size, 0, 0});
+}
+}  // namespace
+
+Result<Ldo> Pool::allocate(const LdoShape& shape) noexcept {
+  if (core_) [[likely]]
+    if (detail::ControlBlock* cb = core_->allocate_cached(shape)) [[likely]]
+      return detail::LdoAccess::adopt(cb);
+  return allocate_miss(core_, shape);
+}
+
+Result<Ldo> Pool::allocate(std::uint64_t data_size, std::uint64_t meta_size) noexcept {
+  if (core_) [[likely]]
+    if (detail::ControlBlock* cb = core_->allocate_cached(data_size, meta_size, 0, 0, Zeroing::pool_default))
+        [[likely]]
+      return detail::LdoAccess::adopt(cb);
+  return allocate_miss_sized(core_, data_size, meta_size);
 }
 
 std::size_t Pool::trim() noexcept { return core_ ? core_->trim() : 0; }

@@ -43,7 +43,7 @@ namespace regpool::detail {
 // instead of a locked add keeps the fast path free of atomic RMWs.
 struct OwnerCounter {
   std::atomic<std::uint64_t> v{0};
-  void add(std::uint64_t n) noexcept { v.store(v.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+  [[gnu::always_inline]] void add(std::uint64_t n) noexcept { v.store(v.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
   std::uint64_t get() const noexcept { return v.load(std::memory_order_relaxed); }
 };
 
@@ -62,19 +62,49 @@ class PoolCore;
 inline constexpr std::size_t kSpanCacheEntries = 4;
 inline constexpr std::uint64_t kSpanCacheMaxObject = std::uint64_t{16} << 20;
 
+// Slots of all of a thread cache's bins together (each bin holds up to
+// cache_limit(c) pointers).
+inline constexpr std::size_t kCacheSlots = [] {
+  std::size_t n = 0;
+  for (std::size_t c = 0; c < kNumSizeClasses; ++c) n += cache_limit(c);
+  return n;
+}();
+
+// Owned by one thread (its `owner`), which alone touches the bins and the
+// span cache while the pool is open; close() and thread exit take them over
+// under the registry lock once no drop can reach them (see the notes above).
 struct ThreadCache {
+  // A bin is an array stack of free slots of one size class: push and pop
+  // touch only the bin, never the neighbouring control blocks (a
+  // doubly-linked list would write into the next block on every operation).
+  // The top (slots[count - 1]) is the most recently freed, cache-hot slot.
   struct Bin {
-    FreeList list;
+    ControlBlock** slots = nullptr;  // cache_limit(c) entries in `storage`
+    std::uint32_t count = 0;
     std::uint32_t limit = 0;
   };
+  ThreadCache() noexcept {
+    ControlBlock** next = storage.data();
+    for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
+      bins[c].slots = next;
+      bins[c].limit = cache_limit(c);
+      next += bins[c].limit;
+    }
+  }
+  ThreadCache(const ThreadCache&) = delete;
+  ThreadCache& operator=(const ThreadCache&) = delete;
+
   PoolCore* core = nullptr;
   // Non-zero while the owning thread is inside a drop of this pool's
   // objects; written by the owner only, read by close().
   std::atomic<std::uint32_t> busy{0};
   std::array<Bin, kNumSizeClasses> bins;
+  // Recently freed spans, oldest first; span_count of them are valid.
+  std::uint32_t span_count = 0;
   std::array<ControlBlock*, kSpanCacheEntries> spans{};
   Counters counters;
   bi::list_member_hook<> registry_hook;
+  std::array<ControlBlock*, kCacheSlots> storage{};
 };
 
 using CacheList = bi::list<ThreadCache, bi::member_hook<ThreadCache, bi::list_member_hook<>, &ThreadCache::registry_hook>>;
@@ -101,44 +131,103 @@ extern constinit thread_local TlsFast tls_fast [[gnu::tls_model("initial-exec")]
 
 class PoolCore {
  public:
+  static constexpr std::uint64_t kPage = platform::kPageSize;
   PoolCore(std::vector<std::shared_ptr<Domain>> domains, PoolConfig config);  // throws Error
   ~PoolCore();
 
-  Result<ControlBlock*> allocate(const LdoShape& shape) noexcept;
-
-  // Fast paths, inline so a cache hit is a handful of instructions with no
-  // lock and no atomic RMW. allocate_cached declines (nullptr) when the bin
-  // is empty (always so once the pool has closed: close empties the bins
-  // and later drops bypass them).
-  ControlBlock* allocate_cached(std::size_t cls) noexcept {
-    ThreadCache* tc = thread_cache();
-    if (!tc) return nullptr;
-    auto& bin = tc->bins[cls];
-    if (bin.list.empty()) return nullptr;
-    ControlBlock& cb = bin.list.front();
-    bin.list.pop_front();
-    tc->counters.allocs[cls].add(1);
-    return &cb;
+  // Any allocation: the cache fast path, then the slow path. Failures are
+  // counted in failed_allocations_.
+  Result<ControlBlock*> allocate(const LdoShape& shape) noexcept {
+    if (ControlBlock* cb = allocate_cached(shape)) [[likely]]
+      return cb;
+    return allocate_slow_path(shape);
   }
+  // Everything allocate_cached declines: validation and its errors, the
+  // thread cache's first use, refills, large objects, zeroing.
+  [[gnu::noinline]] Result<ControlBlock*> allocate_slow_path(const LdoShape& shape) noexcept;
+
+  // Fast paths, inline so a cache hit is a few dozen instructions with no
+  // lock and no atomic RMW.
+  //
+  // allocate_cached: a slot (or a recently freed span) from this thread's
+  // cache, initialised and with its wire header written, or nullptr when
+  // the cache cannot serve the request (empty bin or no fitting span, no
+  // cache, invalid sizes, zeroing: allocate_slow_path sorts those out).
+  // Always nullptr once the pool has closed: close empties the caches and
+  // later drops bypass them. It calls nothing, so callers can keep their
+  // fast path free of register saves and reach the slow path by a tail call.
+  ControlBlock* allocate_cached(const LdoShape& shape) noexcept {
+    return allocate_cached(shape.data_size, shape.meta_size, shape.type_id, shape.capacity, shape.zeroing);
+  }
+  [[gnu::always_inline]] ControlBlock* allocate_cached(std::uint64_t data, std::uint64_t meta, std::uint32_t type_id,
+                                                       std::uint64_t cap, Zeroing zeroing) noexcept {
+    if (zero_by_mode_[static_cast<std::uint8_t>(zeroing) & 3]) [[unlikely]]
+      return nullptr;
+    // One test for all three: each is below kMaxObjectBytes (a power of
+    // two) iff their OR is, so the sums below cannot overflow.
+    if ((meta | data | cap) >= kMaxObjectBytes) [[unlikely]]
+      return nullptr;
+    const std::uint64_t sections = ((meta + 7) & ~std::uint64_t{7}) + data;
+    const std::uint64_t total = kWireHeaderSize + (sections > cap ? sections : cap);
+    // tls_fast.last is set whenever last_id is, so a match needs no null test.
+    const TlsFast& f = tls_fast;
+    if (f.last_id != id_) [[unlikely]]
+      return nullptr;
+    ThreadCache* tc = f.last;
+    ControlBlock* cb;
+    if (total <= kMaxSmallObject) [[likely]] {
+      const std::size_t cls = class_of(total);
+      auto& bin = tc->bins[cls];
+      if (bin.count == 0) [[unlikely]]
+        return nullptr;
+      cb = bin.slots[--bin.count];
+      tc->counters.allocs[cls].add(1);
+    } else {
+      // Only the newest cached span here (the loop that drops and
+      // reallocates one size); allocate_slow_path searches them all.
+      if (tc->span_count == 0) [[unlikely]]
+        return nullptr;
+      cb = tc->spans[tc->span_count - 1];
+      const std::uint64_t capacity = (total + kPage - 1) & ~(kPage - 1);
+      if (cb->capacity < capacity || cb->capacity - capacity > capacity / 4) [[unlikely]]
+        return nullptr;
+      tc->span_count -= 1;
+      tc->counters.large_allocs.add(1);
+      tc->counters.large_bytes_alloc.add(cb->capacity);
+    }
+    init_object(cb, data, meta, type_id);
+    return cb;
+  }
+
   // The drop of a pool object (its last reference). Never deregisters and
   // never waits for anything but the pool's short-held locks.
   void free(ControlBlock* cb) noexcept {
     const TlsFast& f = tls_fast;
-    ThreadCache* tc = f.last_id == id_ ? f.last : nullptr;
-    if (!tc) [[unlikely]] {
+    if (f.last_id != id_) [[unlikely]] {
       free_without_fast_cache(cb);
       return;
     }
+    ThreadCache* tc = f.last;
     // busy before detached_: close() pairs its store of detached_ and an
     // asymmetric fence with this (see the locking notes above); a compiler
     // barrier is all this side needs.
     tc->busy.store(1, std::memory_order_relaxed);
     std::atomic_signal_fence(std::memory_order_seq_cst);
-    if (cb->kind == BlockKind::slab_slot && !detached_.load(std::memory_order_relaxed)) [[likely]] {
-      auto& bin = tc->bins[cb->size_class];
-      if (bin.list.size() < bin.limit) [[likely]] {
-        bin.list.push_front(*cb);
-        tc->counters.frees[cb->size_class].add(1);
+    if (!detached_.load(std::memory_order_relaxed)) [[likely]] {
+      if (cb->kind == BlockKind::slab_slot) [[likely]] {
+        const std::size_t cls = cb->size_class;
+        auto& bin = tc->bins[cls];
+        if (bin.count < bin.limit) [[likely]] {
+          bin.slots[bin.count++] = cb;
+          tc->counters.frees[cls].add(1);
+          tc->busy.store(0, std::memory_order_release);
+          return;
+        }
+      } else if (tc->span_count < kSpanCacheEntries && cb->capacity <= kSpanCacheMaxObject &&
+                 !cb->arena->dedicated()) {
+        tc->spans[tc->span_count++] = cb;
+        tc->counters.large_frees.add(1);
+        tc->counters.large_bytes_free.add(cb->capacity);
         tc->busy.store(0, std::memory_order_release);
         return;
       }
@@ -162,6 +251,8 @@ class PoolCore {
     return -1;
   }
   // Control block of the object whose wire header is at `base`, or nullptr.
+  // For a live object of this pool it takes no lock (the arena map below);
+  // other addresses fall back to a scan of the arenas under arenas_rw_.
   ControlBlock* block_at(const void* base) const noexcept;
 
   // Thread exit: move a cache's objects back and fold its counters in.
@@ -173,9 +264,44 @@ class PoolCore {
     FreeList list;
   };
 
+  // This thread's cache if it is the one tls_fast remembers (ids are never
+  // reused, so never stale), else nullptr: no lookup, no registration.
+  ThreadCache* cached_thread_cache() const noexcept {
+    const TlsFast& f = tls_fast;
+    return f.last_id == id_ ? f.last : nullptr;  // last is non-null whenever last_id is set
+  }
+  // A cached span that fits `total` bytes with at most 25% slack (newest
+  // first), taken out of the cache, or nullptr.
+  ControlBlock* take_cached_span(ThreadCache* tc, std::uint64_t total) noexcept {
+    const std::uint64_t capacity = platform::round_up(total, kPage);
+    for (std::uint32_t i = tc->span_count; i-- > 0;) {
+      ControlBlock* cb = tc->spans[i];
+      if (cb->capacity >= capacity && cb->capacity - capacity <= capacity / 4) {
+        for (std::uint32_t j = i + 1; j < tc->span_count; ++j) tc->spans[j - 1] = tc->spans[j];
+        tc->span_count -= 1;
+        tc->counters.large_allocs.add(1);
+        tc->counters.large_bytes_alloc.add(cb->capacity);
+        return cb;
+      }
+    }
+    return nullptr;
+  }
+  // What every allocation does last: the control block's fields and the
+  // wire header (a pool object's bytes start at arena base + its granule).
+  static void init_object(ControlBlock* cb, std::uint64_t data, std::uint64_t meta, std::uint32_t type_id) noexcept {
+    // Handed out: no longer fresh. Tested first, as only a slot's first
+    // allocation finds the flag set.
+    if (cb->flags) [[unlikely]]
+      cb->flags = 0;
+    cb->refs.store(1, std::memory_order_relaxed);
+    cb->type_id = type_id;
+    cb->meta_size = meta;
+    cb->data_size = data;
+    write_wire_header(cb->arena->base() + cb->arena->offset_of(cb), type_id, meta, data);
+  }
+
   ThreadCache* thread_cache() noexcept {
-    TlsFast& f = tls_fast;
-    if (f.last_id == id_) return f.last;  // ids are never reused, so never stale
+    if (ThreadCache* tc = cached_thread_cache()) return tc;
     return thread_cache_slow();
   }
   [[gnu::noinline]] ThreadCache* thread_cache_slow() noexcept;
@@ -184,14 +310,12 @@ class PoolCore {
   // *dirty receives how many bytes from the object's start may hold
   // earlier contents (large objects; slab slots carry kFreshSlot instead).
   [[gnu::noinline]] Result<ControlBlock*> allocate_slow(std::uint64_t total, std::uint64_t* dirty) noexcept;
-  // A recently freed span of about this size from the thread's cache, or nullptr.
-  ControlBlock* allocate_span_cached(std::uint64_t bytes) noexcept;
   Result<ControlBlock*> allocate_small(std::size_t cls) noexcept;
   Result<ControlBlock*> allocate_large(std::uint64_t bytes, std::uint64_t* dirty) noexcept;  // no span cache
   // Clears bytes [kWireHeaderSize, dirty) of a freshly allocated object
   // (the rest of its capacity is known zero) and counts the work. Called
   // with no lock held: the object belongs to the caller alone.
-  [[gnu::noinline]] void zero_object(ControlBlock* cb, std::uint64_t dirty) noexcept;
+  [[gnu::noinline, gnu::cold]] void zero_object(ControlBlock* cb, std::uint64_t dirty) noexcept;
   // Drop paths: the cache is marked busy (free_busy clears it), or there is
   // no cache for this pool in tls_fast (look one up, or go uncached).
   [[gnu::noinline]] void free_busy(ControlBlock* cb, ThreadCache* tc) noexcept;
@@ -199,7 +323,8 @@ class PoolCore {
   void free_uncached(ControlBlock* cb) noexcept;
   // Central list refill for class c: carve a slab. Caller holds central_[c].
   Status carve_slab(std::size_t cls) noexcept;
-  void push_central(std::size_t cls, FreeList& from, std::uint32_t count) noexcept;  // locks central
+  // Moves the `count` oldest (bottom) slots of a bin to the central list.
+  void push_central(std::size_t cls, ThreadCache::Bin& from, std::uint32_t count) noexcept;  // locks central
   void push_central_locked(std::size_t cls, ControlBlock* cb) noexcept;
   void pop_central_locked(std::size_t cls, ControlBlock* cb) noexcept;
   void free_large_locked(ControlBlock* cb) noexcept;  // caller holds mutex_
@@ -222,6 +347,9 @@ class PoolCore {
 
   const std::uint64_t id_;
   PoolConfig config_;
+  // Whether an allocation is zeroed, by LdoShape::zeroing (pool_default,
+  // zeroed, uninitialized; the fourth entry catches out-of-range values).
+  std::array<bool, 4> zero_by_mode_{};
   std::vector<std::shared_ptr<Domain>> domains_;
 
   // mutable: stats() locks them to read slab occupancy.
@@ -230,6 +358,27 @@ class PoolCore {
   mutable std::mutex mutex_;
   std::vector<Arena*> arenas_;  // guarded by mutex_ (writes also by arenas_rw_)
   mutable std::shared_mutex arenas_rw_;
+
+  // Address -> arena map for block_at: one entry per 2 MiB chunk of the
+  // address space (two levels, leaves allocated on demand under mutex_),
+  // naming the arena that covers the whole chunk. Arenas are 2 MiB aligned
+  // when THP advice is on (the default); chunks an arena covers only in
+  // part are left out and found by the scan. Entries are set before an
+  // arena's first object is handed out and cleared (under mutex_) when the
+  // arena is released, i.e. idle: a lookup for a live object always finds
+  // its arena's entry current. Readers take no lock.
+  static constexpr unsigned kChunkShift = 21;
+  static constexpr unsigned kLeafBits = 14;
+  static constexpr unsigned kRootBits = 47 - kChunkShift - kLeafBits;  // 47-bit user addresses
+  struct ArenaLeaf {
+    std::array<std::atomic<Arena*>, std::size_t{1} << kLeafBits> entry{};
+  };
+  std::array<std::atomic<ArenaLeaf*>, std::size_t{1} << kRootBits> arena_map_{};
+  // Sets (or with nullptr clears) the entries of the chunks `a` covers
+  // whole. Caller holds mutex_. Returns false if a leaf could not be
+  // allocated (those chunks then go through the scan).
+  bool map_arena_locked(Arena* a, Arena* value) noexcept;
+  Arena* arena_of(const void* p) const noexcept;
   std::uint64_t bytes_mapped_ = 0;
   std::uint64_t arenas_created_ = 0;
   std::uint64_t arenas_released_ = 0;

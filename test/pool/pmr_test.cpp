@@ -5,6 +5,7 @@
 #include <map>
 #include <memory_resource>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "regpool/memory_resource.hpp"
@@ -73,4 +74,44 @@ TEST_CASE("pmr allocation failure is std::bad_alloc", "[pmr]") {
   Pool pool({d}, cfg);
   PoolResource res(pool);
   CHECK_THROWS_AS(res.allocate(std::size_t{3} << 20, 8), std::bad_alloc);
+}
+
+// Deallocation finds an object from its address without a lock (the pool's
+// address map) when its arena covers whole 2 MiB chunks, and by a scan of
+// the arenas otherwise (an arena without THP alignment). Both must give
+// every object back, across arenas that come and go, and from threads other
+// than the allocating one.
+TEST_CASE("pmr deallocation finds objects with and without the address map, on any thread", "[pmr]") {
+  for (const bool thp : {true, false}) {
+    INFO("transparent_huge_pages " << thp);
+    auto d = std::make_shared<FakeDomain>();
+    PoolConfig cfg;
+    cfg.arena_size = std::size_t{2} << 20;
+    cfg.transparent_huge_pages = thp;
+    cfg.retain_idle_arenas = 0;
+    Pool pool({d}, cfg);
+    PoolResource res(pool);
+    std::pmr::memory_resource& r = res;
+    for (int round = 0; round < 3; ++round) {
+      std::vector<void*> objects;
+      // 3 MiB of 64 KiB objects: more than one arena, so growth and release
+      // (and with it the map's entries) change every round.
+      for (int i = 0; i < 48; ++i) objects.push_back(r.allocate(64 << 10, 16));
+      for (int i = 0; i < 64; ++i) objects.push_back(r.allocate(100, 8));
+      REQUIRE(pool.stats().live_objects == objects.size());
+      auto give_back = [&](std::size_t i) {
+        r.deallocate(objects[i], i < 48 ? 64 << 10 : 100, i < 48 ? 16 : 8);
+      };
+      std::thread other([&] {
+        for (std::size_t i = 0; i < objects.size(); i += 2) give_back(i);
+      });
+      other.join();
+      for (std::size_t i = 1; i < objects.size(); i += 2) give_back(i);
+      CHECK(pool.stats().live_objects == 0);
+      pool.trim();
+    }
+    const auto s = pool.stats();
+    CHECK(s.allocations == s.releases);
+    CHECK(s.arenas_released > 0);
+  }
 }
