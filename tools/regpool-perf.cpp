@@ -16,8 +16,10 @@
 // atomics are applied by the target's progress().
 //
 // What is measured (initiator side, clock: steady_clock):
-//   latency   one operation in flight; median/min/max/p99 over --iters ops;
-//             send: half the round trip of a ping-pong of that size;
+//   latency   one operation in flight; median/min/max/p99/mean over --iters
+//             ops; send: half the round trip of a ping-pong of that size,
+//             each iteration (post the pong's receive, send, the pong)
+//             timed back to back, as fi_pingpong and ucx_perftest do;
 //             atomics: fetch_add and compare_swap on one 8-byte word.
 //   bandwidth --window operations in flight; bytes moved / elapsed time;
 //             send: a stream of messages closed by an ack from the server,
@@ -764,6 +766,9 @@ struct Row {
   bool has_latency = false, has_bandwidth = false;
   regpool_tools::Summary lat;
   double p99 = 0;
+  // Mean of the latency samples (fi_pingpong reports means); NaN (JSON
+  // null) where the samples are not here (expose: the server's summary).
+  double mean = std::nan("");
   std::uint64_t lat_iters = 0;
   double mbps = 0;    // 10^6 bytes per second
   double mops = 0;    // million operations per second
@@ -801,6 +806,9 @@ void set_latency(Row& r, std::vector<double> samples) {
   r.has_latency = true;
   r.lat_iters = samples.size();
   r.p99 = regpool_tools::quantile_sorted(samples, 0.99);
+  double sum = 0;
+  for (const double v : samples) sum += v;
+  r.mean = samples.empty() ? std::nan("") : sum / static_cast<double>(samples.size());
   r.lat = regpool_tools::summarize(std::move(samples));
 }
 
@@ -970,16 +978,26 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       r.size = size;
       const Slice out = must(all.select(0, size), "send slice");
       // Latency: ping-pong; the receive for the pong is posted before the
-      // ping so it is never unexpected.
+      // ping so it is never unexpected. Each sample is one whole iteration
+      // (post_recv, send and its completion, the pong), halved, and the
+      // samples are back to back, as in fi_pingpong and ucx_perftest
+      // tag_lat: their mean is the loop's time / 2 / iterations
+      // (fi_pingpong's usec/xfer), their median ucx_perftest's 50%ile.
       boot.barrier(kBootTimeout);
       std::vector<double> lat;
+      lat.reserve(c.iters);
+      auto t_prev = Clock::now();
       for (std::uint64_t i = 0; i < c.iters + kWarmupOps; ++i) {
+        if (i == static_cast<std::uint64_t>(kWarmupOps)) t_prev = Clock::now();
         auto rt = token_or_throw(s.ep->post_recv(out), "post_recv");
-        const auto t0 = Clock::now();
         (void)wait_ok(s, s.ep->send(peer, out), "send");
         auto back = wait_watching(s, rt, "send pong");
         if (back.status != Status::ok) op_failed(back.status, "send pong");
-        if (i >= static_cast<std::uint64_t>(kWarmupOps)) lat.push_back(us_since(t0) / 2);
+        if (i >= static_cast<std::uint64_t>(kWarmupOps)) {
+          const auto now = Clock::now();
+          lat.push_back(std::chrono::duration<double, std::micro>(now - t_prev).count() / 2);
+          t_prev = now;
+        }
         pl.show("send", size, "lat", i + 1, c.iters + kWarmupOps);
       }
       set_latency(r, std::move(lat));
@@ -1069,7 +1087,7 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
       if (r.has_latency) {
         s += ",\"latency_us\":{\"median\":" + json_number(r.lat.median) + ",\"min\":" + json_number(r.lat.min) +
              ",\"max\":" + json_number(r.lat.max) + ",\"p99\":" + json_number(r.p99) +
-             ",\"iters\":" + std::to_string(r.lat_iters) + "}";
+             ",\"mean\":" + json_number(r.mean) + ",\"iters\":" + std::to_string(r.lat_iters) + "}";
       } else {
         s += ",\"latency_us\":null";
       }

@@ -291,6 +291,10 @@ def mode_perf(tool, readme, provider):
         check(lat is not None and positive(lat["median"]) and lat["min"] <= lat["median"] <= lat["max"],
               f"{what}: latency sane")
         check(lat is not None and lat["iters"] == 20, f"{what}: latency over --iters ops")
+        if r["op"] != "expose":
+            # The mean compare-peers sets beside fi_pingpong's usec/xfer.
+            check(lat is not None and lat.get("mean") is not None and lat["min"] <= lat["mean"] <= lat["max"],
+                  f"{what}: mean latency between min and max ({lat and lat.get('mean')})")
         if r["op"] == "expose":
             # Standard exposures reuse the object's registration: neither
             # process's domain registers anything while the server loops.
