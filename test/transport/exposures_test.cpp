@@ -530,7 +530,9 @@ TEST_CASE("reuse_scoped: exposing the same object again registers nothing; the k
           "[fabric]") {
   const std::string prov = GENERATE(from_range(rpt::backends()));
   INFO("provider " << prov);
-  constexpr auto kQuarantine = 300ms;
+  // Long enough for the 20 rounds below on a loaded 2-core machine (tcp
+  // puts took up to 45 ms each at load 20; 300 ms was outlived there).
+  constexpr auto kQuarantine = 2000ms;
   // The server's stack, by hand: the option is the fabric backend's.
   auto domain = regpool::FabricDomain::open(rpt::fabric_config(prov));
   regpool::FabricEndpointOptions opts;
@@ -558,6 +560,7 @@ TEST_CASE("reuse_scoped: exposing the same object again registers nothing; the k
   const auto regs0 = domain->stats().registrations;
   std::uint64_t first_key = 0;
   constexpr int kRounds = 20;
+  const auto rounds_start = std::chrono::steady_clock::now();
   for (int i = 0; i < kRounds; ++i) {
     auto e = server_ep->expose(obj_slice, RemoteAccess::read_write, ExposureMode::scoped);
     REQUIRE(e.ok());
@@ -567,10 +570,17 @@ TEST_CASE("reuse_scoped: exposing the same object again registers nothing; the k
     CHECK(put_status(client, peer, e->ref(), 0, from) == Status::ok);
     e->revoke();
   }
-  CHECK(domain->stats().registrations == regs0 + 1);
+  // Every round inside one quarantine is what the counts below assume; a
+  // machine too loaded for that says so instead of failing on timing.
+  const auto rounds_took = std::chrono::steady_clock::now() - rounds_start;
+  INFO("the rounds took " << std::chrono::duration_cast<std::chrono::milliseconds>(rounds_took).count() << " ms");
+  if (rounds_took >= kQuarantine) WARN("rounds outlived the quarantine: counts not checked");
   auto st = server_ep->exposure_stats();
-  CHECK(st.registrations == 1);
-  CHECK(st.quarantined == std::uint64_t{kRounds});
+  if (rounds_took < kQuarantine) {
+    CHECK(domain->stats().registrations == regs0 + 1);
+    CHECK(st.registrations == 1);
+    CHECK(st.quarantined == std::uint64_t{kRounds});
+  }
   // Other rights are another registration (a read-only key must not write).
   {
     auto ro = server_ep->expose(obj_slice, RemoteAccess::read_only, ExposureMode::scoped);
