@@ -460,9 +460,9 @@ class REGPOOL_API Endpoint {
 
   // --- receive-side ownership (regpool/messaging.hpp) ---
   // A Messenger owns the endpoint's receives (it posts and consumes them
-  // all). The first claim returns true; later ones false until released.
+  // all, and they stay posted until the endpoint closes). The first claim
+  // returns true, every later one false, for the endpoint's lifetime.
   bool claim_receive_side() noexcept { return !receive_side_claimed_.exchange(true, std::memory_order_acq_rel); }
-  void release_receive_side() noexcept { receive_side_claimed_.store(false, std::memory_order_release); }
 
  protected:
   // For backends: the contract below is documented in regpool/endpoint_backend.hpp.
