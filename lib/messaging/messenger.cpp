@@ -502,20 +502,8 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       if (!credit_counted) ++peers[src].owed;
       return false;
     }
-    const std::uint32_t u = free_unexp.back();
-    free_unexp.pop_back();
-    Unexp& e = unexpected[u];
-    e.used = true;
-    e.early = false;
-    e.peer = src;
-    e.hdr = h;
-    e.ref = ref;
-    e.ldo = std::move(ldo);
-    e.charged = e.ldo.capacity();
-    st.unexpected_bytes += e.charged;
-    ++st.unexpected_held;
+    Unexp& e = unexpected[hold(src, h, ref, ldo, false)];
     ++st.unexpected;
-    e.credit_held = false;
     if (!credit_counted) {
       if (st.unexpected_bytes <= cfg.unexpected_budget) {
         ++peers[src].owed;
@@ -524,11 +512,31 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
         ++st.credits_withheld;
       }
     }
+    return true;
+  }
+
+  // Takes a free unexpected entry (the caller checked there is one) for a
+  // message of `src`, charges its LDO to the budget and appends it to the
+  // arrival-ordered list.
+  std::uint32_t hold(PeerId src, const mw::Header& h, const RemoteRef& ref, Ldo& ldo, bool early) noexcept {
+    const std::uint32_t u = free_unexp.back();
+    free_unexp.pop_back();
+    Unexp& e = unexpected[u];
+    e.used = true;
+    e.early = early;
+    e.credit_held = false;
+    e.peer = src;
+    e.hdr = h;
+    e.ref = ref;
+    e.ldo = std::move(ldo);
+    e.charged = e.ldo.capacity();
+    st.unexpected_bytes += e.charged;
+    ++st.unexpected_held;
     e.prev = unexp_tail;
     e.next = kNone;
     if (unexp_tail != kNone) unexpected[unexp_tail].next = u; else unexp_head = u;
     unexp_tail = u;
-    return true;
+    return u;
   }
 
   // Early arrivals of `src` that are now in sequence.
@@ -596,23 +604,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
         } else if (h.seq > ps.recv_seq && !free_unexp.empty() && h.seq - ps.recv_seq < ops.size()) {
           // Ahead of a message still being handed over (two threads ran
           // completion callbacks): hold it until its turn.
-          const std::uint32_t u = free_unexp.back();
-          free_unexp.pop_back();
-          Unexp& e = unexpected[u];
-          e.used = true;
-          e.early = true;
-          e.credit_held = false;
-          e.peer = src;
-          e.hdr = h;
-          e.ref = ref;
-          e.ldo = std::move(ldo);
-          e.charged = e.ldo.capacity();
-          st.unexpected_bytes += e.charged;
-          ++st.unexpected_held;
-          e.prev = unexp_tail;
-          e.next = kNone;
-          if (unexp_tail != kNone) unexpected[unexp_tail].next = u; else unexp_head = u;
-          unexp_tail = u;
+          (void)hold(src, h, ref, ldo, true);
           kept = true;
         } else {
           ++st.rejected;  // a duplicate or a sequence nobody sent
