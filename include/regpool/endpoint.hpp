@@ -52,6 +52,7 @@
 
 #include "regpool/domain.hpp"
 #include "regpool/error.hpp"
+#include "regpool/inline_callback.hpp"
 #include "regpool/ldo.hpp"
 #include "regpool/remote_ref.hpp"
 #include "regpool/slice.hpp"
@@ -102,67 +103,9 @@ struct Completion {
   std::uint64_t value = 0;   // atomics: the remote word before the op
 };
 
-// A move-only callable with inline storage, so that storing a callback in an
-// operation slot never allocates (std::function may). Captures up to
-// kCapacity bytes; larger ones fail to compile.
-class Callback {
- public:
-  static constexpr std::size_t kCapacity = 48;
-
-  Callback() noexcept = default;
-  template <class F, class = std::enable_if_t<!std::is_same_v<std::decay_t<F>, Callback> &&
-                                              std::is_invocable_v<F&, const Completion&>>>
-  Callback(F&& f) noexcept {  // NOLINT: implicit by design, like std::function
-    using Fn = std::decay_t<F>;
-    static_assert(sizeof(Fn) <= kCapacity, "callback captures too much: capture a pointer instead");
-    static_assert(alignof(Fn) <= alignof(std::max_align_t), "over-aligned callback");
-    static_assert(std::is_nothrow_move_constructible_v<Fn>, "callback must be nothrow movable");
-    new (storage_) Fn(std::forward<F>(f));
-    ops_ = &kOps<Fn>;
-  }
-  Callback(Callback&& o) noexcept { move_from(o); }
-  Callback& operator=(Callback&& o) noexcept {
-    if (this != &o) {
-      reset();
-      move_from(o);
-    }
-    return *this;
-  }
-  Callback(const Callback&) = delete;
-  Callback& operator=(const Callback&) = delete;
-  ~Callback() { reset(); }
-
-  explicit operator bool() const noexcept { return ops_ != nullptr; }
-  void operator()(const Completion& c) { ops_->call(storage_, c); }
-  void reset() noexcept {
-    if (ops_) ops_->destroy(storage_);
-    ops_ = nullptr;
-  }
-
- private:
-  struct Ops {
-    void (*call)(void*, const Completion&);
-    void (*move)(void* dst, void* src) noexcept;
-    void (*destroy)(void*) noexcept;
-  };
-  template <class Fn>
-  static constexpr Ops kOps{
-      [](void* p, const Completion& c) { (*static_cast<Fn*>(p))(c); },
-      [](void* d, void* s) noexcept {
-        new (d) Fn(std::move(*static_cast<Fn*>(s)));
-        static_cast<Fn*>(s)->~Fn();
-      },
-      [](void* p) noexcept { static_cast<Fn*>(p)->~Fn(); }};
-  void move_from(Callback& o) noexcept {
-    if (o.ops_) {
-      o.ops_->move(storage_, o.storage_);
-      ops_ = o.ops_;
-      o.ops_ = nullptr;
-    }
-  }
-  alignas(std::max_align_t) unsigned char storage_[kCapacity];
-  const Ops* ops_ = nullptr;
-};
+// What an operation calls when it completes (inline storage: storing one in
+// an operation slot never allocates; regpool/inline_callback.hpp).
+using Callback = InlineCallback<const Completion&>;
 
 // How an exposure grants access (docs/exposures.md).
 //  - standard: no registration. The exposure reuses the registration its

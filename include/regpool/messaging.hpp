@@ -87,63 +87,9 @@ struct MessageInfo {
   std::uint64_t request_id = 0;
 };
 
-// Move-only callable with inline storage (like Callback): storing one never
-// allocates. Receives the completion by reference and may move its Ldo out.
-class MessageCallback {
- public:
-  static constexpr std::size_t kCapacity = 48;
-  MessageCallback() noexcept = default;
-  template <class F, class = std::enable_if_t<!std::is_same_v<std::decay_t<F>, MessageCallback> &&
-                                              std::is_invocable_v<F&, MessageCompletion&>>>
-  MessageCallback(F&& f) noexcept {  // NOLINT: implicit by design
-    using Fn = std::decay_t<F>;
-    static_assert(sizeof(Fn) <= kCapacity, "callback captures too much: capture a pointer instead");
-    static_assert(alignof(Fn) <= alignof(std::max_align_t), "over-aligned callback");
-    static_assert(std::is_nothrow_move_constructible_v<Fn>, "callback must be nothrow movable");
-    new (storage_) Fn(std::forward<F>(f));
-    ops_ = &kOps<Fn>;
-  }
-  MessageCallback(MessageCallback&& o) noexcept { move_from(o); }
-  MessageCallback& operator=(MessageCallback&& o) noexcept {
-    if (this != &o) {
-      reset();
-      move_from(o);
-    }
-    return *this;
-  }
-  MessageCallback(const MessageCallback&) = delete;
-  MessageCallback& operator=(const MessageCallback&) = delete;
-  ~MessageCallback() { reset(); }
-  explicit operator bool() const noexcept { return ops_ != nullptr; }
-  void operator()(MessageCompletion& c) { ops_->call(storage_, c); }
-  void reset() noexcept {
-    if (ops_) ops_->destroy(storage_);
-    ops_ = nullptr;
-  }
-
- private:
-  struct Ops {
-    void (*call)(void*, MessageCompletion&);
-    void (*move)(void* dst, void* src) noexcept;
-    void (*destroy)(void*) noexcept;
-  };
-  template <class Fn>
-  static constexpr Ops kOps{[](void* p, MessageCompletion& c) { (*static_cast<Fn*>(p))(c); },
-                            [](void* d, void* s) noexcept {
-                              new (d) Fn(std::move(*static_cast<Fn*>(s)));
-                              static_cast<Fn*>(s)->~Fn();
-                            },
-                            [](void* p) noexcept { static_cast<Fn*>(p)->~Fn(); }};
-  void move_from(MessageCallback& o) noexcept {
-    if (o.ops_) {
-      o.ops_->move(storage_, o.storage_);
-      ops_ = o.ops_;
-      o.ops_ = nullptr;
-    }
-  }
-  alignas(std::max_align_t) unsigned char storage_[kCapacity];
-  const Ops* ops_ = nullptr;
-};
+// What a message operation calls when it completes (inline storage, like
+// Callback). Receives the completion by reference and may move its Ldo out.
+using MessageCallback = InlineCallback<MessageCompletion&>;
 
 struct MessengerConfig {
   // Largest message sent eagerly (copied into a bounce LDO and sent in one
