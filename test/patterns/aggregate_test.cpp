@@ -13,7 +13,7 @@
 
 #include "patterns/aggregate_wire.hpp"
 #include "regpool/aggregator.hpp"
-#include "transport/harness.hpp"
+#include "patterns/local_pair.hpp"
 
 using namespace std::chrono_literals;
 using regpool::AggregateReceiver;
@@ -22,63 +22,14 @@ using regpool::AggregatorConfig;
 using regpool::Slice;
 using regpool::Status;
 using Clock = std::chrono::steady_clock;
+using rpt::is_record;
+using rpt::make_record;
+using rpt::quick_config;
 
 namespace {
 
-std::vector<std::byte> make_record(std::uint64_t i, std::size_t max) {
-  std::vector<std::byte> r(1 + (i * 7919) % max);
-  rpt::fill(r, i);
-  if (r.size() >= 8) std::memcpy(r.data(), &i, 8);
-  return r;
-}
-
-bool is_record(std::span<const std::byte> got, std::uint64_t i, std::size_t max) {
-  const auto want = make_record(i, max);
-  return got.size() == want.size() && std::memcmp(got.data(), want.data(), want.size()) == 0;
-}
-
-regpool::EndpointConfig quick_config() {
-  regpool::EndpointConfig ec;
-  ec.op_timeout = 3s;
-  ec.post_timeout = 3s;
-  return ec;
-}
-
-struct Pair {
-  rpt::Stack s;
-  std::unique_ptr<regpool::Endpoint> ep2;  // the sender's
-  regpool::PeerId to_sender = 0;
-  regpool::PeerId to_receiver = 0;
-  explicit Pair(const std::string& backend) : s(backend, quick_config()) {
-    ep2 = regpool::FabricEndpoint::open(std::static_pointer_cast<regpool::FabricDomain>(s.domain), quick_config());
-    to_sender = s.ep->insert_peer(ep2->name());
-    to_receiver = ep2->insert_peer(s.ep->name());
-    // The first operation between two endpoints completes only while the
-    // target progresses (connection setup): make it here, with the target
-    // served by a helper thread, so the tests' single thread never waits on
-    // itself.
-    warm(*ep2, to_receiver, *s.ep);
-    warm(*s.ep, to_sender, *ep2);
-  }
-  void warm(regpool::Endpoint& from, regpool::PeerId to, regpool::Endpoint& target) {
-    auto obj = s.alloc(64);
-    const Slice sl = rpt::slice_or_die(Slice::data(obj, 0, 64));
-    auto e = target.expose(sl, regpool::RemoteAccess::read_write);
-    REQUIRE(e.ok());
-    std::atomic<bool> stop{false};
-    std::thread serve([&] {
-      while (!stop.load()) (void)target.progress();
-    });
-    const auto done = rpt::wait_ok(from, from.put(sl, to, e->ref(), 0), 10s);
-    stop = true;
-    serve.join();
-    REQUIRE(done.status == Status::ok);
-  }
-  ~Pair() { ep2.reset(); }
-};
-
 // Progress both sides for `rounds`, collecting what arrives.
-std::vector<std::vector<std::byte>> collect(Pair& pr, Aggregator& a, AggregateReceiver& r, int rounds) {
+std::vector<std::vector<std::byte>> collect(rpt::LocalPair& pr, Aggregator& a, AggregateReceiver& r, int rounds) {
   std::vector<std::vector<std::byte>> out;
   for (int i = 0; i < rounds; ++i) {
     REQUIRE(a.progress() == Status::ok);
@@ -88,7 +39,7 @@ std::vector<std::vector<std::byte>> collect(Pair& pr, Aggregator& a, AggregateRe
         REQUIRE(rec.status() == Status::would_block);
         break;
       }
-      CHECK(rec->peer == pr.to_sender);
+      CHECK(rec->peer == pr.to_ep2);
       out.emplace_back(rec->bytes.begin(), rec->bytes.end());
     }
   }
@@ -157,13 +108,13 @@ TEST_CASE("aggregate: every record is delivered once, in order, intact", "[fabri
 TEST_CASE("aggregate: a batch goes out on each trigger and not before", "[fabric]") {
   const std::string prov = GENERATE(from_range(rpt::backends()));
   INFO("backend " << prov);
-  Pair pr(prov);
+  rpt::LocalPair pr(prov);
   AggregatorConfig rcfg;
   rcfg.batch_bytes = 1024;
   AggregateReceiver r(*pr.s.ep, *pr.s.pool, rcfg);
 
   SECTION("demand: nothing moves until flush()") {
-    Aggregator a(*pr.ep2, *pr.s.pool, pr.to_receiver, rcfg);
+    Aggregator a(*pr.ep2, *pr.s.pool, pr.to_ep1, rcfg);
     for (std::uint64_t i = 0; i < 3; ++i) REQUIRE(a.append(make_record(i, 50)) == Status::ok);
     CHECK(collect(pr, a, r, 200).empty());
     CHECK(a.stats().batches == 0);
@@ -183,7 +134,7 @@ TEST_CASE("aggregate: a batch goes out on each trigger and not before", "[fabric
   SECTION("size: a batch leaves once it holds flush_bytes") {
     AggregatorConfig cfg = rcfg;
     cfg.flush_bytes = 100;  // 16-byte header + 24 per 20-byte record: the 4th record closes it
-    Aggregator a(*pr.ep2, *pr.s.pool, pr.to_receiver, cfg);
+    Aggregator a(*pr.ep2, *pr.s.pool, pr.to_ep1, cfg);
     std::vector<std::byte> rec(20);
     for (int i = 0; i < 3; ++i) REQUIRE(a.append(rec) == Status::ok);
     CHECK(a.stats().batches == 0);
@@ -203,7 +154,7 @@ TEST_CASE("aggregate: a batch goes out on each trigger and not before", "[fabric
   SECTION("deadline: a lone record leaves once it has waited the deadline") {
     AggregatorConfig cfg = rcfg;
     cfg.deadline = 20ms;
-    Aggregator a(*pr.ep2, *pr.s.pool, pr.to_receiver, cfg);
+    Aggregator a(*pr.ep2, *pr.s.pool, pr.to_ep1, cfg);
     const auto t0 = Clock::now();
     REQUIRE(a.append(make_record(7, 50)) == Status::ok);
     std::vector<std::vector<std::byte>> got;
@@ -224,7 +175,7 @@ TEST_CASE("aggregate: a batch goes out on each trigger and not before", "[fabric
 TEST_CASE("aggregate: a malformed batch is dropped whole, the receiver goes on", "[fabric]") {
   const std::string prov = GENERATE(from_range(rpt::backends()));
   INFO("backend " << prov);
-  Pair pr(prov);
+  rpt::LocalPair pr(prov);
   AggregatorConfig cfg;
   cfg.batch_bytes = 512;
   AggregateReceiver r(*pr.s.ep, *pr.s.pool, cfg);
@@ -237,9 +188,9 @@ TEST_CASE("aggregate: a malformed batch is dropped whole, the receiver goes on",
   w.finish(0);
   bad.data()[16 + 12] = std::byte{200};  // second record's length
   // Posted without waiting: the receiver's progress below completes it.
-  auto raw = pr.ep2->send(pr.to_receiver, rpt::slice_or_die(Slice::data(bad, 0, w.size())), [](const regpool::Completion&) {});
+  auto raw = pr.ep2->send(pr.to_ep1, rpt::slice_or_die(Slice::data(bad, 0, w.size())), [](const regpool::Completion&) {});
   REQUIRE(raw.ok());
-  Aggregator a(*pr.ep2, *pr.s.pool, pr.to_receiver, cfg);
+  Aggregator a(*pr.ep2, *pr.s.pool, pr.to_ep1, cfg);
   REQUIRE(a.append(make_record(3, 40)) == Status::ok);
   REQUIRE(a.flush() == Status::ok);
   std::vector<std::vector<std::byte>> got;

@@ -16,7 +16,7 @@
 
 #include "patterns/ring_wire.hpp"
 #include "regpool/ring_channel.hpp"
-#include "transport/harness.hpp"
+#include "patterns/local_pair.hpp"
 
 using namespace std::chrono_literals;
 using regpool::RingConfig;
@@ -25,68 +25,9 @@ using regpool::RingProducer;
 using regpool::Slice;
 using regpool::Status;
 using Clock = std::chrono::steady_clock;
-
-namespace {
-
-std::size_t record_len(std::uint64_t i, std::size_t max) { return 1 + (i * 7919) % max; }
-
-// Record i: a pattern seeded by i, its first 8 bytes i itself (when it has 8).
-std::vector<std::byte> make_record(std::uint64_t i, std::size_t max) {
-  std::vector<std::byte> r(record_len(i, max));
-  rpt::fill(r, i);
-  if (r.size() >= 8) std::memcpy(r.data(), &i, 8);
-  return r;
-}
-
-bool is_record(std::span<const std::byte> got, std::uint64_t i, std::size_t max) {
-  const auto want = make_record(i, max);
-  return got.size() == want.size() && std::memcmp(got.data(), want.data(), want.size()) == 0;
-}
-
-regpool::EndpointConfig quick_config() {
-  regpool::EndpointConfig ec;
-  ec.op_timeout = 3s;
-  ec.post_timeout = 3s;
-  return ec;
-}
-
-// Both ends in this process: two endpoints on one domain and pool.
-struct Pair {
-  rpt::Stack s;
-  std::unique_ptr<regpool::Endpoint> ep2;
-  regpool::PeerId to_producer = 0;  // on s.ep (the consumer's endpoint)
-  regpool::PeerId to_consumer = 0;  // on ep2 (the producer's)
-  explicit Pair(const std::string& backend) : s(backend, quick_config()) {
-    auto* fd = dynamic_cast<regpool::FabricDomain*>(s.domain.get());
-    REQUIRE(fd != nullptr);
-    ep2 = regpool::FabricEndpoint::open(std::static_pointer_cast<regpool::FabricDomain>(s.domain), quick_config());
-    to_producer = s.ep->insert_peer(ep2->name());
-    to_consumer = ep2->insert_peer(s.ep->name());
-    // The first operation between two endpoints completes only while the
-    // target progresses (connection setup): make it here, with the target
-    // served by a helper thread, so the tests' single thread never waits on
-    // itself.
-    warm(*ep2, to_consumer, *s.ep);
-    warm(*s.ep, to_producer, *ep2);
-  }
-  void warm(regpool::Endpoint& from, regpool::PeerId to, regpool::Endpoint& target) {
-    auto obj = s.alloc(64);
-    const Slice sl = rpt::slice_or_die(Slice::data(obj, 0, 64));
-    auto e = target.expose(sl, regpool::RemoteAccess::read_write);
-    REQUIRE(e.ok());
-    std::atomic<bool> stop{false};
-    std::thread serve([&] {
-      while (!stop.load()) (void)target.progress();
-    });
-    const auto done = rpt::wait_ok(from, from.put(sl, to, e->ref(), 0), 10s);
-    stop = true;
-    serve.join();
-    REQUIRE(done.status == Status::ok);
-  }
-  ~Pair() { ep2.reset(); }
-};
-
-}  // namespace
+using rpt::is_record;
+using rpt::make_record;
+using rpt::quick_config;
 
 TEST_CASE("ring: records arrive once, in order and intact across many wrap-arounds", "[fabric]") {
   const std::string prov = GENERATE(from_range(rpt::backends()));
@@ -156,11 +97,11 @@ TEST_CASE("ring: records arrive once, in order and intact across many wrap-aroun
 TEST_CASE("ring: a full ring blocks the producer, which never overwrites unread records", "[fabric]") {
   const std::string prov = GENERATE(from_range(rpt::backends()));
   INFO("backend " << prov);
-  Pair pr(prov);
+  rpt::LocalPair pr(prov);
   RingConfig cfg;
   cfg.capacity = 1024;
-  RingConsumer c(*pr.s.ep, *pr.s.pool, pr.to_producer, cfg);
-  RingProducer p(*pr.ep2, *pr.s.pool, pr.to_consumer, c.setup(), cfg);
+  RingConsumer c(*pr.s.ep, *pr.s.pool, pr.to_ep2, cfg);
+  RingProducer p(*pr.ep2, *pr.s.pool, pr.to_ep1, c.setup(), cfg);
   c.connect(p.setup());
   CHECK(p.max_record() == 1024 - 16);
 
@@ -212,10 +153,10 @@ TEST_CASE("ring: a hostile producer cannot make the consumer read outside its ri
   const std::string prov = GENERATE(from_range(rpt::backends()));
   const int attack = GENERATE(0, 1, 2);
   INFO("backend " << prov << ", attack " << attack);
-  Pair pr(prov);
+  rpt::LocalPair pr(prov);
   RingConfig cfg;
   cfg.capacity = 1024;
-  RingConsumer c(*pr.s.ep, *pr.s.pool, pr.to_producer, cfg);
+  RingConsumer c(*pr.s.ep, *pr.s.pool, pr.to_ep2, cfg);
   // The attacker holds what an honest producer would: the setup blob.
   auto setup = regpool::ring::decode_consumer_setup(c.setup());
   REQUIRE(setup.ok());
@@ -229,7 +170,7 @@ TEST_CASE("ring: a hostile producer cannot make the consumer read outside its ri
     std::thread serve([&] {
       while (!stop.load()) (void)pr.s.ep->progress();
     });
-    const auto done = rpt::wait_ok(*pr.ep2, pr.ep2->put(from, pr.to_consumer, setup->ring, offset), 10s);
+    const auto done = rpt::wait_ok(*pr.ep2, pr.ep2->put(from, pr.to_ep1, setup->ring, offset), 10s);
     stop = true;
     serve.join();
     REQUIRE(done.status == Status::ok);
@@ -258,27 +199,27 @@ TEST_CASE("ring: a hostile producer cannot make the consumer read outside its ri
 }
 
 TEST_CASE("ring: setup blobs are validated", "[fabric]") {
-  Pair pr("shm");
+  rpt::LocalPair pr("shm");
   RingConfig cfg;
   cfg.capacity = 512;
-  RingConsumer c(*pr.s.ep, *pr.s.pool, pr.to_producer, cfg);
+  RingConsumer c(*pr.s.ep, *pr.s.pool, pr.to_ep2, cfg);
   auto blob = c.setup();
   REQUIRE(blob.size() == regpool::ring::kConsumerBlobSize);
   for (std::size_t i = 0; i < blob.size(); i += 7) {
     auto bad = blob;
     bad[i] ^= std::byte{0x10};
-    CHECK_THROWS_AS(RingProducer(*pr.ep2, *pr.s.pool, pr.to_consumer, bad, cfg), regpool::Error);
+    CHECK_THROWS_AS(RingProducer(*pr.ep2, *pr.s.pool, pr.to_ep1, bad, cfg), regpool::Error);
   }
-  CHECK_THROWS_AS(RingProducer(*pr.ep2, *pr.s.pool, pr.to_consumer, std::span(blob).first(40), cfg),
+  CHECK_THROWS_AS(RingProducer(*pr.ep2, *pr.s.pool, pr.to_ep1, std::span(blob).first(40), cfg),
                   regpool::Error);
-  RingProducer p(*pr.ep2, *pr.s.pool, pr.to_consumer, blob, cfg);
+  RingProducer p(*pr.ep2, *pr.s.pool, pr.to_ep1, blob, cfg);
   // Another channel's producer blob (its nonce) is refused.
-  RingConsumer other(*pr.s.ep, *pr.s.pool, pr.to_producer, cfg);
-  RingProducer p2(*pr.ep2, *pr.s.pool, pr.to_consumer, other.setup(), cfg);
+  RingConsumer other(*pr.s.ep, *pr.s.pool, pr.to_ep2, cfg);
+  RingProducer p2(*pr.ep2, *pr.s.pool, pr.to_ep1, other.setup(), cfg);
   CHECK_THROWS_AS(c.connect(p2.setup()), regpool::Error);
   c.connect(p.setup());
   cfg.capacity = 1000 + 1;
-  CHECK_THROWS_AS(RingConsumer(*pr.s.ep, *pr.s.pool, pr.to_producer, cfg), regpool::Error);
+  CHECK_THROWS_AS(RingConsumer(*pr.s.ep, *pr.s.pool, pr.to_ep2, cfg), regpool::Error);
 }
 
 namespace {
