@@ -34,6 +34,10 @@ import statistics
 import subprocess
 import sys
 
+# One formatter for every bench table (bench/ratios.py).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ratios import fmt_ns as fmt  # noqa: E402
+
 ALLOCATORS = [
     # name, library (None = glibc, no preload), Debian package
     ("glibc", None, "libc6"),
@@ -106,16 +110,6 @@ def row_key(name):
     if m:
         return f"handoff {m.group(2)}"
     return name.replace("_regpool", "").replace("_malloc", "")
-
-
-def fmt(v):
-    if v is None:
-        return "-"
-    if v >= 1e6:
-        return f"{v / 1e6:.2f} ms"
-    if v >= 1e3:
-        return f"{v / 1e3:.2f} us"
-    return f"{v:.2f} ns"
 
 
 def main():
