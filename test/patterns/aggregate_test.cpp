@@ -1,4 +1,5 @@
-// Aggregation buffer (regpool/aggregator.hpp) on shm and tcp: every record
+// Aggregation buffer (regpool/aggregator.hpp) on shm and tcp, and on verbs
+// in the Soft-RoCE guest (verbs-patterns-aggregate): every record
 // delivered once and in order (two processes); a batch goes out on each
 // trigger (size, deadline, demand) and not before; a malformed batch is
 // dropped whole and the receiver goes on.
@@ -51,7 +52,7 @@ std::vector<std::vector<std::byte>> collect(rpt::LocalPair& pr, Aggregator& a, A
 TEST_CASE("aggregate: every record is delivered once, in order, intact", "[fabric]") {
   const std::string prov = GENERATE(from_range(rpt::backends()));
   INFO("backend " << prov);
-  constexpr std::uint64_t kRecords = 50000;
+  const std::uint64_t kRecords = rpt::scaled(50000);
   constexpr std::size_t kMax = 120;
   AggregatorConfig cfg;
   cfg.batch_bytes = 4096;

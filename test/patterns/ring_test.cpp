@@ -1,10 +1,11 @@
-// Ring-buffer channel (regpool/ring_channel.hpp) on shm and tcp: records
-// arrive once, in order and intact across many wrap-arounds (two processes);
-// a full ring blocks the producer until the consumer returns credits, and
-// the producer never overwrites unread records; a producer or consumer
-// killed with SIGKILL is reported by the survivor within a bound; a hostile
-// producer's tail or record cannot make the consumer read outside its ring;
-// setup blobs are validated.
+// Ring-buffer channel (regpool/ring_channel.hpp) on shm and tcp, and on
+// verbs in the Soft-RoCE guest (verbs-patterns-ring): records arrive once,
+// in order and intact across many wrap-arounds (two processes); a full ring
+// blocks the producer until the consumer returns credits, and the producer
+// never overwrites unread records; a producer or consumer killed with
+// SIGKILL is reported by the survivor within a bound; a hostile producer's
+// tail or record cannot make the consumer read outside its ring; setup
+// blobs are validated.
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -33,7 +34,7 @@ TEST_CASE("ring: records arrive once, in order and intact across many wrap-aroun
   const std::string prov = GENERATE(from_range(rpt::backends()));
   const std::uint64_t batch = GENERATE(std::uint64_t{0}, std::uint64_t{1024});
   INFO("backend " << prov << ", post_batch " << batch);
-  constexpr std::uint64_t kRecords = 20000;
+  const std::uint64_t kRecords = rpt::scaled(20000);
   constexpr std::size_t kMax = 300;
   RingConfig cfg;
   cfg.capacity = 4096;  // about 20 records: thousands of wrap-arounds, pads and gaps
@@ -199,7 +200,7 @@ TEST_CASE("ring: a hostile producer cannot make the consumer read outside its ri
 }
 
 TEST_CASE("ring: setup blobs are validated", "[fabric]") {
-  rpt::LocalPair pr("shm");
+  rpt::LocalPair pr(rpt::backends().front());
   RingConfig cfg;
   cfg.capacity = 512;
   RingConsumer c(*pr.s.ep, *pr.s.pool, pr.to_ep2, cfg);

@@ -157,6 +157,27 @@ inline regpool::FabricConfig fabric_config(const std::string& provider) {
 }
 #endif
 
+// An endpoint of `backend` on `domain` (the domain's own kind). Tests direct
+// atomics at either side: it serves them (on tcp this opens the control
+// endpoint of emulated atomics).
+inline std::unique_ptr<regpool::Endpoint> open_endpoint(const std::shared_ptr<regpool::Domain>& domain,
+                                                        const std::string& backend,
+                                                        const regpool::EndpointConfig& ec) {
+#if REGPOOL_HAVE_VERBS
+  if (backend == "verbs") return regpool::VerbsEndpoint::open(std::static_pointer_cast<regpool::VerbsDomain>(domain), ec);
+#endif
+#if REGPOOL_HAVE_FABRIC
+  if (backend != "verbs") {
+    regpool::FabricEndpointOptions fo;
+    fo.emulated_atomics = regpool::FabricEndpointOptions::EmulatedAtomics::serve;
+    return regpool::FabricEndpoint::open(std::static_pointer_cast<regpool::FabricDomain>(domain), ec, fo);
+  }
+#endif
+  (void)domain;
+  (void)ec;
+  throw regpool::Error(regpool::Status::unsupported, 0, "test: backend " + backend + " not built");
+}
+
 // A process's transport stack for one test.
 struct Stack {
   std::shared_ptr<regpool::Domain> domain;
@@ -166,23 +187,12 @@ struct Stack {
   explicit Stack(const std::string& backend, regpool::EndpointConfig ec = {},
                  std::size_t arena = std::size_t{16} << 20) {
 #if REGPOOL_HAVE_VERBS
-    if (backend == "verbs") {
-      auto d = regpool::VerbsDomain::open();
-      domain = d;
-      ep = regpool::VerbsEndpoint::open(d, ec);
-    }
+    if (backend == "verbs") domain = regpool::VerbsDomain::open();
 #endif
 #if REGPOOL_HAVE_FABRIC
-    if (backend != "verbs") {
-      auto d = regpool::FabricDomain::open(fabric_config(backend));
-      domain = d;
-      // Tests direct atomics at either side: both serve them (on tcp this
-      // opens the control endpoint of emulated atomics).
-      regpool::FabricEndpointOptions fo;
-      fo.emulated_atomics = regpool::FabricEndpointOptions::EmulatedAtomics::serve;
-      ep = regpool::FabricEndpoint::open(d, ec, fo);
-    }
+    if (backend != "verbs") domain = regpool::FabricDomain::open(fabric_config(backend));
 #endif
+    if (domain) ep = open_endpoint(domain, backend, ec);
     if (!ep) throw regpool::Error(regpool::Status::unsupported, 0, "test: backend " + backend + " not built");
     regpool::PoolConfig pc;
     pc.arena_size = arena;
