@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -123,17 +122,7 @@ struct Listener::Impl {
   std::deque<PeerEvent> queue;
   std::size_t produced = 0;
 
-  void log(const std::string& line) const {
-    if (cfg.log) {
-      try {
-        cfg.log(line);
-      } catch (...) {
-        // A logger that throws must not stop the server.
-      }
-      return;
-    }
-    std::fprintf(stderr, "regpool membership: %s\n", line.c_str());
-  }
+  void log(const std::string& line) const { tcp::log_line(cfg.log, kComponent, line); }
 
   void emit(PeerEvent ev) {
     ++produced;

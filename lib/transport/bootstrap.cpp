@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -129,17 +128,7 @@ std::string TcpBootstrap::lost_peer() const {
   return {};
 }
 
-void TcpBootstrap::log(const std::string& line) const {
-  if (config_.log) {
-    try {
-      config_.log(line);
-    } catch (...) {
-      // A logger that throws must not abort the rendezvous.
-    }
-    return;
-  }
-  std::fprintf(stderr, "regpool bootstrap: %s\n", line.c_str());
-}
+void TcpBootstrap::log(const std::string& line) const { tcp::log_line(config_.log, "bootstrap", line); }
 
 void TcpBootstrap::connect_to_root() {
   const sockaddr_in addr = resolve(config_.host, config_.port);
