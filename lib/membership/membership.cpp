@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -14,6 +13,7 @@
 #include <unordered_map>
 
 #include "membership/membership_wire.hpp"
+#include "transport/acceptor.hpp"
 #include "transport/bootstrap_wire.hpp"
 #include "transport/hmac.hpp"
 #include "transport/tcp_socket.hpp"
@@ -82,17 +82,21 @@ const char* to_string(PeerEventKind k) noexcept {
 // ---------------------------------------------------------------- Listener
 
 struct Listener::Impl {
-  struct Conn {
+  // The server's state of a handshake (the acceptor holds the connection).
+  struct Handshake {
+    bw::FrameReader reader{0, 0};
+    bool close_after_flush = false;  // a refusal: close once it is out
+  };
+  using Acceptor = tcp::Acceptor<Handshake>;
+  using Pending = Acceptor::Pending;
+  // An admitted client.
+  struct Member {
     int fd = -1;
     std::string addr;
-    bool member = false;
-    bool close_after_flush = false;  // a refusal: close once it is out
     bool gone = false;
-    Clock::time_point deadline{};    // handshake (and refusal) bound
-    bw::Nonce server_nonce{};
-    std::vector<std::byte> out;
+    std::vector<std::byte> out;  // its welcome
     std::size_t out_off = 0;
-    bw::FrameReader reader{0, 0};
+    bw::FrameReader reader{mw::kBye, mw::kByeSize};  // the only frame a member may send
     PeerId peer = kAnyPeer;
     std::uint64_t epoch = 0;
     std::uint64_t client_id = 0;
@@ -109,7 +113,8 @@ struct Listener::Impl {
   int listen_fd = -1;
   std::uint16_t port = 0;
   std::uint64_t next_epoch = 1;
-  std::vector<Conn> conns;
+  std::optional<Acceptor> acc;  // set once listening
+  std::vector<Member> members;
   std::size_t member_count = 0;
   std::unordered_map<PeerId, std::uint64_t> epochs;  // current members
   std::unordered_map<PeerId, std::vector<Exposure>> attached;
@@ -117,17 +122,7 @@ struct Listener::Impl {
   std::deque<PeerEvent> queue;
   std::size_t produced = 0;
 
-  void log(const std::string& line) const {
-    if (cfg.log) {
-      try {
-        cfg.log(line);
-      } catch (...) {
-        // A logger that throws must not stop the server.
-      }
-      return;
-    }
-    std::fprintf(stderr, "regpool membership: %s\n", line.c_str());
-  }
+  void log(const std::string& line) const { tcp::log_line(cfg.log, kComponent, line); }
 
   void emit(PeerEvent ev) {
     ++produced;
@@ -138,17 +133,20 @@ struct Listener::Impl {
     }
   }
 
-  void drop(Conn& c, const std::string& why) {
-    log("dropped the connection from " + c.addr + ": " + why);
-    ::close(c.fd);
-    c.gone = true;
+  void start(int fd) {
+    listen_fd = fd;
+    Handshake initial;
+    initial.reader = bw::FrameReader(mw::kJoin, mw::max_join_payload(cfg.max_name));
+    acc.emplace(kComponent, fd, cfg.max_pending, cfg.handshake_timeout, !key.empty(), std::move(initial),
+                [this](const Pending& p, const std::string& why) {
+                  log("dropped the connection from " + p.addr + ": " + why);
+                });
   }
 
   // A member's connection ended: tell the endpoint and the application.
-  void member_gone(Conn& c, PeerEventKind kind, const std::string& reason) {
+  void member_gone(Member& c, PeerEventKind kind, const std::string& reason) {
     ::close(c.fd);
     c.gone = true;
-    c.member = false;
     --member_count;
     epochs.erase(c.peer);
     ep.fail_peer(c.peer, Status::peer_unreachable);
@@ -163,57 +161,57 @@ struct Listener::Impl {
     to_remove.clear();
   }
 
-  void queue_welcome(Conn& c, const mw::Join& j, mw::Welcome w) {
+  std::vector<std::byte> welcome(const Pending& c, const mw::Join& j, mw::Welcome w) const {
     w.has_mac = !key.empty();
     w.mac = mw::welcome_mac(tcp::key_bytes(key), c.server_nonce, j.nonce, w);
-    c.out = frame(mw::kWelcome, mw::encode(w));
-    c.out_off = 0;
+    return frame(mw::kWelcome, mw::encode(w));
   }
 
-  void refuse(Conn& c, const mw::Join& j, mw::WelcomeCode code, std::uint32_t detail, const std::string& why) {
+  void refuse(Pending& c, const mw::Join& j, mw::WelcomeCode code, std::uint32_t detail, const std::string& why) {
     log("refused a join from " + c.addr + ": " + why);
     mw::Welcome w;
     w.code = code;
     w.detail = detail;
     w.name.assign(1, std::byte{0});  // the server's name goes to admitted clients only
-    queue_welcome(c, j, std::move(w));
-    c.close_after_flush = true;
+    c.queue(welcome(c, j, std::move(w)));
+    c.state.close_after_flush = true;
   }
 
-  // A complete join frame from a connection in its handshake.
-  void judge(Conn& c, std::span<const std::byte> payload) {
+  // A complete join frame from a connection in its handshake. Returns the
+  // new member when it is admitted (the connection moved to `members`).
+  Member* judge(Pending& c, std::span<const std::byte> payload) {
     mw::Join j;
     const auto version = mw::payload_version(payload);
     if (version && *version != mw::kVersion) {
       refuse(c, j, mw::WelcomeCode::bad_version, mw::kVersion,
              "join of protocol version " + std::to_string(*version) + " (this server speaks " +
                  std::to_string(mw::kVersion) + ")");
-      return;
+      return nullptr;
     }
     std::string why;
     auto parsed = mw::parse_join(payload, cfg.max_name, why);
     if (!parsed) {
-      drop(c, "malformed " + why);
-      return;
+      acc->drop(c, "malformed " + why);
+      return nullptr;
     }
     j = std::move(*parsed);
     const std::string claim = "join of client id " + std::to_string(j.client_id);
     if (!key.empty() && !j.has_mac) {
       refuse(c, j, mw::WelcomeCode::missing_key, 0, claim + " without proof of the job key");
-      return;
+      return nullptr;
     }
     if (!key.empty() && !detail::equal_constant_time(j.mac, mw::join_mac(tcp::key_bytes(key), c.server_nonce, j))) {
       refuse(c, j, mw::WelcomeCode::bad_key, 0, claim + " with a wrong proof of the job key (forged, or the key differs)");
-      return;
+      return nullptr;
     }
     if (key.empty() && j.has_mac) {
       refuse(c, j, mw::WelcomeCode::unexpected_key, 0, claim + " from a client that has a job key (this server has none)");
-      return;
+      return nullptr;
     }
     // A new incarnation of a connected client supersedes the old one.
     const std::uint64_t epoch = next_epoch++;
-    for (Conn& o : conns) {
-      if (&o == &c || !o.member || o.gone) continue;
+    for (Member& o : members) {
+      if (o.gone) continue;
       if ((j.client_id != 0 && o.client_id == j.client_id) || o.name == j.name) {
         member_gone(o, PeerEventKind::died, "superseded by a new incarnation (epoch " + std::to_string(epoch) + ")");
       }
@@ -221,7 +219,7 @@ struct Listener::Impl {
     if (member_count >= cfg.max_members) {
       refuse(c, j, mw::WelcomeCode::full, static_cast<std::uint32_t>(std::min<std::size_t>(cfg.max_members, UINT32_MAX)),
              claim + ": " + std::to_string(member_count) + " members already (ListenerConfig::max_members)");
-      return;
+      return nullptr;
     }
     // A peer that left or died is still in the endpoint until the next
     // poll; inserting its name again now would return its broken PeerId.
@@ -231,45 +229,54 @@ struct Listener::Impl {
       peer = ep.insert_peer(j.name);
     } catch (const Error& e) {
       refuse(c, j, mw::WelcomeCode::bad_name, 0, claim + ": its endpoint name was refused: " + e.what());
-      return;
+      return nullptr;
     }
-    c.member = true;
-    c.peer = peer;
-    c.epoch = epoch;
-    c.client_id = j.client_id;
-    c.name = j.name;
-    ++member_count;
-    epochs[peer] = epoch;
-    tcp::set_liveness(c.fd, cfg.liveness_timeout);
     mw::Welcome w;
     w.peer = peer;
     w.epoch = epoch;
     w.liveness_ms = static_cast<std::uint32_t>(std::min<long long>(cfg.liveness_timeout.count(), UINT32_MAX));
     w.name = own_name;
-    queue_welcome(c, j, std::move(w));
-    // From now on the only frame a member may send is its bye.
-    c.reader = bw::FrameReader(mw::kBye, mw::kByeSize);
-    emit(PeerEvent{PeerEventKind::joined, peer, epoch, j.client_id, c.addr, {}});
+    Member m;
+    m.out = welcome(c, j, std::move(w));
+    m.addr = c.addr;
+    m.fd = acc->release(c);
+    m.peer = peer;
+    m.epoch = epoch;
+    m.client_id = j.client_id;
+    m.name = j.name;
+    ++member_count;
+    epochs[peer] = epoch;
+    tcp::set_liveness(m.fd, cfg.liveness_timeout);
+    members.push_back(std::move(m));
+    Member& added = members.back();
+    emit(PeerEvent{PeerEventKind::joined, peer, epoch, j.client_id, added.addr, {}});
+    return &added;
   }
 
-  // Something to read (or an error/hang-up) on a connection.
-  void on_readable(Conn& c) {
+  // Something to read (or an error/hang-up) on a connection in its handshake.
+  // Returns the new member when its join was admitted.
+  Member* on_readable(Pending& c) {
+    bw::FrameReader& reader = c.state.reader;
+    const int rc = pump(c.fd, reader);
+    const auto st = reader.state();
+    if (st == bw::FrameReader::State::failed) {
+      acc->drop(c, "sent bytes that are not a regpool membership join (" + reader.error() + ")");
+    } else if (st == bw::FrameReader::State::done) {
+      const std::vector<std::byte> payload = reader.take();
+      reader = bw::FrameReader(0, 0);  // nothing more is read before the welcome is out
+      return judge(c, payload);
+    } else if (rc == -1) {
+      acc->drop(c, "closed the connection during its handshake");
+    } else if (rc > 0) {
+      acc->drop(c, std::string("receive failed: ") + std::strerror(rc));
+    }
+    return nullptr;
+  }
+
+  // Something to read (or an error/hang-up) on a member's connection.
+  void on_readable(Member& c) {
     const int rc = pump(c.fd, c.reader);
     const auto st = c.reader.state();
-    if (!c.member) {
-      if (st == bw::FrameReader::State::failed) {
-        drop(c, "sent bytes that are not a regpool membership join (" + c.reader.error() + ")");
-      } else if (st == bw::FrameReader::State::done) {
-        const std::vector<std::byte> payload = c.reader.take();
-        c.reader = bw::FrameReader(0, 0);  // nothing more is read before the welcome is out
-        judge(c, payload);
-      } else if (rc == -1) {
-        drop(c, "closed the connection during its handshake");
-      } else if (rc > 0) {
-        drop(c, std::string("receive failed: ") + std::strerror(rc));
-      }
-      return;
-    }
     if (st == bw::FrameReader::State::failed) {
       member_gone(c, PeerEventKind::died, "protocol violation: it sent a " + c.reader.error());
     } else if (st == bw::FrameReader::State::done) {
@@ -292,124 +299,75 @@ struct Listener::Impl {
     }
   }
 
-  void accept_new() {
-    for (;;) {
-      sockaddr_in from{};
-      socklen_t len = sizeof from;
-      const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&from), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-        if ((errno == EMFILE || errno == ENFILE) && evict_oldest("out of file descriptors")) continue;
-        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-          // Members keep their descriptors; new clients wait in the backlog.
-          log(std::string("cannot accept: ") + std::strerror(errno));
-          return;
-        }
-        io.fail(Status::transport_error, errno, "accept on port " + std::to_string(port));
-      }
-      const std::size_t pending = static_cast<std::size_t>(
-          std::count_if(conns.begin(), conns.end(), [](const Conn& c) { return !c.gone && !c.member; }));
-      if (pending >= std::max<std::size_t>(1, cfg.max_pending)) {
-        (void)evict_oldest(std::to_string(cfg.max_pending) + " handshakes in flight");
-      }
-      Conn c;
-      c.fd = fd;
-      c.addr = tcp::addr_text(from);
-      c.deadline = Clock::now() + cfg.handshake_timeout;
-      c.reader = bw::FrameReader(mw::kJoin, mw::max_join_payload(cfg.max_name));
-      try {
-        c.server_nonce = tcp::fresh_nonce(kComponent);
-      } catch (...) {
-        ::close(fd);
-        throw;
-      }
-      const auto ch = bw::encode(bw::Challenge{!key.empty(), c.server_nonce});
-      c.out.assign(ch.begin(), ch.end());
-      conns.push_back(std::move(c));
-      Conn& q = conns.back();
-      if (!tcp::send_some(q.fd, q.out, q.out_off)) drop(q, "connection failed before the challenge was sent");
-    }
+  // Sends what a member's socket takes of its welcome.
+  void flush(Member& c, const char* what) {
+    if (c.out_off < c.out.size() && !tcp::send_some(c.fd, c.out, c.out_off)) member_gone(c, PeerEventKind::died, what);
   }
 
-  bool evict_oldest(const std::string& why) {
-    Conn* oldest = nullptr;
-    for (Conn& c : conns) {
-      if (!c.gone && !c.member && (!oldest || c.deadline < oldest->deadline)) oldest = &c;
+  // Sends what a handshake's socket takes of its refusal; closes it once out.
+  void flush(Pending& c, const char* what) {
+    if (!c.flush()) {
+      acc->drop(c, what);
+    } else if (!c.sending() && c.state.close_after_flush) {
+      acc->close(c);
     }
-    if (!oldest) return false;
-    drop(*oldest, "evicted: " + why);
-    return true;
   }
 
   std::size_t poll(std::chrono::milliseconds wait) {
     produced = 0;
     remove_pending();
-    const auto now = Clock::now();
-    for (Conn& c : conns) {
-      if (!c.gone && !c.member && now >= c.deadline) {
-        drop(c, c.close_after_flush ? "did not read its refusal within " + ms_text(cfg.handshake_timeout)
-                                    : "no complete join within " + ms_text(cfg.handshake_timeout) + " (" +
-                                          std::to_string(c.reader.received()) + " payload bytes received)");
-      }
-    }
-    std::erase_if(conns, [](const Conn& c) { return c.gone; });
+    acc->expire(Clock::now(), [&](const Pending& c) {
+      return c.state.close_after_flush ? "did not read its refusal within " + ms_text(cfg.handshake_timeout)
+                                       : "no complete join within " + ms_text(cfg.handshake_timeout) + " (" +
+                                             std::to_string(c.state.reader.received()) + " payload bytes received)";
+    });
 
     std::vector<pollfd> fds;
-    fds.reserve(conns.size() + 1);
-    fds.push_back({listen_fd, POLLIN, 0});
     auto wake = Clock::now() + wait;
-    for (const Conn& c : conns) {
-      const bool sending = c.out_off < c.out.size();
-      // A handshake reads only once its challenge is out; a member always
-      // (its end of stream is the news).
-      const short ev = static_cast<short>((sending ? POLLOUT : 0) | (!sending || c.member ? POLLIN : 0));
-      fds.push_back({c.fd, ev, 0});
-      if (!c.member) wake = std::min(wake, c.deadline);
+    const std::size_t lfd = acc->poll_fds(fds, wake);
+    const std::size_t first_member = fds.size();
+    for (const Member& c : members) {
+      // A member is always read: its end of stream is the news.
+      fds.push_back({c.fd, static_cast<short>(POLLIN | (c.out_off < c.out.size() ? POLLOUT : 0)), 0});
     }
     const int rc = ::poll(fds.data(), fds.size(), wait.count() <= 0 ? 0 : tcp::remaining_ms(wake));
     if (rc < 0) {
       if (errno == EINTR) return produced;
       io.fail(Status::transport_error, errno, "poll");
     }
-    // conns may grow while accepting: handle the existing ones first.
-    const std::size_t n = conns.size();
+    // members grows while judging: handle the existing ones first.
+    const std::size_t n = members.size();
     for (std::size_t i = 0; i < n; ++i) {
-      Conn& c = conns[i];
-      const short re = fds[i + 1].revents;
+      Member& c = members[i];
+      const short re = fds[first_member + i].revents;
       if (c.gone || re == 0) continue;
-      if (c.out_off < c.out.size()) {
-        if (!tcp::send_some(c.fd, c.out, c.out_off)) {
-          if (c.member) {
-            member_gone(c, PeerEventKind::died, "connection lost while sending to it");
-          } else {
-            drop(c, "connection failed while sending to it");
-          }
-          continue;
-        }
-        if (c.out_off == c.out.size() && c.close_after_flush) {
-          ::close(c.fd);
-          c.gone = true;
-          continue;
-        }
-      }
-      if ((re & (POLLIN | POLLHUP | POLLERR)) != 0 && (c.out_off == c.out.size() || c.member)) on_readable(c);
+      flush(c, "connection lost while sending to it");
+      if (!c.gone && (re & (POLLIN | POLLHUP | POLLERR)) != 0) on_readable(c);
+    }
+    auto& pend = acc->pending();
+    for (std::size_t i = 0; i < pend.size(); ++i) {
+      Pending& c = pend[i];
+      const short re = fds[lfd + 1 + i].revents;
+      if (c.gone || re == 0) continue;
+      if (c.sending()) flush(c, "connection failed while sending to it");
+      // A handshake reads only once its challenge is out.
+      if (c.gone || c.sending() || (re & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
       // The welcome (or refusal) queued by judge() goes out at once.
-      if (!c.gone && c.out_off < c.out.size()) {
-        if (!tcp::send_some(c.fd, c.out, c.out_off)) {
-          if (c.member) {
-            member_gone(c, PeerEventKind::died, "connection lost while sending its welcome");
-          } else {
-            drop(c, "connection failed while sending its refusal");
-          }
-        } else if (c.out_off == c.out.size() && c.close_after_flush) {
-          ::close(c.fd);
-          c.gone = true;
-        }
+      if (Member* m = on_readable(c)) {
+        flush(*m, "connection lost while sending its welcome");
+      } else if (!c.gone && c.sending()) {
+        flush(c, "connection failed while sending its refusal");
       }
     }
-    if ((fds[0].revents & POLLIN) != 0) accept_new();
-    std::erase_if(conns, [](const Conn& c) { return c.gone; });
+    if ((fds[lfd].revents & POLLIN) != 0) {
+      if (const int err = acc->accept_all(); err != 0) {
+        // Members keep their descriptors; new clients wait in the backlog.
+        if (!tcp::out_of_resources(err)) io.fail(Status::transport_error, err, "accept on port " + std::to_string(port));
+        log(std::string("cannot accept: ") + std::strerror(err));
+      }
+    }
+    acc->sweep();
+    std::erase_if(members, [](const Member& c) { return c.gone; });
     return produced;
   }
 };
@@ -429,25 +387,24 @@ Listener::Listener(Endpoint& endpoint, const ListenerConfig& config) : impl_(std
     io.fail(Status::invalid_argument, 0, "the endpoint's name does not fit a welcome");
   }
   const sockaddr_in addr = tcp::resolve(m.cfg.host, m.cfg.port, kComponent);
-  m.listen_fd = tcp::listen_on(addr, m.port, kComponent,
-                               "cannot listen on " + m.cfg.host + ":" + std::to_string(m.cfg.port));
+  m.start(tcp::listen_on(addr, m.port, kComponent,
+                         "cannot listen on " + m.cfg.host + ":" + std::to_string(m.cfg.port)));
 }
 
 Listener::~Listener() {
   Impl& m = *impl_;
   m.attached.clear();
-  for (auto& c : m.conns) {
+  for (auto& c : m.members) {
     if (c.gone) continue;
-    if (c.member) {
-      // Best effort: a client whose buffer is full learns it from the close.
-      const auto bye = frame(mw::kBye, mw::encode_bye(c.epoch));
-      std::size_t off = 0;
-      (void)tcp::send_some(c.fd, bye, off);
-      m.ep.fail_peer(c.peer, Status::peer_unreachable);
-      m.to_remove.push_back(c.peer);
-    }
+    // Best effort: a client whose buffer is full learns it from the close.
+    const auto bye = frame(mw::kBye, mw::encode_bye(c.epoch));
+    std::size_t off = 0;
+    (void)tcp::send_some(c.fd, bye, off);
+    m.ep.fail_peer(c.peer, Status::peer_unreachable);
+    m.to_remove.push_back(c.peer);
     ::close(c.fd);
   }
+  m.acc.reset();  // closes the handshakes
   m.remove_pending();
   if (m.listen_fd >= 0) ::close(m.listen_fd);
 }

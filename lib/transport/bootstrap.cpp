@@ -4,19 +4,18 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
 
+#include "transport/acceptor.hpp"
 #include "transport/bootstrap_wire.hpp"
 #include "transport/hmac.hpp"
 #include "transport/tcp_socket.hpp"
@@ -64,7 +63,6 @@ void send_frame(int fd, std::uint32_t seq, std::span<const std::byte> blob, Cloc
   io.send_frame(fd, seq, blob, deadline, who);
 }
 sockaddr_in resolve(const std::string& host, std::uint16_t port) { return tcp::resolve(host, port, "bootstrap"); }
-using tcp::addr_text;
 int make_socket() { return tcp::make_socket("bootstrap"); }
 bw::Nonce fresh_nonce() { return tcp::fresh_nonce("bootstrap"); }
 
@@ -130,17 +128,7 @@ std::string TcpBootstrap::lost_peer() const {
   return {};
 }
 
-void TcpBootstrap::log(const std::string& line) const {
-  if (config_.log) {
-    try {
-      config_.log(line);
-    } catch (...) {
-      // A logger that throws must not abort the rendezvous.
-    }
-    return;
-  }
-  std::fprintf(stderr, "regpool bootstrap: %s\n", line.c_str());
-}
+void TcpBootstrap::log(const std::string& line) const { tcp::log_line(config_.log, "bootstrap", line); }
 
 void TcpBootstrap::connect_to_root() {
   const sockaddr_in addr = resolve(config_.host, config_.port);
@@ -266,23 +254,15 @@ void TcpBootstrap::connect_to_root() {
 
 namespace {
 
-// A connection rank 0 has accepted but not yet admitted.
-struct Pending {
-  int fd = -1;
-  std::string addr;
-  Clock::time_point deadline;
-  bw::Nonce server_nonce{};
+// Rank 0's state of a handshake (the acceptor holds the connection).
+struct Handshake {
   std::array<std::byte, bw::kHelloSize> in{};
   std::size_t in_len = 0;
-  std::array<std::byte, std::max(bw::kChallengeSize, bw::kVerdictSize)> out{};
-  std::size_t out_len = 0;
-  std::size_t out_off = 0;
   bool hello_done = false;
   int admit_rank = -1;  // slot reserved; admitted once the verdict is out
-  bool gone = false;    // to be removed from the list
 };
-
-bool flush(Pending& p) { return tcp::send_some(p.fd, std::span<const std::byte>(p.out.data(), p.out_len), p.out_off); }
+using Acceptor = tcp::Acceptor<Handshake>;
+using Pending = Acceptor::Pending;
 
 }  // namespace
 
@@ -290,36 +270,27 @@ void TcpBootstrap::accept_all(Clock::time_point deadline) {
   const auto size = static_cast<std::uint32_t>(config_.size);
   // Ranks admitted in an earlier, failed attempt keep their places.
   int missing = static_cast<int>(std::count(peers_.begin() + 1, peers_.end(), -1));
-  std::vector<Pending> pend;
   std::size_t dropped = 0;
   std::string last_drop;
-
-  auto drop = [&](Pending& p, const std::string& why) {
-    log("rank 0 dropped the connection from " + p.addr + ": " + why);
-    ++dropped;
-    last_drop = p.addr + ": " + why;
-    if (p.admit_rank > 0) {
-      peers_[static_cast<std::size_t>(p.admit_rank)] = -1;
-      peer_addr_[static_cast<std::size_t>(p.admit_rank)].clear();
-    }
-    ::close(p.fd);
-    p.gone = true;
-  };
-  auto cleanup = [&]() {
-    for (auto& p : pend) {
-      if (p.gone) continue;
-      if (p.admit_rank > 0) {  // its verdict is not out: not admitted
-        peers_[static_cast<std::size_t>(p.admit_rank)] = -1;
-        peer_addr_[static_cast<std::size_t>(p.admit_rank)].clear();
-      }
-      ::close(p.fd);
+  auto unreserve = [&](const Pending& p) {
+    if (p.state.admit_rank > 0) {
+      peers_[static_cast<std::size_t>(p.state.admit_rank)] = -1;
+      peer_addr_[static_cast<std::size_t>(p.state.admit_rank)].clear();
     }
   };
+  Acceptor acc("bootstrap", listen_fd_, kMaxPendingHandshakes, config_.handshake_timeout, !key_.empty(), Handshake{},
+               [&](const Pending& p, const std::string& why) {
+                 log("rank 0 dropped the connection from " + p.addr + ": " + why);
+                 ++dropped;
+                 last_drop = p.addr + ": " + why;
+                 unreserve(p);
+               });
 
   // Judges a complete hello and queues the verdict.
   auto judge = [&](Pending& p) {
-    p.hello_done = true;
-    const std::uint16_t version = le::get_u16(p.in.data() + 4);
+    Handshake& hs = p.state;
+    hs.hello_done = true;
+    const std::uint16_t version = le::get_u16(hs.in.data() + 4);
     bw::Verdict v;
     std::string reason;
     std::string why;
@@ -329,9 +300,9 @@ void TcpBootstrap::accept_all(Clock::time_point deadline) {
       v.detail = bw::kVersion;
       reason = "hello of protocol version " + std::to_string(version);
     } else {
-      h = bw::parse_hello(p.in, why);
+      h = bw::parse_hello(hs.in, why);
       if (!h) {
-        drop(p, "malformed " + why);
+        acc.drop(p, "malformed " + why);
         return;
       }
       const std::string claim = "hello for rank " + std::to_string(h->rank) + " of " + std::to_string(h->size);
@@ -360,7 +331,8 @@ void TcpBootstrap::accept_all(Clock::time_point deadline) {
         reason = claim + ": rank " + std::to_string(h->rank) + " is already taken by " + peer_addr_[h->rank];
       } else {
         v.code = bw::VerdictCode::accepted;
-        p.admit_rank = static_cast<int>(h->rank);
+        hs.admit_rank = static_cast<int>(h->rank);
+        p.pinned = true;  // a rank's place: never evicted for a stranger
         peers_[h->rank] = p.fd;
         peer_addr_[h->rank] = p.addr;
       }
@@ -371,20 +343,17 @@ void TcpBootstrap::accept_all(Clock::time_point deadline) {
       ++dropped;
       last_drop = p.addr + ": refused " + reason;
     }
-    const auto bytes = bw::encode(v);
-    std::copy(bytes.begin(), bytes.end(), p.out.begin());
-    p.out_len = bytes.size();
-    p.out_off = 0;
+    p.queue(bw::encode(v));
   };
 
   // The verdict is out (or failed): admit or close.
   auto settle = [&](Pending& p) {
-    if (p.admit_rank > 0) {
+    if (p.state.admit_rank > 0) {
+      (void)acc.release(p);  // peers_ holds it
       --missing;
     } else {
-      ::close(p.fd);
+      acc.close(p);
     }
-    p.gone = true;
   };
 
   try {
@@ -400,25 +369,16 @@ void TcpBootstrap::accept_all(Clock::time_point deadline) {
                  std::to_string(dropped) + " connection(s) dropped or refused" +
                  (last_drop.empty() ? std::string() : " (last: " + last_drop + ")"));
       }
-      // Expired handshakes.
-      for (auto& p : pend) {
-        if (!p.gone && now >= p.deadline) {
-          drop(p, p.hello_done ? "did not read its verdict within " + ms_text(config_.handshake_timeout)
-                               : "no complete hello within " + ms_text(config_.handshake_timeout) + " (" +
-                                     std::to_string(p.in_len) + " of " + std::to_string(bw::kHelloSize) +
-                                     " bytes received)");
-        }
-      }
-      std::erase_if(pend, [](const Pending& p) { return p.gone; });
+      acc.expire(now, [&](const Pending& p) {
+        return p.state.hello_done ? "did not read its verdict within " + ms_text(config_.handshake_timeout)
+                                  : "no complete hello within " + ms_text(config_.handshake_timeout) + " (" +
+                                        std::to_string(p.state.in_len) + " of " + std::to_string(bw::kHelloSize) +
+                                        " bytes received)";
+      });
 
       std::vector<pollfd> fds;
-      fds.reserve(pend.size() + 1);
-      fds.push_back({listen_fd_, POLLIN, 0});
       auto wake = deadline;
-      for (const auto& p : pend) {
-        fds.push_back({p.fd, static_cast<short>(p.out_off < p.out_len ? POLLOUT : POLLIN), 0});
-        wake = std::min(wake, p.deadline);
-      }
+      const std::size_t lfd = acc.poll_fds(fds, wake);
       const int rc = ::poll(fds.data(), fds.size(), remaining_ms(wake));
       if (rc < 0) {
         if (errno == EINTR) continue;
@@ -426,26 +386,28 @@ void TcpBootstrap::accept_all(Clock::time_point deadline) {
       }
       if (rc == 0) continue;
 
+      auto& pend = acc.pending();
       for (std::size_t i = 0; i < pend.size(); ++i) {
         Pending& p = pend[i];
-        const short re = fds[i + 1].revents;
+        Handshake& hs = p.state;
+        const short re = fds[lfd + 1 + i].revents;
         if (re == 0) continue;
-        if (p.out_off < p.out_len) {
-          if (!flush(p)) {
-            drop(p, "connection failed while rank 0 sent to it");
+        if (p.sending()) {
+          if (!p.flush()) {
+            acc.drop(p, "connection failed while rank 0 sent to it");
             continue;
           }
-          if (p.out_off == p.out_len && p.hello_done) settle(p);
+          if (!p.sending() && hs.hello_done) settle(p);
           continue;
         }
         // Read what is there (and an end of stream right behind it), never
         // past the hello.
         bool closed = false;
         int failed = 0;
-        while (p.in_len < p.in.size()) {
-          const ssize_t r = ::recv(p.fd, p.in.data() + p.in_len, p.in.size() - p.in_len, MSG_DONTWAIT);
+        while (hs.in_len < hs.in.size()) {
+          const ssize_t r = ::recv(p.fd, hs.in.data() + hs.in_len, hs.in.size() - hs.in_len, MSG_DONTWAIT);
           if (r > 0) {
-            p.in_len += static_cast<std::size_t>(r);
+            hs.in_len += static_cast<std::size_t>(r);
             continue;
           }
           if (r < 0 && errno == EINTR) continue;
@@ -453,91 +415,45 @@ void TcpBootstrap::accept_all(Clock::time_point deadline) {
           if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) failed = errno;
           break;
         }
-        if (!bw::plausible_prefix({p.in.data(), std::min<std::size_t>(p.in_len, 4)}, bw::kHelloMagic)) {
-          drop(p, "sent bytes that are not a regpool bootstrap hello (bad magic)");
+        if (!bw::plausible_prefix({hs.in.data(), std::min<std::size_t>(hs.in_len, 4)}, bw::kHelloMagic)) {
+          acc.drop(p, "sent bytes that are not a regpool bootstrap hello (bad magic)");
           continue;
         }
         if (closed) {
-          drop(p, "closed the connection after " + std::to_string(p.in_len) + " bytes of its hello");
+          acc.drop(p, "closed the connection after " + std::to_string(hs.in_len) + " bytes of its hello");
           continue;
         }
         if (failed != 0) {
-          drop(p, std::string("receive failed: ") + std::strerror(failed));
+          acc.drop(p, std::string("receive failed: ") + std::strerror(failed));
           continue;
         }
-        if (p.in_len < p.in.size()) continue;
+        if (hs.in_len < hs.in.size()) continue;
         judge(p);
         if (p.gone) continue;
-        if (!flush(p)) {
-          drop(p, "connection failed while rank 0 sent its verdict");
+        if (!p.flush()) {
+          acc.drop(p, "connection failed while rank 0 sent its verdict");
           continue;
         }
-        if (p.out_off == p.out_len) settle(p);
+        if (!p.sending()) settle(p);
       }
 
-      if ((fds[0].revents & POLLIN) != 0) {
-        for (;;) {
-          sockaddr_in from{};
-          socklen_t len = sizeof from;
-          const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&from), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
-          if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-            if ((errno == EMFILE || errno == ENFILE) && !pend.empty()) {
-              // Out of descriptors: make room by dropping the oldest.
-              auto oldest = std::min_element(pend.begin(), pend.end(), [](const Pending& a, const Pending& b) {
-                return a.gone != b.gone ? !a.gone : a.deadline < b.deadline;
-              });
-              if (!oldest->gone && oldest->admit_rank <= 0) {
-                drop(*oldest, "evicted: rank 0 ran out of file descriptors");
-                continue;
-              }
-            }
-            fail(Status::transport_error, errno, "rank 0: accept");
-          }
-          const std::size_t live =
-              static_cast<std::size_t>(std::count_if(pend.begin(), pend.end(), [](const Pending& p) { return !p.gone; }));
-          if (live >= kMaxPendingHandshakes) {
-            auto oldest = pend.end();
-            for (auto it = pend.begin(); it != pend.end(); ++it) {
-              if (!it->gone && it->admit_rank <= 0 && (oldest == pend.end() || it->deadline < oldest->deadline)) {
-                oldest = it;
-              }
-            }
-            if (oldest != pend.end()) {
-              drop(*oldest, "evicted: " + std::to_string(kMaxPendingHandshakes) + " handshakes in flight");
-            }
-          }
-          Pending p;
-          p.fd = fd;
-          p.addr = addr_text(from);
-          p.deadline = Clock::now() + config_.handshake_timeout;
-          const int one = 1;
-          (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-          try {
-            p.server_nonce = fresh_nonce();
-          } catch (...) {
-            ::close(fd);
-            throw;
-          }
-          const auto c = bw::encode(bw::Challenge{!key_.empty(), p.server_nonce});
-          std::copy(c.begin(), c.end(), p.out.begin());
-          p.out_len = c.size();
-          pend.push_back(std::move(p));
-          Pending& q = pend.back();
-          if (!flush(q)) drop(q, "connection failed before rank 0 sent its challenge");
-        }
+      if ((fds[lfd].revents & POLLIN) != 0) {
+        if (const int err = acc.accept_all(); err != 0) fail(Status::transport_error, err, "rank 0: accept");
       }
-      std::erase_if(pend, [](const Pending& p) { return p.gone; });
+      acc.sweep();
     }
   } catch (...) {
-    cleanup();
+    // Verdicts not out: those ranks are not admitted (the acceptor closes
+    // their connections).
+    for (const Pending& p : acc.pending()) {
+      if (!p.gone) unreserve(p);
+    }
     throw;
   }
-  for (auto& p : pend) {
+  for (Pending& p : acc.pending()) {
     if (p.gone) continue;
     log("rank 0 closed the connection from " + p.addr + ": every rank is already admitted");
-    ::close(p.fd);
+    acc.close(p);
   }
   ::close(listen_fd_);
   listen_fd_ = -1;

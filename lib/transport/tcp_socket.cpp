@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -197,6 +198,18 @@ bool send_some(int fd, std::span<const std::byte> data, std::size_t& off) noexce
     }
   }
   return true;
+}
+
+void log_line(const std::function<void(const std::string&)>& sink, const char* component, const std::string& line) noexcept {
+  if (sink) {
+    try {
+      sink(line);
+    } catch (...) {
+      // Swallowed: see the header.
+    }
+    return;
+  }
+  std::fprintf(stderr, "regpool %s: %s\n", component, line.c_str());
 }
 
 bootwire::Nonce fresh_nonce(const char* component) {

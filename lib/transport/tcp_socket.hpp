@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 
@@ -49,6 +50,11 @@ void set_liveness(int fd, std::chrono::milliseconds bound) noexcept;
 bool send_some(int fd, std::span<const std::byte> data, std::size_t& off) noexcept;
 // 32 fresh random bytes (throws transport_error without a CSPRNG).
 bootwire::Nonce fresh_nonce(const char* component);
+
+// A line for the operator: to `sink` when set (an exception from it is
+// swallowed: a logger must not stop a rendezvous or a server), else to
+// stderr as "regpool <component>: <line>".
+void log_line(const std::function<void(const std::string&)>& sink, const char* component, const std::string& line) noexcept;
 
 inline std::span<const std::byte> key_bytes(const std::string& k) noexcept {
   return {reinterpret_cast<const std::byte*>(k.data()), k.size()};
