@@ -1,9 +1,12 @@
 // kv-server: a small key-value service on regpool (see examples/README.md).
 //
-// Clients join over TCP (protocol.hpp: Hello/Welcome swap endpoint names and
-// give the client an id and a random session token), then talk to the
-// server with regpool messages only:
-//  - requests arrive in a ring of posted receives (pool LDOs);
+// Clients join through regpool::Listener (membership.hpp): it admits them
+// at any time, inserts each one's endpoint name as a peer and reports peer
+// events, joined / left / died. After that the server and a client talk
+// with regpool messages only:
+//  - requests arrive in a ring of posted receives (pool LDOs); the sender
+//    is the one the transport names (Completion::peer), and the request
+//    must carry that client's current epoch;
 //  - PUT answers with a write lease: a fresh LDO of the value's size,
 //    exposed read-write to that client only; the client puts the value
 //    straight into it and COMMITs, which makes that LDO the key's value;
@@ -12,18 +15,17 @@
 //    client reads it stays alive (the exposure holds its LDO) until DONE.
 // The server never copies a value and never registers memory after start.
 //
-// Membership with today's API: a client must send a request (PING when
-// idle) at least once per --lease-ms. One that stays silent longer, or to
-// which a reply fails (peer_unreachable, or Status::timeout after
-// --op-timeout-ms), is dropped: its leases are revoked, their LDOs freed,
-// its peer removed. Everything other clients do goes on meanwhile.
+// When a client leaves or dies, the library has already done the work by
+// the time the event arrives: operations in flight to it completed with
+// peer_unreachable, its peer is on its way out of the endpoint. The server
+// only forgets the client, which revokes its leases (their exposures) and
+// frees the LDOs of uncommitted write leases. Everything other clients do
+// goes on meanwhile: nothing here waits for one client.
 //
-//   kv-server [--provider shm|tcp] [--port N] [--lease-ms MS] [--op-timeout-ms MS]
-//             [--max-value BYTES] [--expect N] [--max-seconds S]
+//   kv-server [--provider shm|tcp] [--port N] [--wait spin|sleep|adaptive]
+//             [--op-timeout-ms MS] [--max-value BYTES] [--expect N] [--max-seconds S]
 
 #include <signal.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <csignal>
@@ -32,14 +34,12 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
-#include <random>
 #include <regpool/regpool.hpp>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
-#include "net.hpp"
+#include "options.hpp"
 #include "protocol.hpp"
 
 namespace {
@@ -55,19 +55,23 @@ struct Options {
   std::string provider = "shm";
   std::string host = "127.0.0.1";
   std::uint16_t port = 0;
-  std::chrono::milliseconds lease{3000};
+  regpool::WaitMode wait = regpool::WaitMode::spin;
   std::chrono::milliseconds op_timeout{2000};
   std::uint64_t max_value = std::uint64_t{16} << 20;
   std::size_t max_leases = 16;        // per client
-  std::size_t expect = 0;             // exit once this many joined and all left (0: run until signalled)
+  std::size_t expect = 0;             // exit once this many joined and all went (0: run until signalled)
   unsigned max_seconds = 0;           // hard bound on the run (0: none)
 };
 
 constexpr std::size_t kReceives = 64;  // requests the server can hold at once
+// How often the main loop looks at the membership sockets (joins, leaves,
+// deaths), and the longest the endpoint may sleep between two looks when
+// --wait is sleep or adaptive.
+constexpr auto kMembershipEvery = 1ms;
 
 class Server {
  public:
-  explicit Server(const Options& o) : opt_(o), rng_(std::random_device{}()) {
+  explicit Server(const Options& o) : opt_(o) {
     regpool::FabricConfig fc;
     fc.provider = o.provider;
     if (o.provider == "tcp") fc.node = o.host;
@@ -78,23 +82,32 @@ class Server {
     pc.max_bytes = std::size_t{1} << 30;
     pool_ = std::make_unique<regpool::Pool>(std::vector<std::shared_ptr<regpool::Domain>>{domain_}, pc);
     regpool::EndpointConfig ec;
-    // A reply to a dead client must not sit in a slot for the default 30 s.
+    // A reply to a client that is alive but stuck must not hold its slot
+    // for the default 30 s. (A dead client's replies fail at once: the
+    // listener fails its peer.)
     ec.op_timeout = o.op_timeout;
+    ec.wait_mode = o.wait;
     ep_ = regpool::FabricEndpoint::open(domain_, ec);
-    name_ = ep_->name();
     for (std::size_t i = 0; i < kReceives; ++i) {
       auto buf = pool_->allocate(kv::kMessageSize);
       if (!buf) throw regpool::Error(buf.status(), 0, "kv-server: receive buffer");
       recv_bufs_.push_back(std::move(*buf));
     }
     ready_.reserve(kReceives);
-    listen_fd_.fd = kv::net::listen_on(o.host, o.port, &port_);
-    if (listen_fd_.fd < 0) throw regpool::Error(Status::unsupported, errno, "kv-server: cannot listen");
+    regpool::ListenerConfig lc;
+    lc.host = o.host;
+    lc.port = o.port;
+    // Joins the listener refused or dropped (garbage, a wrong key, a name
+    // the endpoint rejects, a silent connection) and deaths, one line each.
+    lc.log = [](const std::string& line) { std::printf("kv-server: membership: %s\n", line.c_str()); };
+    listener_ = std::make_unique<regpool::Listener>(*ep_, lc);
   }
 
   ~Server() {
-    // Leases (exposures) before the endpoint, the endpoint before the pool.
-    for (auto& c : clients_) c.leases.clear();
+    // The listener (it says bye to the members) and the leases (exposures)
+    // before the endpoint, the endpoint before the pool.
+    listener_.reset();
+    clients_.clear();
     ep_.reset();
     store_.clear();
     recv_bufs_.clear();
@@ -105,21 +118,29 @@ class Server {
 
   int run() {
     for (std::size_t i = 0; i < kReceives; ++i) post_receive(i);
-    std::printf("kv-server: listening on %s:%u (provider %s)\n", opt_.host.c_str(), port_, opt_.provider.c_str());
+    std::printf("kv-server: listening on %s:%u (provider %s, wait %s)\n", opt_.host.c_str(), listener_->port(),
+                opt_.provider.c_str(), regpool::to_string(opt_.wait));
     std::fflush(stdout);
     const auto start = Clock::now();
+    auto next_look = start;
     while (!g_stop) {
-      std::size_t work = ep_->progress();
-      work += serve_ready();
-      work += accept_joins();
-      drop_failed_and_silent();
-      if (opt_.expect && joined_ >= opt_.expect && live_ == 0) break;
-      if (opt_.max_seconds && Clock::now() - start > std::chrono::seconds(opt_.max_seconds)) {
-        std::fprintf(stderr, "kv-server: --max-seconds reached\n");
-        report();
-        return 1;
+      const auto now = Clock::now();
+      if (now >= next_look) {
+        listener_->poll();
+        handle_events();
+        next_look = now + kMembershipEvery;
+        if (opt_.expect && joined_ >= opt_.expect && clients_.empty()) break;
+        if (opt_.max_seconds && now - start > std::chrono::seconds(opt_.max_seconds)) {
+          std::fprintf(stderr, "kv-server: --max-seconds reached\n");
+          report();
+          return 1;
+        }
       }
-      if (!work) std::this_thread::sleep_for(50us);
+      // spin: one progress round; sleep/adaptive: when there was nothing
+      // to do, sleep on the provider until there is (or until it is time
+      // to look at the membership sockets again).
+      ep_->progress_or_idle(kMembershipEvery);
+      serve_ready();
     }
     report();
     return 0;
@@ -133,11 +154,7 @@ class Server {
     bool write = false;
   };
   struct Client {
-    bool live = false;
-    bool reply_failed = false;  // set from a send completion
-    regpool::PeerId peer = 0;
-    std::uint64_t token = 0;
-    Clock::time_point last_seen{};
+    std::uint64_t epoch = 0;
     std::unordered_map<std::uint64_t, Lease> leases;
   };
   struct Ready {
@@ -146,6 +163,29 @@ class Server {
     std::uint64_t bytes;
     regpool::PeerId from;
   };
+
+  void handle_events() {
+    while (auto ev = listener_->next_event()) {
+      if (ev->kind == regpool::PeerEventKind::joined) {
+        clients_[ev->peer].epoch = ev->epoch;
+        ++joined_;
+        std::printf("kv-server: client %u (epoch %llu, %s) joined\n", ev->peer,
+                    static_cast<unsigned long long>(ev->epoch), ev->address.c_str());
+      } else {
+        // left or died: the library already failed every operation in flight
+        // to the client and will remove its peer. Forgetting the client
+        // revokes its leases; an uncommitted write lease frees its LDO.
+        auto it = clients_.find(ev->peer);
+        const std::size_t held = it == clients_.end() ? 0 : it->second.leases.size();
+        if (it != clients_.end()) clients_.erase(it);
+        ++(ev->kind == regpool::PeerEventKind::left ? left_ : died_);
+        std::printf("kv-server: client %u (epoch %llu) %s: %s (released %zu leases)\n", ev->peer,
+                    static_cast<unsigned long long>(ev->epoch), regpool::to_string(ev->kind), ev->reason.c_str(),
+                    held);
+      }
+      std::fflush(stdout);
+    }
+  }
 
   void post_receive(std::size_t i) {
     auto slice = regpool::Slice::data(recv_bufs_[i]);
@@ -157,7 +197,7 @@ class Server {
     if (!t) std::fprintf(stderr, "kv-server: post_recv: %s\n", regpool::to_string(t.status()));
   }
 
-  std::size_t serve_ready() {
+  void serve_ready() {
     const std::size_t n = ready_.size();
     for (std::size_t k = 0; k < n; ++k) {
       const Ready r = ready_[k];
@@ -171,40 +211,34 @@ class Server {
       if (r.status != Status::closed) post_receive(r.slot);
     }
     ready_.erase(ready_.begin(), ready_.begin() + static_cast<std::ptrdiff_t>(n));
-    return n;
   }
 
   void handle(const Ready& r, std::span<const std::byte> bytes) {
     auto req = kv::decode_request(bytes);
-    // Anything that does not name a live client with its session token is
-    // dropped unanswered; so is a request whose sender the provider
-    // identified as another client.
-    if (!req || req->client_id >= clients_.size() || !clients_[req->client_id].live ||
-        clients_[req->client_id].token != req->token ||
-        (r.from != regpool::kAnyPeer && r.from != clients_[req->client_id].peer)) {
+    // The sender is who the transport says (never a field of the message):
+    // it must be a current member, and the request must carry its epoch,
+    // so one sent by an earlier incarnation that had the same PeerId is
+    // dropped. Anything else is dropped unanswered.
+    auto it = clients_.find(r.from);
+    if (!req || it == clients_.end() || req->epoch != it->second.epoch ||
+        !listener_->current(r.from, req->epoch)) {
       ++bad_requests_;
       return;
     }
     ++requests_;
-    Client& c = clients_[req->client_id];
-    c.last_seen = Clock::now();
+    Client& c = it->second;
     kv::Reply reply;
-    reply.request_id = req->request_id;
     switch (req->op) {
-      case kv::Op::put: reply = start_put(c, *req); break;
+      case kv::Op::put: reply = start_put(c, r.from, *req); break;
       case kv::Op::commit: reply.result = commit(c, *req); break;
-      case kv::Op::get: reply = start_get(c, *req); break;
+      case kv::Op::get: reply = start_get(c, r.from, *req); break;
       case kv::Op::done: reply.result = c.leases.erase(req->argument) ? kv::Result::ok : kv::Result::bad_request; break;
-      case kv::Op::ping: break;
-      case kv::Op::bye:
-        drop(req->client_id, "left");
-        return;  // no reply: the client does not wait for one
     }
     reply.request_id = req->request_id;
-    send_reply(req->client_id, reply);
+    send_reply(r.from, reply);
   }
 
-  kv::Reply start_put(Client& c, const kv::Request& req) {
+  kv::Reply start_put(Client& c, regpool::PeerId peer, const kv::Request& req) {
     kv::Reply rep;
     if (req.key.empty() || req.argument == 0) {
       rep.result = kv::Result::bad_request;
@@ -223,7 +257,7 @@ class Server {
       rep.result = kv::Result::busy;
       return rep;
     }
-    return grant(c, std::move(*value), req.key, true);
+    return grant(c, peer, std::move(*value), req.key, true);
   }
 
   kv::Result commit(Client& c, const kv::Request& req) {
@@ -237,7 +271,7 @@ class Server {
     return kv::Result::ok;
   }
 
-  kv::Reply start_get(Client& c, const kv::Request& req) {
+  kv::Reply start_get(Client& c, regpool::PeerId peer, const kv::Request& req) {
     kv::Reply rep;
     auto it = store_.find(req.key);
     if (it == store_.end()) {
@@ -248,14 +282,18 @@ class Server {
       rep.result = kv::Result::busy;
       return rep;
     }
-    return grant(c, it->second, req.key, false);
+    return grant(c, peer, it->second, req.key, false);
   }
 
-  kv::Reply grant(Client& c, regpool::Ldo value, const std::string& key, bool write) {
+  // A lease is one exposure, revoked on COMMIT/DONE or when the client
+  // goes. (Listener::attach would tie an exposure to the client's
+  // membership too, but only for the client's whole membership: a lease
+  // ends earlier, and a committed value must stop being writable then.)
+  kv::Reply grant(Client& c, regpool::PeerId peer, regpool::Ldo value, const std::string& key, bool write) {
     kv::Reply rep;
     auto slice = regpool::Slice::data(value);
     auto exp = slice ? ep_->expose(*slice, write ? regpool::RemoteAccess::read_write : regpool::RemoteAccess::read_only,
-                                   c.peer)
+                                   peer)
                      : regpool::Result<regpool::Exposure>(slice.status());
     if (!exp) {
       rep.result = kv::Result::busy;
@@ -274,101 +312,26 @@ class Server {
     return rep;
   }
 
-  void send_reply(std::uint32_t id, const kv::Reply& reply) {
+  void send_reply(regpool::PeerId peer, const kv::Reply& reply) {
     auto buf = pool_->allocate(kv::kMessageSize);
     if (!buf) {
-      clients_[id].reply_failed = true;
+      ++failed_replies_;
       return;
     }
     kv::encode(reply, std::span<std::byte, kv::kMessageSize>(buf->data().data(), kv::kMessageSize));
     // The send holds the LDO until it completes; dropping our handle is fine.
-    auto t = ep_->send(clients_[id].peer, *regpool::Slice::data(*buf), [this, id](const regpool::Completion& c) {
-      if (c.status != Status::ok && id < clients_.size()) clients_[id].reply_failed = true;
+    // A reply that fails (the client died: peer_unreachable; it is stuck:
+    // timeout) is only counted: membership events decide who is a client.
+    auto t = ep_->send(peer, *regpool::Slice::data(*buf), [this](const regpool::Completion& c) {
+      if (c.status != Status::ok) ++failed_replies_;
     });
-    if (!t) clients_[id].reply_failed = true;
-  }
-
-  std::size_t accept_joins() {
-    std::size_t n = 0;
-    for (;;) {
-      kv::net::Fd conn(::accept4(listen_fd_.fd, nullptr, nullptr, SOCK_CLOEXEC));
-      if (conn.fd < 0) return n;
-      ++n;
-      // Bounded: a client that connects and says nothing costs 2 s at most.
-      const auto deadline = Clock::now() + 2s;
-      auto hello = kv::net::recv_framed(conn.fd, 8, 4, kv::kMaxName, deadline);
-      auto name = hello ? kv::decode_hello(*hello) : std::nullopt;
-      if (!name) {
-        ++bad_requests_;
-        continue;
-      }
-      Client c;
-      try {
-        c.peer = ep_->insert_peer(*name);
-      } catch (const regpool::Error& e) {
-        std::fprintf(stderr, "kv-server: refusing a client: %s\n", e.what());
-        ++bad_requests_;
-        continue;
-      }
-      // insert_peer returns the existing PeerId for a name it knows: a
-      // second join with a live client's name would share (and on leaving,
-      // remove) that client's peer. Refuse it.
-      if (peer_in_use(c.peer)) {
-        ++bad_requests_;
-        continue;
-      }
-      c.live = true;
-      c.token = rng_();
-      c.last_seen = Clock::now();
-      const auto id = static_cast<std::uint32_t>(clients_.size());
-      kv::Welcome w{id, c.token, name_};
-      if (!kv::net::send_all(conn.fd, kv::encode_welcome(w), deadline)) {
-        ep_->remove_peer(c.peer);
-        continue;
-      }
-      clients_.push_back(std::move(c));
-      ++joined_;
-      ++live_;
-      std::printf("kv-server: client %u joined\n", id);
-      std::fflush(stdout);
-    }
-  }
-
-  bool peer_in_use(regpool::PeerId peer) const {
-    for (const Client& c : clients_)
-      if (c.live && c.peer == peer) return true;
-    return false;
-  }
-
-  void drop_failed_and_silent() {
-    const auto now = Clock::now();
-    for (std::uint32_t id = 0; id < clients_.size(); ++id) {
-      Client& c = clients_[id];
-      if (!c.live) continue;
-      if (c.reply_failed) {
-        drop(id, "reply failed");
-        ++dropped_;
-      } else if (now - c.last_seen > opt_.lease) {
-        drop(id, "lease expired");
-        ++dropped_;
-      }
-    }
-  }
-
-  void drop(std::uint32_t id, const char* why) {
-    Client& c = clients_[id];
-    const std::size_t held = c.leases.size();
-    c.leases.clear();  // revokes the exposures; write leases free their LDOs
-    ep_->remove_peer(c.peer);
-    c.live = false;
-    --live_;
-    std::printf("kv-server: client %u %s (released %zu leases)\n", id, why, held);
-    std::fflush(stdout);
+    if (!t) ++failed_replies_;
   }
 
   void report() {
-    std::printf("kv-server: %zu joined, %zu dropped, %llu requests, %llu rejected, %zu keys\n", joined_, dropped_,
-                static_cast<unsigned long long>(requests_), static_cast<unsigned long long>(bad_requests_),
+    std::printf("kv-server: %zu joined, %zu left, %zu died, %llu requests, %llu rejected, %llu replies failed, %zu keys\n",
+                joined_, left_, died_, static_cast<unsigned long long>(requests_),
+                static_cast<unsigned long long>(bad_requests_), static_cast<unsigned long long>(failed_replies_),
                 store_.size());
     regpool::print(std::cout, pool_->stats());
     regpool::print(std::cout, ep_->stats());
@@ -377,34 +340,23 @@ class Server {
   }
 
   Options opt_;
-  std::mt19937_64 rng_;
   std::shared_ptr<regpool::FabricDomain> domain_;
   std::unique_ptr<regpool::Pool> pool_;
   std::unique_ptr<regpool::FabricEndpoint> ep_;
-  std::vector<std::byte> name_;
+  std::unique_ptr<regpool::Listener> listener_;
   std::vector<regpool::Ldo> recv_bufs_;
   std::vector<Ready> ready_;
-  std::vector<Client> clients_;
+  std::unordered_map<regpool::PeerId, Client> clients_;  // current members
   std::unordered_map<std::string, regpool::Ldo> store_;
-  kv::net::Fd listen_fd_;
-  std::uint16_t port_ = 0;
   std::uint64_t next_lease_ = 1;
-  std::size_t joined_ = 0, live_ = 0, dropped_ = 0;
-  std::uint64_t requests_ = 0, bad_requests_ = 0;
-
+  std::size_t joined_ = 0, left_ = 0, died_ = 0;
+  std::uint64_t requests_ = 0, bad_requests_ = 0, failed_replies_ = 0;
 };
 
 void usage(std::FILE* to) {
   std::fprintf(to,
-               "usage: kv-server [--provider shm|tcp] [--port N] [--lease-ms MS] [--op-timeout-ms MS]\n"
-               "                 [--max-value BYTES] [--expect N] [--max-seconds S]\n");
-}
-
-bool number(const char* s, unsigned long long* v) {
-  char* end = nullptr;
-  errno = 0;
-  *v = std::strtoull(s, &end, 10);
-  return errno == 0 && end && *end == '\0' && end != s;
+               "usage: kv-server [--provider shm|tcp] [--port N] [--wait spin|sleep|adaptive]\n"
+               "                 [--op-timeout-ms MS] [--max-value BYTES] [--expect N] [--max-seconds S]\n");
 }
 
 }  // namespace
@@ -420,17 +372,17 @@ int main(int argc, char** argv) {
       return 0;
     } else if (a == "--provider" && has) {
       o.provider = argv[++i];
-    } else if (a == "--port" && has && number(argv[++i], &v) && v < 65536) {
+    } else if (a == "--port" && has && kv::number(argv[++i], &v) && v < 65536) {
       o.port = static_cast<std::uint16_t>(v);
-    } else if (a == "--lease-ms" && has && number(argv[++i], &v) && v > 0) {
-      o.lease = std::chrono::milliseconds(v);
-    } else if (a == "--op-timeout-ms" && has && number(argv[++i], &v) && v > 0) {
+    } else if (a == "--wait" && has && kv::wait_mode(argv[i + 1])) {
+      o.wait = *kv::wait_mode(argv[++i]);
+    } else if (a == "--op-timeout-ms" && has && kv::number(argv[++i], &v) && v > 0) {
       o.op_timeout = std::chrono::milliseconds(v);
-    } else if (a == "--max-value" && has && number(argv[++i], &v) && v > 0) {
+    } else if (a == "--max-value" && has && kv::number(argv[++i], &v) && v > 0) {
       o.max_value = v;
-    } else if (a == "--expect" && has && number(argv[++i], &v)) {
+    } else if (a == "--expect" && has && kv::number(argv[++i], &v)) {
       o.expect = static_cast<std::size_t>(v);
-    } else if (a == "--max-seconds" && has && number(argv[++i], &v)) {
+    } else if (a == "--max-seconds" && has && kv::number(argv[++i], &v)) {
       o.max_seconds = static_cast<unsigned>(v);
     } else {
       std::fprintf(stderr, "kv-server: bad argument '%s'\n", a.c_str());

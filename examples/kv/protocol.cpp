@@ -7,8 +7,6 @@ namespace {
 
 constexpr std::uint32_t kRequestMagic = 0x5152564b;  // "KVRQ"
 constexpr std::uint32_t kReplyMagic = 0x5052564b;    // "KVRP"
-constexpr std::uint32_t kHelloMagic = 0x3148564b;    // "KVH1"
-constexpr std::uint32_t kWelcomeMagic = 0x3157564b;  // "KVW1"
 
 void put_u32(std::byte* p, std::uint32_t v) noexcept {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
@@ -55,9 +53,8 @@ void encode(const Request& r, std::span<std::byte, kMessageSize> out) noexcept {
   put_u32(p, kRequestMagic);
   p[4] = static_cast<std::byte>(r.op);
   p[5] = static_cast<std::byte>(klen);
-  put_u32(p + 8, r.client_id);
   put_u32(p + 12, r.request_id);
-  put_u64(p + 16, r.token);
+  put_u64(p + 16, r.epoch);
   put_u64(p + 24, r.argument);
   std::memcpy(p + 32, r.key.data(), klen);
 }
@@ -65,16 +62,15 @@ void encode(const Request& r, std::span<std::byte, kMessageSize> out) noexcept {
 std::optional<Request> decode_request(std::span<const std::byte> in) noexcept {
   if (in.size() != kMessageSize) return std::nullopt;
   const std::byte* p = in.data();
-  if (get_u32(p) != kRequestMagic || get_u16(p + 6) != 0) return std::nullopt;
+  if (get_u32(p) != kRequestMagic || get_u16(p + 6) != 0 || get_u32(p + 8) != 0) return std::nullopt;
   const auto op = std::to_integer<std::uint8_t>(p[4]);
-  if (op < static_cast<std::uint8_t>(Op::put) || op > static_cast<std::uint8_t>(Op::bye)) return std::nullopt;
+  if (op < static_cast<std::uint8_t>(Op::put) || op > static_cast<std::uint8_t>(Op::done)) return std::nullopt;
   const auto klen = std::to_integer<std::uint8_t>(p[5]);
   if (klen > kMaxKey || !all_zero(p + 32 + klen, kMaxKey - klen)) return std::nullopt;
   Request r;
   r.op = static_cast<Op>(op);
-  r.client_id = get_u32(p + 8);
   r.request_id = get_u32(p + 12);
-  r.token = get_u64(p + 16);
+  r.epoch = get_u64(p + 16);
   r.argument = get_u64(p + 24);
   try {
     r.key.assign(reinterpret_cast<const char*>(p + 32), klen);
@@ -108,42 +104,6 @@ std::optional<Reply> decode_reply(std::span<const std::byte> in) noexcept {
   r.lease = get_u64(p + 24);
   std::memcpy(r.ref.data(), p + 32, kRefSize);
   return r;
-}
-
-std::vector<std::byte> encode_hello(std::span<const std::byte> endpoint_name) {
-  std::vector<std::byte> out(8 + endpoint_name.size());
-  put_u32(out.data(), kHelloMagic);
-  put_u32(out.data() + 4, static_cast<std::uint32_t>(endpoint_name.size()));
-  std::memcpy(out.data() + 8, endpoint_name.data(), endpoint_name.size());
-  return out;
-}
-
-std::optional<std::vector<std::byte>> decode_hello(std::span<const std::byte> in) {
-  if (in.size() < 8 || get_u32(in.data()) != kHelloMagic) return std::nullopt;
-  const std::uint32_t n = get_u32(in.data() + 4);
-  if (n == 0 || n > kMaxName || in.size() != 8 + std::size_t{n}) return std::nullopt;
-  return std::vector<std::byte>(in.begin() + 8, in.end());
-}
-
-std::vector<std::byte> encode_welcome(const Welcome& w) {
-  std::vector<std::byte> out(20 + w.server_name.size());
-  put_u32(out.data(), kWelcomeMagic);
-  put_u32(out.data() + 4, w.client_id);
-  put_u64(out.data() + 8, w.token);
-  put_u32(out.data() + 16, static_cast<std::uint32_t>(w.server_name.size()));
-  std::memcpy(out.data() + 20, w.server_name.data(), w.server_name.size());
-  return out;
-}
-
-std::optional<Welcome> decode_welcome(std::span<const std::byte> in) {
-  if (in.size() < 20 || get_u32(in.data()) != kWelcomeMagic) return std::nullopt;
-  const std::uint32_t n = get_u32(in.data() + 16);
-  if (n == 0 || n > kMaxName || in.size() != 20 + std::size_t{n}) return std::nullopt;
-  Welcome w;
-  w.client_id = get_u32(in.data() + 4);
-  w.token = get_u64(in.data() + 8);
-  w.server_name.assign(in.begin() + 20, in.end());
-  return w;
 }
 
 }  // namespace kv
