@@ -204,9 +204,6 @@ class REGPOOL_API Messenger {
 
 
  private:
-  // progress(), also counting the endpoint's completions (wait() treats
-  // those as activity too).
-  std::size_t poll(std::size_t& endpoint_events) noexcept;
   // Shared with the endpoint's completion callbacks, which may outlive this
   // handle (they then find it closed).
   std::shared_ptr<detail::MessengerCore> core_;

@@ -1176,13 +1176,8 @@ Status Messenger::cancel(MessageToken token) noexcept {
 }
 
 std::size_t Messenger::progress() noexcept {
-  std::size_t endpoint_events = 0;
-  return poll(endpoint_events);
-}
-
-std::size_t Messenger::poll(std::size_t& endpoint_events) noexcept {
   Core& c = *core_;
-  endpoint_events = c.ep.progress();
+  (void)c.ep.progress();
   {
     std::lock_guard<std::mutex> g(c.mu);
     const auto now = Clock::now();
@@ -1219,25 +1214,11 @@ MessageCompletion Messenger::wait(MessageToken token, std::chrono::milliseconds 
   // Spin as the endpoint's wait_mode says: spin for ever, adaptive for
   // wait_spin after the last activity, sleep at once; then sleep on the
   // provider (bounded by 10 ms so deadlines are noticed).
-  //
-  // A spinning wait also yields its core once nothing has happened for
-  // kYieldAfter: protocol steps (a rendezvous notice, the receiver's get,
-  // the fin, credits) need the peer process to run, and on a machine with
-  // more runnable threads than cores a waiter that never yields holds its
-  // core for a whole time slice, so every hand-off cost milliseconds
-  // (bench/RESULTS.md, Messaging, 2026-11-25). Not sooner: on a loaded
-  // machine a yield itself costs tens of microseconds, and yielding after
-  // wait_spin (50 µs) fed on itself (each side's yield made the other's
-  // wait longer) and took 8 B ping-pongs from 2.7 to 75 µs.
-  constexpr auto kYieldAfter = std::chrono::milliseconds{1};
   const WaitMode mode = c.ep.config().wait_mode;
-  const Clock::duration spin = mode == WaitMode::adaptive ? Clock::duration(c.ep.config().wait_spin)
-                               : mode == WaitMode::spin   ? Clock::duration(kYieldAfter)
-                                                          : Clock::duration::zero();
+  const auto spin = mode == WaitMode::adaptive ? Clock::duration(c.ep.config().wait_spin) : Clock::duration::zero();
   auto last_work = Clock::now();
   for (;;) {
-    std::size_t endpoint_events = 0;
-    if (poll(endpoint_events) + endpoint_events > 0) last_work = Clock::now();
+    if (progress() > 0) last_work = Clock::now();
     {
       std::lock_guard<std::mutex> g(c.mu);
       Core::Op* o = c.find(token);
@@ -1259,12 +1240,8 @@ MessageCompletion Messenger::wait(MessageToken token, std::chrono::milliseconds 
       pending.status = Status::in_progress;
       return pending;
     }
-    if (Clock::now() - last_work >= spin) {
-      if (mode == WaitMode::spin) {
-        std::this_thread::yield();
-      } else if (c.ep.progress_or_idle(std::chrono::milliseconds{10}) > 0) {
-        last_work = Clock::now();
-      }
+    if (mode != WaitMode::spin && Clock::now() - last_work >= spin) {
+      if (c.ep.progress_or_idle(std::chrono::milliseconds{10}) > 0) last_work = Clock::now();
     }
   }
 }
