@@ -14,9 +14,10 @@
 // endpoint yourself. A second Messenger on the same endpoint is refused
 // (Error, invalid_argument) until the first is destroyed. The Endpoint and
 // the Pool must outlive the Messenger; destroy the Messenger, then the
-// endpoint, then the pool. Both sides of a conversation must use the same
-// peer_credits, and a receiver must have at least the eager threshold of
-// its senders (messages are checked; a sender beyond it is refused).
+// endpoint, then the pool. The two sides of a conversation may be
+// configured differently: each announces its eager threshold and its
+// credits on every message, and a sender never exceeds what its receiver
+// announced (before hearing from it: eager up to 64 bytes, one credit).
 //
 // Thread-safety: every public member may be called from any thread; an
 // internal mutex serialises them, and it is never held while posting to
@@ -96,16 +97,19 @@ struct MessengerConfig {
   // message); larger ones go by rendezvous. 0 = the provider's default,
   // measured (docs/messaging.md): shm 64 KiB, tcp;ofi_rxm 32 KiB; verbs
   // 16 KiB (not measured).
-  // Clamped to the endpoint's message size limit minus the 64-byte header.
+  // Clamped to 64 .. the endpoint's message size limit minus the 64-byte
+  // header. This is also the largest eager payload this Messenger accepts,
+  // announced to its peers: a peer sends larger messages to it by
+  // rendezvous whatever its own threshold.
   std::uint64_t eager_threshold = 0;
   // Receives kept posted, each a bounce LDO of 64 + eager_threshold bytes
   // from the pool. Should cover peers x peer_credits x 2 (messages plus
   // control messages) for the peers that send at once: on verbs a message
   // with no posted receive waits in RNR retries.
   std::size_t receive_buffers = 64;
-  // Eager messages and rendezvous notices a sender may have outstanding at
-  // one receiver before the receiver gives credits back. Must be the same
-  // on both sides.
+  // Eager messages and rendezvous notices each peer may have outstanding
+  // here before credits come back (1 .. 65535): this side's grant,
+  // announced to its peers, which use it instead of their own.
   std::uint32_t peer_credits = 32;
   // Bytes of unexpected messages (arrived, not yet received) the receiver
   // holds while still giving credits back at once. Past it, credits come

@@ -7,7 +7,7 @@
 //
 //   off size field
 //    0   4   magic "RPMG" (0x474d5052 little-endian)
-//    4   1   version (1)
+//    4   1   version (2)
 //    5   1   type: eager 1, rts 2, fin 3, credit 4
 //    6   1   space: 0 user tags, 1 replies of request/response
 //    7   1   flags (must be 0)
@@ -19,7 +19,17 @@
 //   32   8   message id (rts/fin pairing; eager: the sender's counter)
 //   40   8   reply id (request/response: where the reply goes; 0 = none)
 //   48   8   seq: per sender and receiver, from 1 (eager, rts); 0 otherwise
-//   56   8   reserved, must be 0
+//   56   4   accept_eager: the largest eager payload the sender of this
+//            message accepts (its eager threshold), kMinEager .. kMaxEager
+//   60   4   grant: the credits the sender of this message grants each
+//            peer (its peer_credits), 1 .. kMaxCredits; credits <= grant
+//
+// Negotiation: both limits ride on every message, so a peer learns them
+// from the first message it gets back. Until then it assumes the smallest
+// limits any Messenger has (eager payloads up to kMinEager, one credit):
+// a larger message goes by rendezvous, later ones wait for credits. So two
+// Messengers with different thresholds or credits work together; neither
+// ever sends the other more than it announced.
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -30,13 +40,18 @@
 namespace regpool::detail::msgwire {
 
 inline constexpr std::uint32_t kMagic = 0x474d5052;  // "RPMG"
-inline constexpr std::uint8_t kVersion = 1;
+inline constexpr std::uint8_t kVersion = 2;
 inline constexpr std::size_t kHeaderSize = 64;
 inline constexpr std::size_t kRefSize = 64;  // RemoteRef::kEncodedSize
 inline constexpr std::size_t kRtsSize = kHeaderSize + kRefSize;
 inline constexpr std::uint64_t kMaxLength = std::uint64_t{1} << 40;
 // Largest status value a fin may carry (Status::truncated is the last).
 inline constexpr std::uint32_t kMaxStatus = 255;
+// Announced limits: every Messenger accepts eager payloads of at least
+// kMinEager (its threshold is clamped there) and grants at least 1 credit.
+inline constexpr std::uint32_t kMinEager = 64;
+inline constexpr std::uint32_t kMaxEager = std::uint32_t{1} << 31;
+inline constexpr std::uint32_t kMaxCredits = 65535;
 
 enum class Type : std::uint8_t { eager = 1, rts = 2, fin = 3, credit = 4 };
 enum class Space : std::uint8_t { user = 0, reply = 1 };
@@ -51,6 +66,8 @@ struct Header {
   std::uint64_t msg_id = 0;
   std::uint64_t reply_id = 0;
   std::uint64_t seq = 0;
+  std::uint32_t accept_eager = kMinEager;
+  std::uint32_t grant = 1;
 };
 
 inline void encode(const Header& h, std::byte* out) noexcept {
@@ -66,19 +83,21 @@ inline void encode(const Header& h, std::byte* out) noexcept {
   le::put_u64(out + 32, h.msg_id);
   le::put_u64(out + 40, h.reply_id);
   le::put_u64(out + 48, h.seq);
-  le::put_u64(out + 56, 0);
+  le::put_u32(out + 56, h.accept_eager);
+  le::put_u32(out + 60, h.grant);
 }
 
 // Validates a received message of `received` bytes (header included)
 // against the receiver's limits: `max_eager` is the largest eager payload
-// the receiver accepts (its bounce buffers). Returns malformed for any
-// violation: short message, bad magic/version/type/space/flags/reserved,
-// a length that disagrees with the bytes received (eager), a length of 0
-// or above 2^40 (rts), an rts without its reference, a fin/credit with a
-// length, seq 0 on eager/rts or non-zero on fin/credit, credits above
-// `max_credits`, a status above kMaxStatus.
-inline Status parse(std::span<const std::byte> msg, std::uint64_t max_eager, std::uint32_t max_credits,
-                    Header& out) noexcept {
+// the receiver accepts (its bounce buffers, the limit it announces).
+// Returns malformed for any violation: short message, bad magic/version/
+// type/space/flags, a length that disagrees with the bytes received
+// (eager), an eager payload above max_eager (the sender ignored the
+// announced limit), a length of 0 or above 2^40 (rts), an rts without its
+// reference, a fin/credit with a length, seq 0 on eager/rts or non-zero on
+// fin/credit, announced limits out of range, credits above the sender's
+// own grant, a status above kMaxStatus.
+inline Status parse(std::span<const std::byte> msg, std::uint64_t max_eager, Header& out) noexcept {
   if (msg.size() < kHeaderSize) return Status::malformed;
   const std::byte* p = msg.data();
   if (le::get_u32(p) != kMagic) return Status::malformed;
@@ -88,7 +107,6 @@ inline Status parse(std::span<const std::byte> msg, std::uint64_t max_eager, std
   if (type < 1 || type > 4) return Status::malformed;
   if (space > 1) return Status::malformed;
   if (std::to_integer<std::uint8_t>(p[7]) != 0) return Status::malformed;
-  if (le::get_u64(p + 56) != 0) return Status::malformed;
   Header h;
   h.type = static_cast<Type>(type);
   h.space = static_cast<Space>(space);
@@ -99,7 +117,10 @@ inline Status parse(std::span<const std::byte> msg, std::uint64_t max_eager, std
   h.msg_id = le::get_u64(p + 32);
   h.reply_id = le::get_u64(p + 40);
   h.seq = le::get_u64(p + 48);
-  if (h.credits > max_credits) return Status::malformed;
+  h.accept_eager = le::get_u32(p + 56);
+  h.grant = le::get_u32(p + 60);
+  if (h.accept_eager < kMinEager || h.accept_eager > kMaxEager) return Status::malformed;
+  if (h.grant == 0 || h.grant > kMaxCredits || h.credits > h.grant) return Status::malformed;
   if (h.status > kMaxStatus) return Status::malformed;
   switch (h.type) {
     case Type::eager:

@@ -113,8 +113,14 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     std::uint32_t prev = kNone, next = kNone;
   };
 
+  // What we know of one peer. Until its first message tells us its limits
+  // (messaging_wire.hpp, "Negotiation") we assume the smallest any
+  // Messenger has: one credit, eager payloads up to kMinEager.
   struct PeerState {
-    std::uint32_t credits = 0;
+    std::uint32_t credits = 1;            // messages we may still send it
+    std::uint32_t grant = 1;              // credits it grants us (announced)
+    std::uint64_t peer_eager = mw::kMinEager;  // largest eager payload it accepts (announced)
+    bool announced = false;               // it has had a message from us (our limits)
     std::uint32_t owed = 0;
     std::uint64_t send_seq = 0;
     std::uint64_t recv_seq = 1;  // next expected
@@ -305,6 +311,22 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     if (!push_post(std::move(p))) bounce_empty[b] = true;
   }
 
+  // Our limits, on every message we send (messaging_wire.hpp).
+  void stamp(mw::Header& h) const noexcept {
+    h.accept_eager = static_cast<std::uint32_t>(threshold);
+    h.grant = cfg.peer_credits;
+  }
+  // The limits a message from the peer announces: a changed grant keeps
+  // the messages already outstanding counted against the new one.
+  static void learn(PeerState& ps, const mw::Header& h) noexcept {
+    ps.peer_eager = h.accept_eager;
+    if (h.grant != ps.grant) {
+      const std::uint32_t outstanding = ps.grant - std::min(ps.credits, ps.grant);
+      ps.grant = h.grant;
+      ps.credits = h.grant > outstanding ? h.grant - outstanding : 0;
+    }
+  }
+
   // A control message (fin, credit) to `peer`.
   void send_control(PeerId peer, mw::Type type, std::uint64_t msg_id, Status status) noexcept {
     auto m = alloc_message(mw::kHeaderSize);
@@ -315,18 +337,25 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     h.status = static_cast<std::uint32_t>(status);
     PeerState& ps = peers[peer];
     h.credits = std::min(ps.owed, cfg.peer_credits);
+    stamp(h);
     ps.owed -= h.credits;
     mw::encode(h, m->data().data());
     Post p;
     p.kind = PostKind::send;
     p.peer = peer;
     p.local = *Slice::data(std::move(*m));
-    if (!push_post(std::move(p))) ps.owed += h.credits;
+    if (!push_post(std::move(p))) {
+      ps.owed += h.credits;
+    } else {
+      ps.announced = true;
+    }
   }
 
+  // Credits go back in batches; and at once to a peer that has not heard
+  // from us yet: it holds one credit until it learns our grant.
   void maybe_return_credits(PeerId peer) noexcept {
     PeerState& ps = peers[peer];
-    if (ps.owed >= credit_batch) {
+    if (ps.owed >= credit_batch || (!ps.announced && ps.owed > 0)) {
       ++st.credit_messages;
       send_control(peer, mw::Type::credit, 0, Status::ok);
     }
@@ -347,7 +376,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     p.peer = o.peer;
     p.op = i;
     p.gen = o.gen;
-    if (len <= threshold) {
+    if (len <= std::min(threshold, ps.peer_eager)) {
       auto m = alloc_message(mw::kHeaderSize + len);
       if (!m) return complete(i, m.status());
       h.type = mw::Type::eager;
@@ -371,12 +400,16 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     --ps.credits;
     h.seq = ++ps.send_seq;
     h.credits = std::min(ps.owed, cfg.peer_credits);
+    stamp(h);
     ps.owed -= h.credits;
     mw::encode(h, (p.kind == PostKind::rts ? p.msg : p.local).address());
     if (!push_post(std::move(p))) {
       ++ps.credits;
       --ps.send_seq;
+      ps.owed += h.credits;
       complete(i, Status::would_block);
+    } else {
+      ps.announced = true;
     }
   }
 
@@ -562,12 +595,13 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   // LDO must be replaced (it was kept).
   bool on_message(PeerId src, std::span<const std::byte> bytes, Ldo& ldo) noexcept {
     mw::Header h;
-    if (mw::parse(bytes, threshold, cfg.peer_credits, h) != Status::ok || src == kAnyPeer || src >= peers.size()) {
+    if (mw::parse(bytes, threshold, h) != Status::ok || src == kAnyPeer || src >= peers.size()) {
       ++st.rejected;
       return false;
     }
     PeerState& ps = peers[src];
-    ps.credits = std::min(cfg.peer_credits, ps.credits + h.credits);
+    learn(ps, h);
+    ps.credits = std::min(ps.grant, ps.credits + h.credits);
     bool kept = false;
     switch (h.type) {
       case mw::Type::credit: break;
@@ -596,7 +630,11 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
           }
           ref = *r;
         }
-        if (h.seq == 1 && ps.recv_seq != 1) ps.recv_seq = 1;  // the peer started over (a new incarnation)
+        if (h.seq == 1 && ps.recv_seq != 1) {
+          // The peer started over (a new incarnation): it knows nothing of us.
+          ps.recv_seq = 1;
+          ps.announced = false;
+        }
         if (h.seq == ps.recv_seq) {
           ++ps.recv_seq;
           kept = arrive(src, h, ref, ldo, false);
@@ -778,9 +816,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       // Rendezvous receives in progress finish when their gets do (the
       // endpoint fails those): their buffer is written until then.
     }
-    PeerState& ps = peers[peer];
-    ps = PeerState{};
-    ps.credits = cfg.peer_credits;
+    peers[peer] = PeerState{};
     for (std::uint32_t u = unexp_head; u != kNone;) {
       const std::uint32_t next = unexpected[u].next;
       if (unexpected[u].peer == peer) release_unexp(u);
@@ -829,7 +865,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       post_bounce(b);
     }
     for (PeerId p = 0; p < peers.size(); ++p) {
-      if (peers[p].owed >= credit_batch) maybe_return_credits(p);
+      if (peers[p].owed > 0) maybe_return_credits(p);
     }
   }
 };
@@ -845,17 +881,21 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
   Core& c = *core_;
   const auto& cfg = c.cfg;
   if (cfg.receive_buffers == 0 || cfg.peer_credits == 0 || cfg.max_operations == 0 || cfg.max_peers == 0 ||
-      cfg.rendezvous_depth == 0 || cfg.max_operations > 0x7fffffff) {
+      cfg.rendezvous_depth == 0 || cfg.max_operations > 0x7fffffff || cfg.peer_credits > mw::kMaxCredits) {
     throw Error(Status::invalid_argument, 0,
                 "messenger: receive_buffers, peer_credits, max_operations, max_peers and rendezvous_depth must be "
-                "positive");
+                "positive, peer_credits at most 65535");
   }
   const std::uint64_t limit = endpoint.message_size_limit();
   if (limit < 2 * mw::kRtsSize) {
     throw Error(Status::unsupported, 0, "messenger: the endpoint's messages are too small for the protocol header");
   }
   c.threshold = cfg.eager_threshold ? cfg.eager_threshold : default_eager_threshold(endpoint);
-  c.threshold = std::clamp<std::uint64_t>(c.threshold, mw::kRefSize, limit - mw::kHeaderSize);
+  // At least kMinEager (an rts fits; the limit every peer assumes of us
+  // before we tell it ours), at most what one message and the header field
+  // carry.
+  c.threshold = std::clamp<std::uint64_t>(c.threshold, mw::kMinEager,
+                                          std::min<std::uint64_t>(limit - mw::kHeaderSize, mw::kMaxEager));
   c.chunk = cfg.rendezvous_chunk ? cfg.rendezvous_chunk : std::min<std::uint64_t>(limit, 16 << 20);
   c.chunk = std::min(c.chunk, limit);
   // Credits go back in batches (a quarter of the window), or riding on any
@@ -873,7 +913,6 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
   c.free_unexp.reserve(cfg.max_unexpected);
   for (std::size_t i = cfg.max_unexpected; i-- > 0;) c.free_unexp.push_back(static_cast<std::uint32_t>(i));
   c.peers.resize(cfg.max_peers);
-  for (auto& p : c.peers) p.credits = cfg.peer_credits;
   // Posts in the ring at once: a send or notice per op, the gets of every
   // rendezvous, a fin per op, a repost per bounce, a credit per peer.
   c.posts.resize(cfg.max_operations * (2 + cfg.rendezvous_depth) + cfg.receive_buffers + cfg.max_peers);

@@ -6,7 +6,9 @@
 //  - a parsed message respects the limits it was parsed with: eager length
 //    equals the bytes after the header and is at most max_eager; an rts is
 //    exactly header + reference with 1 <= length <= 2^40; fin/credit are a
-//    bare header; credits <= max_credits; seq != 0 exactly on eager/rts;
+//    bare header; seq != 0 exactly on eager/rts;
+//  - the limits it announces (negotiation) are in range: accept_eager in
+//    kMinEager..kMaxEager, grant in 1..kMaxCredits, credits <= grant;
 //  - the limits come from the input too, and a parse that succeeds under
 //    tighter limits succeeds under looser ones.
 #include <cstddef>
@@ -21,16 +23,17 @@ namespace mw = regpool::detail::msgwire;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size < 2) return 0;
-  // First two bytes pick the receiver's limits; the rest is the message.
+  // First two bytes pick the receiver's eager limit; the rest is the
+  // message (the second byte is kept so older seeds keep their layout).
   const std::uint64_t max_eager = std::uint64_t{data[0]} * 64;
-  const std::uint32_t max_credits = data[1];
   const std::span<const std::byte> msg{reinterpret_cast<const std::byte*>(data + 2), size - 2};
   mw::Header h;
-  if (mw::parse(msg, max_eager, max_credits, h) != regpool::Status::ok) return 0;
+  if (mw::parse(msg, max_eager, h) != regpool::Status::ok) return 0;
   std::byte again[mw::kHeaderSize];
   mw::encode(h, again);
   if (std::memcmp(again, msg.data(), mw::kHeaderSize) != 0) std::abort();
-  if (h.credits > max_credits) std::abort();
+  if (h.accept_eager < mw::kMinEager || h.accept_eager > mw::kMaxEager) std::abort();
+  if (h.grant == 0 || h.grant > mw::kMaxCredits || h.credits > h.grant) std::abort();
   switch (h.type) {
     case mw::Type::eager:
       if (h.length > max_eager || msg.size() != mw::kHeaderSize + h.length || h.seq == 0) std::abort();
@@ -45,6 +48,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     default: std::abort();
   }
   mw::Header loose;
-  if (mw::parse(msg, max_eager + 64, max_credits + 1, loose) != regpool::Status::ok) std::abort();
+  if (mw::parse(msg, max_eager + 64, loose) != regpool::Status::ok) std::abort();
   return 0;
 }

@@ -264,6 +264,74 @@ TEST_CASE("budget exhausted: the sender is flow-controlled, nothing is lost", "[
   CHECK(rpt::reap(kid, 60s) == 0);
 }
 
+TEST_CASE("mismatched thresholds and credits are negotiated: nothing refused, truncated or overrun",
+          "[fabric][messaging]") {
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  // Which side has the larger eager threshold and the more credits.
+  const bool sender_larger = GENERATE(true, false);
+  INFO("backend " << prov << (sender_larger ? ", sender larger" : ", receiver larger"));
+  MessengerConfig small;
+  small.eager_threshold = 1024;
+  small.peer_credits = 4;
+  MessengerConfig large;
+  large.eager_threshold = 32 << 10;
+  large.peer_credits = 64;
+  large.receive_buffers = 160;
+  const MessengerConfig tx_cfg = sender_larger ? large : small;
+  const MessengerConfig rx_cfg = sender_larger ? small : large;
+  const std::vector<std::uint64_t> sizes = {8, 1024, 1025, 4096, 20000, 64};
+  constexpr std::uint64_t kMessages = 60;
+  auto size_of = [&](std::uint64_t i) { return sizes[i % sizes.size()]; };
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  auto kid = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        Node n(prov, tx_cfg);
+        const PeerId rx = n.s.ep->insert_peer(b->allgather(n.s.ep->name(), 30s)[0]);
+        std::vector<regpool::MessageToken> t;
+        for (std::uint64_t i = 0; i < kMessages; ++i) {
+          Slice s = n.filled(size_of(i), 500 + i);
+          std::memcpy(s.address(), &i, 8);
+          auto r = n.m.send(rx, 11, s);
+          RPT_CHECK(r.ok());
+          t.push_back(*r);
+        }
+        for (auto x : t) RPT_CHECK(n.m.wait(x, 120s).status == Status::ok);
+        // Nothing above the receiver's threshold went eager; and the first
+        // message was sent before the receiver's limits were known.
+        std::uint64_t over = 0;
+        for (std::uint64_t i = 0; i < kMessages; ++i) over += size_of(i) > rx_cfg.eager_threshold ? 1 : 0;
+        RPT_CHECK(n.m.stats().rendezvous_sent >= over);
+        RPT_CHECK(n.m.stats().rejected == 0);
+        b->barrier(120s);
+        return 0;
+      },
+      300);
+  Node n(prov, rx_cfg);
+  (void)n.s.ep->insert_peer(boot->allgather(n.s.ep->name(), 30s)[1]);
+  // Hold back for a while: everything arrives unexpected first (eager
+  // messages in their bounces, rendezvous notices), under the credits the
+  // receiver announced.
+  const auto until = std::chrono::steady_clock::now() + 1000ms;
+  while (std::chrono::steady_clock::now() < until) n.m.progress();
+  CHECK(n.m.stats().unexpected_held > 0);
+  auto buf = n.s.alloc(20000);
+  for (std::uint64_t i = 0; i < kMessages; ++i) {
+    const MessageCompletion c = n.wait(n.m.recv(regpool::kAnyPeer, 11, 0, rpt::slice_or_die(Slice::data(buf))));
+    REQUIRE(c.status == Status::ok);
+    REQUIRE(c.length == size_of(i));
+    REQUIRE(c.received == size_of(i));
+    std::vector<std::byte> expect(size_of(i));
+    rpt::fill(expect, 500 + i);
+    std::memcpy(expect.data(), &i, 8);
+    REQUIRE(std::memcmp(expect.data(), buf.data().data(), size_of(i)) == 0);
+  }
+  CHECK(n.m.stats().rejected == 0);
+  boot->barrier(120s);
+  CHECK(rpt::reap(kid, 60s) == 0);
+}
+
 TEST_CASE("rendezvous at 4 MiB and 64 MiB moves every byte and revokes its exposures", "[fabric][messaging]") {
   const std::string prov = GENERATE(from_range(rpt::backends()));
   INFO("backend " << prov);
