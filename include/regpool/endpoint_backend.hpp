@@ -108,7 +108,8 @@
 //                                           its LDO reference) stays owned by
 //                                           the backend until it calls
 //                                           complete() for it (any status is
-//                                           then ignored) or the endpoint
+//                                           then ignored), do_abandon agrees
+//                                           to give it up, or the endpoint
 //                                           closes.
 //   bool do_abandon(const BackendOp&)      optional (default false): the op
 //                                           has already completed for the
