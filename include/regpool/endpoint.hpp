@@ -284,6 +284,13 @@ struct EndpointStats {
   std::uint64_t unknown_source = 0;
   // Times a waiting call slept (WaitMode sleep/adaptive) instead of polling.
   std::uint64_t sleeps = 0;
+  // Operations whose slot (and LDO reference) was taken back from the
+  // backend without a completion from the provider: failed (peer gone,
+  // timeout) and proven inert (Endpoint::do_abandon).
+  std::uint64_t abandoned = 0;
+  // Completions the provider reported for such an operation after its slot
+  // was taken back (recognised by the slot's generation and dropped).
+  std::uint64_t stale_completions = 0;
 };
 
 // Thread-safety: every public member may be called from any thread; calls
@@ -389,7 +396,9 @@ class REGPOOL_API Endpoint {
   // posts to it answer peer_unreachable, and completes every operation in
   // flight to it with `status` now instead of at its timeout. The slots'
   // LDO references go when the backend lets go of the operations (cancel)
-  // or when the endpoint closes. Unknown peers are ignored.
+  // or when the backend proves the provider has let go of them (see
+  // docs/membership.md), or when the endpoint closes. Unknown peers are
+  // ignored.
   void fail_peer(PeerId peer, Status status = Status::peer_unreachable) noexcept;
 
   // --- properties ---
@@ -448,7 +457,8 @@ class REGPOOL_API Endpoint {
   void mark_peer_broken(PeerId peer) noexcept;
   // The peer is gone (e.g. its process died): every operation in flight to
   // it completes with `st` now, and the peer is marked broken. As after a
-  // timeout, the backend keeps the slots until it reports them itself.
+  // timeout, the backend keeps the slots until it reports them itself or
+  // do_abandon agrees to give them back.
   void fail_peer_ops(PeerId peer, Status st) noexcept;
   void mark_unusable() noexcept { usable_.store(false, std::memory_order_release); }
   // PeerId whose handle is `handle`, or kAnyPeer.
@@ -460,6 +470,11 @@ class REGPOOL_API Endpoint {
   // themselves, FI_CONTEXT2, so the index cannot be stored inside them).
   static constexpr std::uint32_t kNoIndex = ~std::uint32_t{0};
   std::uint32_t index_of_context(const void* context) const noexcept;
+  // Slot index of a BackendOp::tag handed back by a provider, or kNoIndex
+  // when no op the backend owns now has that tag (a stale completion of an
+  // abandoned op whose slot was reused, or not a tag at all: counted in
+  // EndpointStats::stale_completions when it names a slot).
+  std::uint32_t index_of_tag(std::uint64_t tag) noexcept;
   // The words of an atomic in slot `index`: the base fills operand and
   // compare and zeroes result before posting, and reads result when the
   // op completes ok. Stable, 8-byte aligned, in one array registered with
@@ -489,6 +504,8 @@ class REGPOOL_API Endpoint {
   virtual Status do_post(const BackendOp& op) noexcept = 0;
   virtual std::size_t do_poll(std::size_t max) noexcept = 0;
   virtual void do_cancel(const BackendOp& op) noexcept = 0;
+  // See endpoint_backend.hpp: the provider will never touch op again.
+  virtual bool do_abandon(const BackendOp& /*op*/) noexcept { return false; }
   // Only with ExposureSupport::per_peer, for an exposure to one peer (either
   // mode); everything else is made by the base (the object's registration,
   // or a registration of the slice). The default: unsupported.
@@ -536,6 +553,10 @@ class REGPOOL_API Endpoint {
                        std::uint64_t remote_offset, std::uint64_t length, std::uint64_t operand,
                        std::uint64_t compare, Callback&& cb) noexcept;
   void fail_ops_locked(PeerId peer, Status status) noexcept;
+  // Take back failed ops the backend still holds where do_abandon agrees
+  // (one slot, or every such slot).
+  void abandon_locked(std::uint32_t index) noexcept;
+  void abandon_all_locked() noexcept;
   Clock::time_point deadline_for(OpKind kind, std::uint64_t length, Clock::time_point now) const noexcept;
   // Unlock, then destroy what was released under the mutex (bounded
   // batches, re-locking between them).
@@ -640,6 +661,7 @@ class REGPOOL_API Endpoint {
   std::uint64_t next_exposure_id_ = 1;
   std::uint64_t exposure_nonce_ = 0;
   Clock::time_point next_expiry_scan_{};
+  Clock::time_point next_abandon_scan_{};
   std::size_t backend_owned_ = 0;
   std::size_t last_poll_events_ = 0;
   // One AtomicWords per slot (max_in_flight), registered by start().
@@ -671,6 +693,8 @@ class REGPOOL_API Endpoint {
   std::atomic<std::uint64_t> timeouts_{0};
   std::atomic<std::uint64_t> retries_{0};
   std::atomic<std::uint64_t> reconnects_{0};
+  std::atomic<std::uint64_t> abandoned_{0};
+  std::atomic<std::uint64_t> stale_completions_{0};
 };
 
 }  // namespace regpool

@@ -108,8 +108,32 @@
 //                                           its LDO reference) stays owned by
 //                                           the backend until it calls
 //                                           complete() for it (any status is
-//                                           then ignored) or the endpoint
+//                                           then ignored), do_abandon agrees
+//                                           to give it up, or the endpoint
 //                                           closes.
+//   bool do_abandon(const BackendOp&)      optional (default false): the op
+//                                           has already completed for the
+//                                           user (timeout, or its peer failed
+//                                           or was removed) and the backend
+//                                           still holds it. Return true only
+//                                           when the provider provably never
+//                                           reads or writes op's buffers
+//                                           again (local slice, atomic words)
+//                                           and any completion it may still
+//                                           report carries op.tag (so
+//                                           index_of_tag() drops it): the
+//                                           base then takes the slot and its
+//                                           LDO reference back as if
+//                                           complete() had been called, and
+//                                           the backend must never call
+//                                           complete() for this incarnation.
+//                                           Asked when the op fails, after a
+//                                           peer is removed or reconnected,
+//                                           and every kAbandonScanInterval
+//                                           while such ops exist; the answer
+//                                           may not depend on op.peer_handle
+//                                           still naming the same peer (it may
+//                                           have been reused).
 //   Result<ExposureInfo> do_expose(slice, access, mode, peer_handle)
 //                                           only with ExposureSupport::
 //                                           per_peer (given to the Endpoint
@@ -190,6 +214,12 @@ struct BackendOp {
   std::uint64_t remote_address = 0;   // remote->address_at(remote_offset)
   // Atomics: operand, compare and the result word are in atomic_words(index).
   void* context = nullptr;        // Endpoint::kBackendContextSize bytes, 16-aligned
+  // This incarnation of the slot: (generation << 32) | index, never 0. A
+  // provider that takes an opaque context (no FI_CONTEXT/FI_CONTEXT2 mode,
+  // a verbs wr_id) can be handed the tag instead of `context`;
+  // index_of_tag() then recognises a completion that arrives after the base
+  // took the slot back (do_abandon) and it was reused.
+  std::uint64_t tag = 0;
 };
 
 // What a backend returns when it exposes a slice to one peer (do_expose).

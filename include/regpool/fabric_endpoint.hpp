@@ -76,6 +76,7 @@
 // serving that domain must outlive nothing here: in-flight operations hold
 // their LDOs. Thread-safety: as Endpoint.
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -250,6 +251,7 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   Status do_post(const BackendOp& op) noexcept override;
   std::size_t do_poll(std::size_t max) noexcept override;
   void do_cancel(const BackendOp& op) noexcept override;
+  bool do_abandon(const BackendOp& op) noexcept override;
   Enforcement do_enforcement(ExposureMode mode, bool per_peer) const noexcept override;
   int do_wait_fd() const noexcept override { return wait_fd_; }
   bool do_arm(std::chrono::microseconds& max_sleep) noexcept override;
@@ -260,9 +262,14 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
     std::uint64_t data = 0;  // fi_addr_t in av_
     std::uint64_t ctrl = 0;  // fi_addr_t in ctrl_av_ (emulated atomics)
     std::vector<std::byte> ctrl_name;
+    // Unique per insert (never reused): which AV entry an op went through,
+    // so do_abandon can tell that entry was removed even after the handle
+    // was reused.
+    std::uint64_t incarnation = 0;
     // shm: the peer's process, its regions' locks (when their layout is
     // known), and what the last check found.
     std::int64_t pid = 0;
+    bool cma = false;  // we may read its memory with process_vm_readv (probed at insert)
     bool dead = false;
     bool reported = false;  // its ops were failed and it was counted
     std::chrono::steady_clock::time_point checked{};
@@ -319,6 +326,10 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   void shm_peer_insert(PeerAddr& p, std::span<const std::byte> data, std::span<const std::byte> ctrl);
   void shm_check_peers(std::chrono::steady_clock::time_point now) noexcept;
   bool shm_peer_gone(std::uint64_t handle) noexcept;
+  // The context the data endpoint is given for `op` (its tag or its context
+  // memory, see tagged_contexts_), and the slot a completion's context names.
+  void* data_context(const BackendOp& op) const noexcept;
+  std::uint32_t data_index(void* context) noexcept;
   Status shm_peer_gate(std::uint64_t handle, bool ctrl) noexcept;
   bool shm_region_blocked(OwnRegion& r) noexcept;
   void shm_try_recover(OwnRegion& r, std::chrono::steady_clock::time_point now) noexcept;
@@ -356,6 +367,36 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   int wait_fd_ = -1;
 
   std::vector<PeerAddr> peers_;
+  std::uint64_t next_incarnation_ = 1;
+  // Contexts handed to the data endpoint are BackendOp::tag values (the
+  // provider needs no context memory: neither FI_CONTEXT nor FI_CONTEXT2 in
+  // its mode), so a completion for an op the base abandoned is recognised.
+  bool tagged_contexts_ = false;
+  // tcp;ofi_rxm: whether a failed op's connection is gone is learnt from a
+  // probe read sent on it (see do_abandon). One probe per peer incarnation,
+  // at most kMaxProbes remembered (the oldest finished one is reused).
+  bool probe_connections_ = false;
+  static constexpr std::size_t kMaxProbes = 64;
+  enum class ProbeState : std::uint8_t { free, posted, closed, answered };
+  struct Probe {
+    std::uint64_t incarnation = 0;
+    std::uint64_t order = 0;  // when it was posted (reuse: oldest finished)
+    ProbeState state = ProbeState::free;
+  };
+  std::array<Probe, kMaxProbes> probes_{};
+  std::uint64_t probe_order_ = 0;
+  // A probe's context is the address of its entry: never a tag (tags of
+  // entries in probes_ would need an index below max_in_flight and the
+  // right generation at once).
+  bool probe_done(void* context, bool failed) noexcept;
+  bool probe_connection(std::uint64_t incarnation) noexcept;
+  // Per operation slot: the peer as it was when the op was posted.
+  struct OpPeer {
+    std::uint64_t incarnation = 0;
+    std::int64_t pid = 0;  // shm
+    bool cma = false;      // shm
+  };
+  std::vector<OpPeer> op_peer_;
   // The target checks keys, registration ranges and rights (measured:
   // tcp;ofi_rxm; see do_enforcement).
   bool target_checks_keys_ = false;

@@ -23,6 +23,9 @@ namespace {
 constexpr std::size_t kDeliverBatch = 32;
 // Deadlines are scanned at most this often: scanning walks every slot.
 constexpr auto kExpiryScanInterval = std::chrono::milliseconds(1);
+// How often failed ops the backend still holds are offered to do_abandon
+// (a backend may look into /proc for each: not every millisecond).
+constexpr auto kAbandonScanInterval = std::chrono::milliseconds(20);
 // References released per unlock round (stack space of unlock_and_release).
 constexpr std::size_t kReleaseBatch = 32;
 // How long revoke() waits for a deferred revocation before leaving it parked.
@@ -99,6 +102,9 @@ struct Endpoint::Slot {
   bool completed = false;      // result is final
   bool has_callback = false;
   bool release_pending = false;  // `local` waits in releases_ for an unlock
+  // Completed for the user because its peer failed or was removed, still
+  // held by the backend: offered to do_abandon.
+  bool orphan = false;
   alignas(16) std::byte context[kBackendContextSize];
 };
 
@@ -363,6 +369,13 @@ void Endpoint::remove_peer(PeerId peer) noexcept {
   peers_[peer].used = false;
   peers_[peer].broken = false;
   peers_[peer].name.clear();
+  // Ops that already failed (timeout) while it was here are now orphans;
+  // ones still running keep their timeout.
+  for (std::size_t i = 0; i < config_.max_in_flight; ++i) {
+    Slot& s = slots_[i];
+    if (s.backend_owned && s.completed && s.desc.kind != OpKind::recv && s.desc.peer == peer) s.orphan = true;
+  }
+  abandon_all_locked();
 }
 
 std::size_t Endpoint::peer_count() const noexcept {
@@ -422,14 +435,38 @@ Status Endpoint::reconnect(PeerId peer) noexcept {
 
 void Endpoint::fail_ops_locked(PeerId peer, Status status) noexcept {
   // Their slots (and LDO references) stay with the backend until it lets go
-  // of them (do_cancel, or the endpoint closing).
+  // of them (do_cancel), proves the provider has (do_abandon), or the
+  // endpoint closes.
   for (std::size_t i = 0; i < config_.max_in_flight; ++i) {
     Slot& s = slots_[i];
-    if (s.backend_owned && !s.completed && s.desc.kind != OpKind::recv && s.desc.peer == peer) {
+    if (!s.backend_owned || s.desc.kind == OpKind::recv || s.desc.peer != peer) continue;
+    if (!s.completed) {
       finish_locked(s, static_cast<std::uint32_t>(i), status, 0, 0, kAnyPeer);
       do_cancel(s.desc);
     }
+    // Timed out earlier or failed now: either way its peer is gone.
+    s.orphan = true;
+    abandon_locked(static_cast<std::uint32_t>(i));
   }
+}
+
+void Endpoint::abandon_locked(std::uint32_t index) noexcept {
+  Slot& s = slots_[index];
+  // Only ops the user has already been answered for (completed), that the
+  // backend still holds. Receives are not per-peer: they stay posted.
+  if (!s.backend_owned || !s.completed || !s.orphan) return;
+  if (!do_abandon(s.desc)) return;
+  abandoned_.fetch_add(1, std::memory_order_relaxed);
+  // As if the provider had reported it: the slot is no longer backend-owned
+  // (so index_of_tag refuses this incarnation from now on), the LDO
+  // reference goes after the unlock, the slot is free once the user has its
+  // completion. The status is ignored: the op is already completed.
+  complete(index, s.result.status, 0);
+}
+
+void Endpoint::abandon_all_locked() noexcept {
+  if (backend_owned_ == 0) return;
+  for (std::size_t i = 0; i < config_.max_in_flight; ++i) abandon_locked(static_cast<std::uint32_t>(i));
 }
 
 void Endpoint::fail_peer(PeerId peer, Status status) noexcept {
@@ -995,6 +1032,8 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
   s.has_callback = static_cast<bool>(cb);
   s.cb = std::move(cb);
   const Token token{(static_cast<std::uint64_t>(s.gen) << 32) | index};
+  s.desc.tag = token.value;
+  s.orphan = false;
   s.result = Completion{token, kind, Status::in_progress, s.desc.peer, 0, 0};
   s.completed = false;
   // The slot is reserved (not free, not backend-owned) while this call
@@ -1081,6 +1120,10 @@ std::size_t Endpoint::poll_locked() noexcept {
       next_expiry_scan_ = now + kExpiryScanInterval;
       if (backend_owned_ > 0) expire_locked(now);
       expire_quarantine_locked(now);
+    }
+    if (backend_owned_ > 0 && now >= next_abandon_scan_) {
+      next_abandon_scan_ = now + kAbandonScanInterval;
+      abandon_all_locked();
     }
   }
   return n;
@@ -1179,6 +1222,17 @@ std::uint32_t Endpoint::index_of_context(const void* context) const noexcept {
   if (delta % sizeof(Slot) != 0) return kNoIndex;
   const std::size_t index = delta / sizeof(Slot);
   return index < config_.max_in_flight ? static_cast<std::uint32_t>(index) : kNoIndex;
+}
+
+std::uint32_t Endpoint::index_of_tag(std::uint64_t tag) noexcept {
+  const auto index = static_cast<std::uint32_t>(tag & 0xffffffffU);
+  if (index >= config_.max_in_flight) return kNoIndex;
+  const Slot& s = slots_[index];
+  if (!s.backend_owned || s.desc.tag != tag) {
+    stale_completions_.fetch_add(1, std::memory_order_relaxed);
+    return kNoIndex;
+  }
+  return index;
 }
 
 const BackendOp& Endpoint::op_at(std::uint32_t index) const noexcept { return slots_[index].desc; }
@@ -1401,6 +1455,8 @@ EndpointStats Endpoint::stats() const noexcept {
   st.post_retries = retries_.load(std::memory_order_relaxed);
   st.reconnects = reconnects_.load(std::memory_order_relaxed);
   st.unknown_source = unknown_source_.load(std::memory_order_relaxed);
+  st.abandoned = abandoned_.load(std::memory_order_relaxed);
+  st.stale_completions = stale_completions_.load(std::memory_order_relaxed);
   st.sleeps = sleeps_.load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> g(mutex_);
   st.in_flight = backend_owned_;

@@ -180,6 +180,13 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   }
   emulated_atomics_ = !native;
 
+  // A provider that wants no context memory treats op_context as an opaque
+  // word: give it the op's tag (generation and slot), which a stale
+  // completion cannot fake (measured mode: shm and tcp;ofi_rxm 1.17 ask for
+  // neither FI_CONTEXT nor FI_CONTEXT2).
+  tagged_contexts_ = (info->mode & (FI_CONTEXT | FI_CONTEXT2)) == 0;
+  probe_connections_ = prov == "tcp;ofi_rxm";
+  op_peer_.assign(config().max_in_flight, OpPeer{});
   open_triplet(&av_, &cq_, &ep_, "data");
   const std::vector<std::byte> data_name = endpoint_name(ep_);
   if ((info->caps & FI_SOURCE) != 0) {
@@ -471,6 +478,7 @@ std::uint64_t FabricEndpoint::do_insert_peer(std::span<const std::byte> name) {
   }
   if (shm_) shm_peer_insert(p, parsed.data, has_ctrl ? parsed.ctrl : std::span<const std::byte>());
   p.used = true;
+  p.incarnation = next_incarnation_++;
   std::size_t handle = peers_.size();
   for (std::size_t i = 0; i < peers_.size(); ++i) {
     if (!peers_[i].used) {
@@ -557,6 +565,10 @@ void* FabricEndpoint::local_desc(const BackendOp& op) noexcept {
 }
 
 Status FabricEndpoint::do_post(const BackendOp& op) noexcept {
+  if (op.kind != OpKind::recv && op.index < op_peer_.size() && op.peer_handle < peers_.size()) {
+    const PeerAddr& p = peers_[op.peer_handle];
+    op_peer_[op.index] = OpPeer{p.incarnation, p.pid, p.cma};
+  }
   switch (op.kind) {
     case OpKind::put: return do_put(op);
     case OpKind::get: return do_get(op);
@@ -578,7 +590,7 @@ Status FabricEndpoint::do_put(const BackendOp& op) noexcept {
   const fi_addr_t dest = peers_[op.peer_handle].data;
   if (!delivery_complete_) {
     return status_from_fi(static_cast<int>(fi_write(ep_, buf, op.length, region->descriptor, dest, op.remote_address,
-                                                op.remote->key, op.context)));
+                                                op.remote->key, data_context(op))));
   }
   iovec iov{buf, op.length};
   void* desc = region->descriptor;
@@ -590,7 +602,7 @@ Status FabricEndpoint::do_put(const BackendOp& op) noexcept {
   msg.addr = dest;
   msg.rma_iov = &rma;
   msg.rma_iov_count = 1;
-  msg.context = op.context;
+  msg.context = data_context(op);
   return status_from_fi(static_cast<int>(fi_writemsg(ep_, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE)));
 }
 
@@ -602,7 +614,7 @@ Status FabricEndpoint::do_get(const BackendOp& op) noexcept {
   if (!region) return region.status();
   return status_from_fi(static_cast<int>(fi_read(ep_, op.local->address(), op.length, region->descriptor,
                                              peers_[op.peer_handle].data, op.remote_address, op.remote->key,
-                                             op.context)));
+                                             data_context(op))));
 }
 
 Status FabricEndpoint::do_send(const BackendOp& op) noexcept {
@@ -612,7 +624,7 @@ Status FabricEndpoint::do_send(const BackendOp& op) noexcept {
   auto region = op.local->ldo().region(*domain_);
   if (!region) return region.status();
   return status_from_fi(static_cast<int>(
-      fi_send(ep_, op.local->address(), op.length, region->descriptor, peers_[op.peer_handle].data, op.context)));
+      fi_send(ep_, op.local->address(), op.length, region->descriptor, peers_[op.peer_handle].data, data_context(op))));
 }
 
 Status FabricEndpoint::do_recv(const BackendOp& op) noexcept {
@@ -622,7 +634,7 @@ Status FabricEndpoint::do_recv(const BackendOp& op) noexcept {
   if (!region) return region.status();
   if (overflow_.empty()) {
     return status_from_fi(static_cast<int>(
-        fi_recv(ep_, op.local->address(), op.length, region->descriptor, FI_ADDR_UNSPEC, op.context)));
+        fi_recv(ep_, op.local->address(), op.length, region->descriptor, FI_ADDR_UNSPEC, data_context(op))));
   }
   // tcp;ofi_rxm: a message the posted buffer cannot hold is truncated by the
   // tcp layer without draining the rest of it from the socket, and every
@@ -633,7 +645,7 @@ Status FabricEndpoint::do_recv(const BackendOp& op) noexcept {
   // (rendezvous) messages are truncated cleanly by the provider itself.
   iovec iov[2] = {{op.local->address(), op.length}, {overflow_.data(), overflow_.size()}};
   void* desc[2] = {region->descriptor, overflow_reg_.descriptor()};
-  return status_from_fi(static_cast<int>(fi_recvv(ep_, iov, desc, 2, FI_ADDR_UNSPEC, op.context)));
+  return status_from_fi(static_cast<int>(fi_recvv(ep_, iov, desc, 2, FI_ADDR_UNSPEC, data_context(op))));
 }
 
 Status FabricEndpoint::do_atomic(const BackendOp& op) noexcept {
@@ -647,10 +659,10 @@ Status FabricEndpoint::do_atomic(const BackendOp& op) noexcept {
   ssize_t rc = 0;
   if (op.kind == OpKind::fetch_add) {
     rc = fi_fetch_atomic(ep_, &w->operand, 1, desc, &w->result, desc, dest, op.remote_address, op.remote->key,
-                         FI_UINT64, FI_SUM, op.context);
+                         FI_UINT64, FI_SUM, data_context(op));
   } else {
     rc = fi_compare_atomic(ep_, &w->operand, 1, desc, &w->compare, desc, &w->result, desc, dest, op.remote_address,
-                           op.remote->key, FI_UINT64, FI_CSWAP, op.context);
+                           op.remote->key, FI_UINT64, FI_CSWAP, data_context(op));
   }
   return status_from_fi(static_cast<int>(rc));
 }
@@ -1024,7 +1036,8 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
       fi_cq_err_entry err{};
       if (fi_cq_readerr(cq_, &err, 0) != 1) break;
       ++events;
-      const std::uint32_t index = index_of_context(err.op_context);
+      if (probe_done(err.op_context, true)) continue;
+      const std::uint32_t index = data_index(err.op_context);
       if (index == kNoIndex) continue;
       if (err.err == FI_EADDRNOTAVAIL && op_at(index).kind == OpKind::recv) {
         // FI_SOURCE_ERR providers: received whole, from an address not in
@@ -1070,7 +1083,8 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
       break;
     }
     for (ssize_t i = 0; i < got; ++i) {
-      const std::uint32_t index = index_of_context(entries[i].op_context);
+      if (probe_done(entries[i].op_context, false)) continue;
+      const std::uint32_t index = data_index(entries[i].op_context);
       if (index == kNoIndex) continue;
       const BackendOp& op = op_at(index);
       switch (op.kind) {
@@ -1137,6 +1151,94 @@ bool FabricEndpoint::do_arm(std::chrono::microseconds& max_sleep) noexcept {
   return true;
 }
 
+void* FabricEndpoint::data_context(const BackendOp& op) const noexcept {
+  return tagged_contexts_ ? reinterpret_cast<void*>(static_cast<std::uintptr_t>(op.tag)) : op.context;
+}
+
+std::uint32_t FabricEndpoint::data_index(void* context) noexcept {
+  if (!tagged_contexts_) return index_of_context(context);
+  // shm reports some failures without the op's context (nullptr): no slot.
+  if (context == nullptr) return kNoIndex;
+  return index_of_tag(reinterpret_cast<std::uintptr_t>(context));
+}
+
+// An op that failed (peer gone, timeout) and that the provider still holds:
+// may its slot and LDO reference go back now? Only when the provider
+// provably never touches its buffers again; a completion it might still
+// report is dropped by its tag. What libfabric 1.17 does with such an op
+// (docs/provider-facts.md, "Failed operations the provider keeps"):
+//  - shm: nothing gives it back (fi_cancel only cancels receives;
+//    fi_av_remove leaves the pending entry), and its data moves only by
+//    the peer's own cross-memory copy (process_vm_readv of a large send or
+//    put; the peer's write of a get or atomic reply, which our progress may
+//    still copy into the result afterwards). So: sends and puts, when CMA
+//    was usable between us and the peer at insert, once every thread of
+//    the peer's process has finished. Gets and atomics keep their slot.
+//  - tcp;ofi_rxm: a rendezvous send waiting for its ACK is never reported,
+//    and fi_av_remove does not close the peer's connection (measured: the
+//    socket stays open while the peer lives); rxm closes it when its
+//    progress sees the peer's shutdown, or when the peer, as target,
+//    rejects a key. Closing flushes the tcp endpoint's queues: after it
+//    nothing serves a read from our buffers or lands data in them. We learn
+//    that it happened from a probe: a 1-byte read with a key no
+//    registration has (FI_KEY_NOTAVAIL) posted on the same connection. A
+//    live target rejects it and closes the connection; a dead peer's
+//    connection fails it; either way the probe completes with an error
+//    only once the connection is gone (FI_ECANCELED from the flush, or a
+//    failed connect after it). So: any op whose connection's probe failed.
+//  - other providers: not measured, nothing abandoned.
+bool FabricEndpoint::do_abandon(const BackendOp& op) noexcept {
+  if (!tagged_contexts_ || op.kind == OpKind::recv || op.index >= op_peer_.size()) return false;
+  // Emulated atomics are given back by do_cancel itself (their reply lands
+  // in a control buffer, never in the slot).
+  if ((op.kind == OpKind::fetch_add || op.kind == OpKind::compare_swap) && emulated_atomics_) return false;
+  const OpPeer& o = op_peer_[op.index];
+  if (shm_) {
+    if (op.kind != OpKind::send && op.kind != OpKind::put) return false;
+    return o.cma && fabric_shm::process_finished(o.pid);
+  }
+  if (!probe_connections_ || overflow_.empty() || o.incarnation == 0) return false;
+  for (const Probe& pr : probes_) {
+    if (pr.state != ProbeState::free && pr.incarnation == o.incarnation) return pr.state == ProbeState::closed;
+  }
+  // The answer comes with the probe's completion (a later scan).
+  (void)probe_connection(o.incarnation);
+  return false;
+}
+
+bool FabricEndpoint::probe_connection(std::uint64_t incarnation) noexcept {
+  // Only through the peer's own AV entry (the connection the ops used):
+  // once removed, a read to it would open nothing we could learn from.
+  const PeerAddr* peer = nullptr;
+  for (const PeerAddr& p : peers_) {
+    if (p.used && p.incarnation == incarnation) peer = &p;
+  }
+  if (peer == nullptr) return false;
+  Probe* slot = nullptr;
+  for (Probe& pr : probes_) {
+    if (pr.state == ProbeState::posted) continue;
+    if (slot == nullptr || pr.state == ProbeState::free || (slot->state != ProbeState::free && pr.order < slot->order)) {
+      slot = &pr;
+    }
+  }
+  if (slot == nullptr) return false;  // every probe still out: try again at the next scan
+  const ssize_t rc = fi_read(ep_, overflow_.data(), 1, overflow_reg_.descriptor(), peer->data, 0, FI_KEY_NOTAVAIL,
+                             static_cast<void*>(slot));
+  if (rc != 0) return false;
+  *slot = Probe{incarnation, ++probe_order_, ProbeState::posted};
+  return true;
+}
+
+bool FabricEndpoint::probe_done(void* context, bool failed) noexcept {
+  if (!probe_connections_) return false;
+  const auto* first = reinterpret_cast<const std::byte*>(probes_.data());
+  const auto* p = static_cast<const std::byte*>(context);
+  if (p < first || p >= first + sizeof probes_ || (p - first) % sizeof(Probe) != 0) return false;
+  Probe& pr = *static_cast<Probe*>(context);
+  if (pr.state == ProbeState::posted) pr.state = failed ? ProbeState::closed : ProbeState::answered;
+  return true;
+}
+
 void FabricEndpoint::do_cancel(const BackendOp& op) noexcept {
   if ((op.kind == OpKind::fetch_add || op.kind == OpKind::compare_swap) && emulated_atomics_) {
     if (op.index >= emu_.size()) return;  // no control endpoint: nothing was posted
@@ -1149,7 +1251,7 @@ void FabricEndpoint::do_cancel(const BackendOp& op) noexcept {
     finish_emulated(op.index);
     return;
   }
-  (void)fi_cancel(&ep_->fid, op.context);
+  (void)fi_cancel(&ep_->fid, data_context(op));
 }
 
 // ------------------------------------------------------------ shm and dead peers
@@ -1182,6 +1284,11 @@ void FabricEndpoint::open_shm_watch(const std::vector<std::byte>& data_name) {
 void FabricEndpoint::shm_peer_insert(PeerAddr& p, std::span<const std::byte> data, std::span<const std::byte> ctrl) {
   p.pid = fabric_shm::pid_from_address(data, addr_scheme_);
   if (p.pid == 0) return;
+  // shm moves large messages with CMA only when both processes may read
+  // each other's memory and FI_SHM_DISABLE_CMA is not set; otherwise it
+  // copies through shared buffers from its own progress, which may still
+  // read a send's buffer after the peer died (do_abandon then keeps it).
+  p.cma = std::getenv("FI_SHM_DISABLE_CMA") == nullptr && fabric_shm::cross_memory_allowed(p.pid);
   p.checked = std::chrono::steady_clock::now();
   p.dead = !fabric_shm::process_alive(p.pid);
   if (!own_data_.lock) return;  // layout unknown: pid checks only

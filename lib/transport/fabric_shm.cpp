@@ -6,9 +6,11 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 
@@ -63,6 +65,36 @@ bool process_alive(std::int64_t pid) noexcept {
   const char* paren = std::strrchr(buf, ')');  // the command name may hold spaces and parentheses
   if (paren == nullptr || paren[1] != ' ') return true;
   return paren[2] != 'Z' && paren[2] != 'X';
+}
+
+bool process_finished(std::int64_t pid) noexcept {
+  if (pid <= 0) return false;
+  if (::kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%lld/status", static_cast<long long>(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT;
+  char buf[4096];
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  const char* state = std::strstr(buf, "\nState:");
+  const char* threads = std::strstr(buf, "\nThreads:");
+  if (state == nullptr || threads == nullptr) return false;
+  state += 7;
+  while (*state == ' ' || *state == '\t') ++state;
+  if (*state != 'Z' && *state != 'X') return false;
+  return std::strtol(threads + 9, nullptr, 10) == 1;
+}
+
+bool cross_memory_allowed(std::int64_t pid) noexcept {
+  if (pid <= 0) return false;
+  char byte = 0;
+  iovec local{&byte, 1};
+  iovec remote{nullptr, 1};
+  const ssize_t n = ::process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
+  return n < 0 && errno == EFAULT;
 }
 
 RegionLock::~RegionLock() {

@@ -64,6 +64,20 @@ std::string region_name(std::span<const std::byte> addr, std::string_view scheme
 // (EPERM) count as alive.
 bool process_alive(std::int64_t pid) noexcept;
 
+// Whether every thread of process `pid` has finished for good: the pid is
+// gone, or it is a zombie whose thread group is down to the zombie leader
+// itself (a zombie leader may outlive threads that still run, e.g. inside
+// process_vm_readv). Stricter than !process_alive: what it takes before our
+// memory may be reused under a cross-memory read the process had been asked
+// to do. A pid that cannot be checked counts as not gone.
+bool process_finished(std::int64_t pid) noexcept;
+
+// Whether this process may read `pid`'s memory with process_vm_readv (CMA,
+// what shm uses for messages beyond its inject size): probed with a read of
+// address 0, which fails EFAULT once the kernel has let us in and EPERM (or
+// ESRCH) when it does not.
+bool cross_memory_allowed(std::int64_t pid) noexcept;
+
 // libfabric 1.17 shm names an endpoint's region /dev/shm/<pid>:<domain>:<ep>
 // and never removes the region of a killed process. A later process given
 // the same pid then cannot open an endpoint whose name is taken: fi_enable
