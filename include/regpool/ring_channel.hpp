@@ -42,9 +42,11 @@
 // A dead peer: while waiting (the consumer for records, the producer for
 // credits) each side rewrites its control word every RingConfig::keepalive;
 // when the peer is gone that put fails, and the channel reports
-// peer_unreachable (or timeout) within keepalive plus the endpoint's bound
-// for failing an operation to a dead peer (EndpointConfig::op_timeout at
-// most). A peer that stops without dying is not an error.
+// peer_unreachable (or transport_error) within keepalive plus the endpoint's
+// bound for failing an operation to a dead peer (EndpointConfig::op_timeout
+// at most). A put the endpoint expires (timeout) breaks the channel as
+// peer_unreachable, so timeout from push()/drain() only ever means their own
+// deadline passed. A peer that stops without dying is not an error.
 //
 // Ownership and threads: each object holds a reference to the Endpoint and
 // the Pool it was made with; destroy it before them. It owns its ring (or
@@ -119,8 +121,8 @@ class REGPOOL_API RingConsumer {
 
   // The next record, as a view valid until pop(); would_block when there is
   // none yet; malformed when the producer wrote something invalid;
-  // peer_unreachable/timeout when a credit or keepalive to a dead producer
-  // failed. Never throws, never blocks.
+  // peer_unreachable (or transport_error) when a credit or keepalive to a
+  // dead producer failed. Never throws, never blocks.
   Result<std::span<const std::byte>> peek() noexcept;
   // Releases the record peek() returned (invalid_argument when there is
   // none) and returns credits when due.

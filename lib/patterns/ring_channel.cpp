@@ -24,7 +24,16 @@ using ring::kWordBytes;
 // else the Status + 1.
 using DoneFlag = std::atomic<std::uint8_t>;
 constexpr std::uint8_t kPending = 0;
-std::uint8_t done_value(Status s) noexcept { return static_cast<std::uint8_t>(static_cast<std::uint8_t>(s) + 1); }
+// A put the endpoint gave up on (timeout: no answer within
+// EndpointConfig::op_timeout, and the endpoint marks the peer broken) breaks
+// the channel as peer_unreachable: push() and drain() answer timeout for
+// their own deadline, and their caller must tell "no room yet" from "the
+// peer is gone". On verbs (rxe) a write to a killed process's QP never
+// completes at all, so the endpoint's expiry is the only report there.
+std::uint8_t done_value(Status s) noexcept {
+  if (s == Status::timeout) s = Status::peer_unreachable;
+  return static_cast<std::uint8_t>(static_cast<std::uint8_t>(s) + 1);
+}
 Status done_status(std::uint8_t v) noexcept { return static_cast<Status>(v - 1); }
 
 std::uint32_t random_nonce() {

@@ -338,7 +338,14 @@ TEST_CASE("ring: a killed consumer is reported to the producer in bounded time",
     if (st == Status::timeout) st = Status::ok;  // still waiting for room: go on
   }
   const auto after = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed);
-  INFO("reported " << regpool::to_string(st) << " after " << after.count() << " ms");
+  const auto rs = p.stats();
+  const auto es = s.ep->stats();
+  INFO("reported " << regpool::to_string(st) << " after " << after.count() << " ms; ring: record_puts "
+                   << rs.record_puts << " control_puts " << rs.control_puts << " keepalives " << rs.keepalives
+                   << " full " << rs.full << "; endpoint: posted " << es.posted << " completed " << es.completed
+                   << " failed " << es.failed << " rejected " << es.rejected << " timeouts " << es.timeouts
+                   << " post_retries " << es.post_retries << " in_flight " << es.in_flight);
   CHECK((st == Status::peer_unreachable || st == Status::timeout || st == Status::transport_error));
+  CHECK(p.status() == st);  // what push() reported is the channel's failure, not its own deadline
   CHECK(after < kDeathBound);
 }
