@@ -3,7 +3,7 @@
 // and the cost of one round of a spin-wait (Endpoint::progress() against an
 // empty fi_cq_read), on one thread, in thread CPU time.
 //
-//   bench-sendpath [--provider shm|tcp] [--iters N] [--reps R] [--size BYTES] [--json]
+//   bench-sendpath [--provider shm|tcp] [--iters N] [--reps R] [--size BYTES] [--contend N] [--json]
 //
 // Both stacks run two RDM endpoints in this one process: post a receive on
 // B, send from A, wait for the send's completion on A and the receive's on
@@ -15,7 +15,10 @@
 // and direct alternate within each repetition.
 //
 // Output: regpool ns/message, direct ns/message, the difference (what
-// regpool adds per message), and the same for one spin-wait round.
+// regpool adds per message), and the same for one spin-wait round. Then
+// the lock hand-off: median and 99th percentile wall time of one stats()
+// call (it takes the endpoint's mutex) while a second thread spins in
+// progress() on the same endpoint (--contend N calls, 0 = skip).
 // Exit: 0; 1 a failure; 2 bad arguments; 77 the provider cannot be opened.
 
 #include <rdma/fabric.h>
@@ -226,6 +229,34 @@ class Regpool {
     if (!t) fail("regpool: post_recv refused");
     pending_ = *t;
   }
+  // Lock hand-off: wall time of one stats() call on B (it takes B's mutex)
+  // while another thread spins in B->progress() with a receive in flight,
+  // as a progress thread with progress_idle_sleep 0 does. A spinner that
+  // retakes the mutex at once shuts the caller out for as long as the
+  // scheduler lets it. `lat` receives the n latencies in ns.
+  void contended_stats(std::uint64_t n, std::vector<double>& lat) {
+    start_pending();
+    std::atomic<bool> stop{false};
+    std::atomic<bool> spinning{false};
+    std::thread spinner([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+        (void)b_->progress();
+        spinning.store(true, std::memory_order_relaxed);
+      }
+    });
+    while (!spinning.load()) std::this_thread::yield();
+    lat.clear();
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      (void)b_->stats();
+      lat.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
+      // Let the spinner run alone between calls, as between a user's calls.
+      std::this_thread::sleep_for(50us);
+    }
+    stop = true;
+    spinner.join();
+    finish_pending();
+  }
   void finish_pending() {
     auto s = a_->send(peer_, sx_);
     if (!s || a_->wait(*s, 10000ms).status != regpool::Status::ok) fail("regpool: send failed");
@@ -262,6 +293,7 @@ int main(int argc, char** argv) {
   int reps = 5;
   std::size_t size = 8;
   bool json = false;
+  std::uint64_t contend = 2000;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -279,11 +311,14 @@ int main(int argc, char** argv) {
       reps = std::atoi(value().c_str());
     } else if (a == "--size") {
       size = std::strtoull(value().c_str(), nullptr, 10);
+    } else if (a == "--contend") {
+      contend = std::strtoull(value().c_str(), nullptr, 10);
     } else if (a == "--json") {
       json = true;
     } else {
       std::fprintf(stderr,
-                   "usage: bench-sendpath [--provider shm|tcp] [--iters N] [--reps R] [--size BYTES] [--json]\n");
+                   "usage: bench-sendpath [--provider shm|tcp] [--iters N] [--reps R] [--size BYTES] [--contend N] "
+                   "[--json]\n");
       return a == "-h" || a == "--help" ? 0 : 2;
     }
   }
@@ -308,14 +343,23 @@ int main(int argc, char** argv) {
     rp.finish_pending();
     d_poll = std::min(d_poll, per_op(iters, [&] { direct.empty_poll(); }));
   }
+  double hand_med = 0, hand_p99 = 0;
+  if (contend > 0) {
+    std::vector<double> lat;
+    rp.contended_stats(contend, lat);
+    std::sort(lat.begin(), lat.end());
+    hand_med = lat[lat.size() / 2];
+    hand_p99 = lat[std::min(lat.size() - 1, lat.size() * 99 / 100)];
+  }
   if (json) {
     std::printf(
         "{\"tool\":\"bench-sendpath\",\"provider\":\"%s\",\"size\":%zu,\"iters\":%llu,\"reps\":%d,"
         "\"units\":\"ns of thread CPU time, minimum over reps\","
         "\"message\":{\"regpool\":%.1f,\"direct\":%.1f,\"added\":%.1f},"
-        "\"poll_round\":{\"regpool\":%.1f,\"direct\":%.1f,\"added\":%.1f}}\n",
+        "\"poll_round\":{\"regpool\":%.1f,\"direct\":%.1f,\"added\":%.1f},"
+        "\"contended_lock_ns\":{\"calls\":%llu,\"median\":%.1f,\"p99\":%.1f}}\n",
         provider.c_str(), size, static_cast<unsigned long long>(iters), reps, rp_msg, d_msg, rp_msg - d_msg, rp_poll,
-        d_poll, rp_poll - d_poll);
+        d_poll, rp_poll - d_poll, static_cast<unsigned long long>(contend), hand_med, hand_p99);
   } else {
     std::printf("bench-sendpath: provider %s, %zu-byte messages, %llu per repetition, minimum of %d (thread CPU time)\n",
                 provider.c_str(), size, static_cast<unsigned long long>(iters), reps);
@@ -323,6 +367,10 @@ int main(int argc, char** argv) {
                 rp_msg, d_msg, rp_msg - d_msg);
     std::printf("  spin-wait round (progress / empty fi_cq_read): regpool %.0f ns, direct %.0f ns, added %.0f ns\n",
                 rp_poll, d_poll, rp_poll - d_poll);
+    if (contend > 0) {
+      std::printf("  stats() while another thread spins in progress() (wall time, %llu calls): median %.0f ns, p99 %.0f ns\n",
+                  static_cast<unsigned long long>(contend), hand_med, hand_p99);
+    }
   }
   if (!(rp_msg > 0 && d_msg > 0 && rp_poll > 0 && d_poll > 0)) fail("a figure is not positive");
   return 0;
