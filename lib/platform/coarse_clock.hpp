@@ -10,7 +10,8 @@
 // Linux (libstdc++'s steady_clock is CLOCK_MONOTONIC), truncated to the
 // tick: never ahead of steady_clock::now() and behind it by less than one
 // tick (clock_getres reports it: 4 ms with CONFIG_HZ=250) while the kernel
-// ticks, which it does whenever a CPU runs something - the caller's does.
+// ticks, which it does whenever a CPU runs something - the caller's does
+// (a tick the hypervisor delays delays the coarse clock by as much).
 //
 // So a coarse reading is good enough to decide whether a deadline *may*
 // have passed (then read the precise clock: reached()), as the start of a

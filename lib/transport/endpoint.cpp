@@ -52,8 +52,11 @@ constexpr auto kCoarseWaitMin = std::chrono::seconds(1);
 std::chrono::steady_clock::time_point wait_deadline(std::chrono::milliseconds timeout) noexcept {
   using platform::CoarseClock;
   if (timeout.count() <= 0) return std::chrono::steady_clock::now();
-  if (timeout >= kCoarseWaitMin) return CoarseClock::after(CoarseClock::now() + CoarseClock::tick(), timeout);
-  return CoarseClock::after(std::chrono::steady_clock::now(), timeout);
+  // Clamped so the conversion to the clock's nanoseconds cannot overflow.
+  constexpr std::chrono::milliseconds kForever = std::chrono::hours(24 * 365 * 100);
+  const CoarseClock::Duration span = std::min(timeout, kForever);
+  if (timeout >= kCoarseWaitMin) return CoarseClock::after(CoarseClock::now() + CoarseClock::tick(), span);
+  return CoarseClock::after(std::chrono::steady_clock::now(), span);
 }
 
 // Between retries with the mutex released: let the thread that holds or
