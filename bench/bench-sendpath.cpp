@@ -3,7 +3,7 @@
 // and the cost of one round of a spin-wait (Endpoint::progress() against an
 // empty fi_cq_read), on one thread, in thread CPU time.
 //
-//   bench-sendpath [--provider shm|tcp] [--iters N] [--reps R] [--sizes LIST] [--tagged] [--json]
+//   bench-sendpath [--provider shm|tcp] [--iters N] [--reps R] [--sizes LIST] [--tagged] [--contend N] [--json]
 //
 // --tagged adds the tagged rows: the same message through libfabric's
 // native matching (fi_trecv/fi_tsend, tag 1, on an endpoint opened with
@@ -27,6 +27,9 @@
 // Output per size: regpool ns/message, direct ns/message, the difference
 // (what regpool adds per message), the same for one spin-wait round, and
 // with --tagged the direct tagged and Messenger rows.
+// Then the lock hand-off: median and 99th percentile wall time of one
+// stats() call (it takes the endpoint's mutex) while a second thread spins
+// in progress() on the same endpoint (--contend N calls, 0 = skip).
 // Exit: 0; 1 a failure; 2 bad arguments; 77 the provider cannot be opened.
 
 #include <rdma/fabric.h>
@@ -311,6 +314,34 @@ class Regpool {
     });
     if (!t) fail("regpool: post_recv refused");
   }
+  // Lock hand-off: wall time of one stats() call on B (it takes B's mutex)
+  // while another thread spins in B->progress() with a receive in flight,
+  // as a progress thread with progress_idle_sleep 0 does. A spinner that
+  // retakes the mutex at once shuts the caller out for as long as the
+  // scheduler lets it. `lat` receives the n latencies in ns.
+  void contended_stats(std::uint64_t n, std::vector<double>& lat) {
+    start_pending();
+    std::atomic<bool> stop{false};
+    std::atomic<bool> spinning{false};
+    std::thread spinner([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+        (void)b_->progress();
+        spinning.store(true, std::memory_order_relaxed);
+      }
+    });
+    while (!spinning.load()) std::this_thread::yield();
+    lat.clear();
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      (void)b_->stats();
+      lat.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
+      // Let the spinner run alone between calls, as between a user's calls.
+      std::this_thread::sleep_for(50us);
+    }
+    stop = true;
+    spinner.join();
+    finish_pending();
+  }
   void finish_pending() {
     auto s = a_->send(peer_, out_, [this](const regpool::Completion& c) {
       if (c.status != regpool::Status::ok) fail("regpool: send failed");
@@ -404,8 +435,9 @@ int main(int argc, char** argv) {
   int reps = 5;
   std::vector<std::size_t> sizes{8};
   bool json = false, tagged = false;
+  std::uint64_t contend = 2000;
   const char* usage =
-      "usage: bench-sendpath [--provider shm|tcp] [--iters N] [--reps R] [--sizes LIST] [--tagged] [--json]\n";
+      "usage: bench-sendpath [--provider shm|tcp] [--iters N] [--reps R] [--sizes LIST] [--tagged] [--contend N] [--json]\n";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -425,6 +457,8 @@ int main(int argc, char** argv) {
       sizes = parse_sizes(value());
     } else if (a == "--tagged") {
       tagged = true;
+    } else if (a == "--contend") {
+      contend = std::strtoull(value().c_str(), nullptr, 10);
     } else if (a == "--json") {
       json = true;
     } else {
@@ -505,6 +539,20 @@ int main(int argc, char** argv) {
     }
     first = false;
   }
-  if (json) std::printf("]}\n");
+  double hand_med = 0, hand_p99 = 0;
+  if (contend > 0) {
+    std::vector<double> lat;
+    rp.contended_stats(contend, lat);
+    std::sort(lat.begin(), lat.end());
+    hand_med = lat[lat.size() / 2];
+    hand_p99 = lat[std::min(lat.size() - 1, lat.size() * 99 / 100)];
+  }
+  if (json) {
+    std::printf("],\"contended_lock_ns\":{\"calls\":%llu,\"median\":%.1f,\"p99\":%.1f}}\n",
+                static_cast<unsigned long long>(contend), hand_med, hand_p99);
+  } else if (contend > 0) {
+    std::printf("  stats() while another thread spins in progress() (wall time, %llu calls): median %.0f ns, p99 %.0f ns\n",
+                static_cast<unsigned long long>(contend), hand_med, hand_p99);
+  }
   return 0;
 }

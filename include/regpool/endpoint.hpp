@@ -185,7 +185,11 @@ struct EndpointConfig {
   //   deadline = (time the post was accepted) + op_timeout
   //              + length / min_bandwidth
   // (length in bytes; atomics count 8; the post's own would_block retries,
-  // bounded by post_timeout, come before and do not count).
+  // bounded by post_timeout, come before and do not count). The post time
+  // is read from the kernel's coarse clock rounded up by one tick (4 ms
+  // with HZ=250), and deadlines are checked once per tick while something
+  // polls: an op never times out before its deadline, and about two ticks
+  // after it at most (docs/progress.md, "Deadlines and the clock").
   std::chrono::milliseconds op_timeout{30000};
   // Receives usually wait for a peer to decide to send: unbounded by default.
   // When set, it scales with the receive buffer's length like op_timeout.
@@ -294,7 +298,9 @@ struct EndpointStats {
 };
 
 // Thread-safety: every public member may be called from any thread; calls
-// are serialised by an internal mutex (backends need not be thread-safe).
+// are serialised by an internal mutex (backends need not be thread-safe),
+// handed over fairly: a thread spinning in wait() or progress() lets a
+// thread blocked on the mutex have it before taking it again.
 // The mutex is never held while waiting: a post retrying after would_block,
 // expose(…, peer) waiting for a connection or a bind, and revoke() waiting
 // for an invalidate all release it between attempts. Callbacks run on the
@@ -372,7 +378,9 @@ class REGPOOL_API Endpoint {
   std::size_t progress() noexcept;
   // Block (progressing, or sleeping when the progress thread runs) until the
   // op completes or `timeout` passes (then status in_progress; the op goes
-  // on and may be waited for again).
+  // on and may be waited for again). Never returns before `timeout`; a
+  // timeout of 1 s or more may run up to one clock tick (4 ms) longer, as
+  // may quiesce()'s and progress_for()'s.
   Completion wait(Token token, std::chrono::milliseconds timeout) noexcept;
   // Progress until no user-visible operation is in flight other than posted
   // receives (ok) or `timeout` passes (Status::timeout).
@@ -561,6 +569,11 @@ class REGPOOL_API Endpoint {
   // Unlock, then destroy what was released under the mutex (bounded
   // batches, re-locking between them).
   void unlock_and_release(std::unique_lock<std::mutex>& lk) noexcept;
+  // Every acquisition of mutex_ goes through these: a thread that finds
+  // others blocked on it lets them have it first (endpoint.cpp, "Fair
+  // hand-off").
+  void lock_fair(std::unique_lock<std::mutex>& lk) const noexcept;
+  std::unique_lock<std::mutex> lock_fair() const noexcept;
   std::size_t poll_locked() noexcept;
   void expire_locked(Clock::time_point now) noexcept;
   void maybe_free_locked(std::uint32_t index) noexcept;
@@ -579,7 +592,10 @@ class REGPOOL_API Endpoint {
   // when activity_ moved past `seen` (a completion or a post since the
   // caller looked) or the backend has work pending.
   struct IdleState {
-    Clock::time_point since = Clock::now();  // last work seen
+    // Last work seen; unset (epoch) until the first idle() call, so a wait
+    // in spin mode, which never calls idle() past its first line, reads no
+    // clock for it.
+    Clock::time_point since{};
     std::uint32_t naps = 0;                  // consecutive sleeps (naps grow)
   };
   void idle(std::size_t work, Clock::time_point until, std::uint64_t seen, IdleState& st) noexcept;
@@ -618,6 +634,7 @@ class REGPOOL_API Endpoint {
   EndpointConfig config_;
   ExposureSupport support_;
   mutable std::mutex mutex_;
+  mutable std::atomic<std::uint32_t> lock_waiters_{0};  // threads blocked in lock_fair
   std::unique_ptr<Slot[]> slots_;
   std::vector<std::uint32_t> free_;      // stack of free slot indices, reserved
   std::vector<std::uint32_t> ready_;     // callback ops ready to deliver (ring)

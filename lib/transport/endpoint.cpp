@@ -2,6 +2,8 @@
 
 #include "regpool/endpoint_backend.hpp"
 
+#include "platform/coarse_clock.hpp"
+
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -28,6 +30,10 @@ constexpr auto kExpiryScanInterval = std::chrono::milliseconds(1);
 constexpr auto kAbandonScanInterval = std::chrono::milliseconds(20);
 // References released per unlock round (stack space of unlock_and_release).
 constexpr std::size_t kReleaseBatch = 32;
+// Yields at most before taking the mutex while other threads are blocked on
+// it (lock_fair): each is a sched_yield, well under a microsecond when the
+// core has nothing else to run.
+constexpr std::uint32_t kHandoffYields = 1024;
 // How long revoke() waits for a deferred revocation before leaving it parked.
 constexpr auto kRevokeConfirmWait = std::chrono::milliseconds(20);
 // Sleeping waits: the longest one sleep lasts (operation deadlines are
@@ -38,6 +44,23 @@ constexpr auto kNapMin = std::chrono::microseconds(16);
 constexpr auto kNapMax = std::chrono::microseconds(1000);
 
 bool needs_peer(OpKind k) noexcept { return k != OpKind::recv; }
+
+// Waits of at least this long start their deadline from the coarse clock
+// (up to one tick late, never early: under 0.4 % of the wait with a 4 ms
+// tick); shorter ones pay for a precise reading.
+constexpr auto kCoarseWaitMin = std::chrono::seconds(1);
+
+// The end of a wait of `timeout` starting now (saturating; a negative
+// timeout is a wait that has already ended).
+std::chrono::steady_clock::time_point wait_deadline(std::chrono::milliseconds timeout) noexcept {
+  using platform::CoarseClock;
+  if (timeout.count() <= 0) return std::chrono::steady_clock::now();
+  // Clamped so the conversion to the clock's nanoseconds cannot overflow.
+  constexpr std::chrono::milliseconds kForever = std::chrono::hours(24 * 365 * 100);
+  const CoarseClock::Duration span = std::min(timeout, kForever);
+  if (timeout >= kCoarseWaitMin) return CoarseClock::after(CoarseClock::now() + CoarseClock::tick(), span);
+  return CoarseClock::after(std::chrono::steady_clock::now(), span);
+}
 
 // Between retries with the mutex released: let the thread that holds or
 // wants it run first, then sleep briefly (growing to 1 ms) so a long wait
@@ -175,14 +198,14 @@ void Exposure::revoke() noexcept {
 // dropped under it are destroyed after unlocking.
 class Endpoint::Lock {
  public:
-  explicit Lock(Endpoint& ep) : ep_(ep), lk_(ep.mutex_) {}
+  explicit Lock(Endpoint& ep) : ep_(ep), lk_(ep.lock_fair()) {}
   ~Lock() {
     if (lk_.owns_lock()) ep_.unlock_and_release(lk_);
   }
   Lock(const Lock&) = delete;
   Lock& operator=(const Lock&) = delete;
   void unlock() noexcept { ep_.unlock_and_release(lk_); }
-  void relock() { lk_.lock(); }
+  void relock() { ep_.lock_fair(lk_); }
   std::unique_lock<std::mutex>& native() noexcept { return lk_; }
 
  private:
@@ -190,7 +213,45 @@ class Endpoint::Lock {
   std::unique_lock<std::mutex> lk_;
 };
 
+// Fair hand-off. std::mutex lets the thread that unlocks take the mutex
+// again at once, ahead of a thread that blocked on it: the blocked one is
+// woken by the kernel and needs microseconds to run, and a spinning loop
+// (wait(), a progress thread with progress_idle_sleep 0, a post retry)
+// relocks within nanoseconds. Such a loop used to leave a window by
+// accident - reading steady_clock (about 100 ns on kvm-clock) and building
+// 64 callback and slice objects outside the mutex every round - and with
+// those gone a thread calling expose(), revoke() or stats() on an endpoint
+// whose progress thread spins waited until the scheduler preempted the
+// spinner in the right place (99th percentile 10-23 ms at load 14:
+// bench-sendpath's contended figure, bench/RESULTS.md). So a thread that has to block counts itself in
+// lock_waiters_, and a thread that finds the count non-zero yields first
+// until those have taken the mutex (bounded by kHandoffYields, so a waiter
+// that is descheduled for long cannot stall it). Uncontended, this costs
+// one relaxed load per acquisition.
+void Endpoint::lock_fair(std::unique_lock<std::mutex>& lk) const noexcept {
+  if (lock_waiters_.load(std::memory_order_relaxed) != 0) {
+    for (std::uint32_t i = 0; i < kHandoffYields && lock_waiters_.load(std::memory_order_relaxed) != 0; ++i) {
+      std::this_thread::yield();
+    }
+  }
+  if (lk.try_lock()) return;
+  lock_waiters_.fetch_add(1, std::memory_order_relaxed);
+  lk.lock();
+  lock_waiters_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+std::unique_lock<std::mutex> Endpoint::lock_fair() const noexcept {
+  std::unique_lock<std::mutex> lk(mutex_, std::defer_lock);
+  lock_fair(lk);
+  return lk;
+}
+
 void Endpoint::unlock_and_release(std::unique_lock<std::mutex>& lk) noexcept {
+  if (release_count_ == 0 && release_list_ == kNoExposure) {
+    // The usual case: nothing to drop, so no batch to build.
+    lk.unlock();
+    return;
+  }
   for (;;) {
     bool more = false;
     {
@@ -285,7 +346,7 @@ void Endpoint::shutdown() noexcept {
   stopping_.store(true, std::memory_order_release);
   {
     // Sleepers (the progress thread among them) wake and see stopping_.
-    std::lock_guard<std::mutex> g(mutex_);
+    const auto g = lock_fair();
     ++activity_;
     wake_sleepers_locked();
   }
@@ -379,12 +440,12 @@ void Endpoint::remove_peer(PeerId peer) noexcept {
 }
 
 std::size_t Endpoint::peer_count() const noexcept {
-  std::lock_guard<std::mutex> g(mutex_);
+  const auto g = lock_fair();
   return static_cast<std::size_t>(std::count_if(peers_.begin(), peers_.end(), [](const Peer& p) { return p.used; }));
 }
 
 bool Endpoint::usable(PeerId peer) const noexcept {
-  std::lock_guard<std::mutex> g(mutex_);
+  const auto g = lock_fair();
   return usable() && peer < peers_.size() && peers_[peer].used && !peers_[peer].broken;
 }
 
@@ -910,7 +971,7 @@ void Endpoint::exposure_settled(std::uint64_t handle, Status status) noexcept {
 void Endpoint::revoke_deferred(std::uint64_t /*handle*/) noexcept { revoke_deferred_ = true; }
 
 ExposureStats Endpoint::exposure_stats() const noexcept {
-  std::lock_guard<std::mutex> g(mutex_);
+  const auto g = lock_fair();
   return exposure_stats_;
 }
 
@@ -1086,7 +1147,9 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
     maybe_free_locked(index);
     return reject(st);
   }
-  s.deadline = deadline_for(kind, length, Clock::now());
+  // A coarse reading plus one tick: never before the precise post time, at
+  // most one tick (4 ms here) after it, for a seventh of the cost.
+  s.deadline = deadline_for(kind, length, platform::CoarseClock::now() + platform::CoarseClock::tick());
   s.backend_owned = true;
   ++backend_owned_;
   posted_.fetch_add(1, std::memory_order_relaxed);
@@ -1114,13 +1177,14 @@ Endpoint::Clock::time_point Endpoint::deadline_for(OpKind kind, std::uint64_t le
 std::size_t Endpoint::poll_locked() noexcept {
   const std::size_t n = do_poll(config_.poll_batch);
   last_poll_events_ = n;
-  if (backend_owned_ > 0 || quarantine_head_ != kNoExposure) {
+  // Is a scan due? Asked of the coarse clock (a tick behind at most), so
+  // scans come every max(kExpiryScanInterval, one tick); the scan itself
+  // compares deadlines with the precise clock, so nothing expires early.
+  if ((backend_owned_ > 0 || quarantine_head_ != kNoExposure) && platform::CoarseClock::now() >= next_expiry_scan_) {
     const auto now = Clock::now();
-    if (now >= next_expiry_scan_) {
-      next_expiry_scan_ = now + kExpiryScanInterval;
-      if (backend_owned_ > 0) expire_locked(now);
-      expire_quarantine_locked(now);
-    }
+    next_expiry_scan_ = now + kExpiryScanInterval;
+    if (backend_owned_ > 0) expire_locked(now);
+    expire_quarantine_locked(now);
     if (backend_owned_ > 0 && now >= next_abandon_scan_) {
       next_abandon_scan_ = now + kAbandonScanInterval;
       abandon_all_locked();
@@ -1243,14 +1307,16 @@ std::size_t Endpoint::progress() noexcept {
 }
 
 std::size_t Endpoint::progress_counting(std::size_t& events) noexcept {
+  Lock g(*this);
+  if (!stopping_.load(std::memory_order_relaxed)) events += poll_locked();
   std::size_t delivered = 0;
-  for (;;) {
-    Callback cbs[kDeliverBatch];
-    Completion results[kDeliverBatch];
-    std::size_t k = 0;
+  // Most rounds of a spin-wait deliver nothing: the batch below is built
+  // only when there is something to deliver.
+  while (ready_count_ > 0) {
     {
-      Lock g(*this);
-      if (!stopping_.load(std::memory_order_relaxed)) events += poll_locked();
+      Callback cbs[kDeliverBatch];
+      Completion results[kDeliverBatch];
+      std::size_t k = 0;
       while (ready_count_ > 0 && k < kDeliverBatch) {
         const std::uint32_t index = ready_[ready_head_];
         ready_head_ = (ready_head_ + 1) % ready_.size();
@@ -1262,17 +1328,23 @@ std::size_t Endpoint::progress_counting(std::size_t& events) noexcept {
         s.user_pending = false;
         maybe_free_locked(index);
       }
+      // Callbacks run, and are destroyed (end of this block), without the
+      // mutex.
+      g.unlock();
+      for (std::size_t i = 0; i < k; ++i) {
+        if (cbs[i]) cbs[i](results[i]);
+      }
+      delivered += k;
+      if (k < kDeliverBatch) return delivered;
     }
-    for (std::size_t i = 0; i < k; ++i) {
-      if (cbs[i]) cbs[i](results[i]);
-    }
-    delivered += k;
-    if (k < kDeliverBatch) return delivered;
+    g.relock();
+    if (!stopping_.load(std::memory_order_relaxed)) events += poll_locked();
   }
+  return delivered;
 }
 
 std::uint64_t Endpoint::activity() const noexcept {
-  std::lock_guard<std::mutex> g(mutex_);
+  const auto g = lock_fair();
   return activity_;
 }
 
@@ -1286,6 +1358,7 @@ void Endpoint::wake_sleepers_locked() noexcept {
 void Endpoint::idle(std::size_t work, Clock::time_point until, std::uint64_t seen, IdleState& st) noexcept {
   if (!sleeps()) return;
   const auto now = Clock::now();
+  if (st.since == Clock::time_point{}) st.since = now;  // the first idle round
   if (work > 0) {
     st.since = now;
     st.naps = 0;
@@ -1297,7 +1370,7 @@ void Endpoint::idle(std::size_t work, Clock::time_point until, std::uint64_t see
   int fd = -1;
   {
     // Arming never completes anything, so nothing is released here.
-    std::lock_guard<std::mutex> g(mutex_);
+    const auto g = lock_fair();
     if (stopping_.load(std::memory_order_relaxed) || activity_ != seen || ready_count_ > 0) return;
     if (!do_arm(max_sleep)) return;
     fd = do_wait_fd();
@@ -1323,7 +1396,7 @@ void Endpoint::idle(std::size_t work, Clock::time_point until, std::uint64_t see
   pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {fd, POLLIN, 0}};
   (void)::ppoll(fds, fd >= 0 ? 2 : 1, &ts, nullptr);
   sleeps_.fetch_add(1, std::memory_order_relaxed);
-  std::lock_guard<std::mutex> g(mutex_);
+  const auto g = lock_fair();
   --sleepers_;
 }
 
@@ -1332,7 +1405,7 @@ Completion Endpoint::wait(Token token, std::chrono::milliseconds timeout) noexce
   const std::uint32_t gen = static_cast<std::uint32_t>(token.value >> 32);
   Completion bad{token, OpKind::put, Status::invalid_argument, kAnyPeer, 0, 0};
   if (!token || index >= config_.max_in_flight) return bad;
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = wait_deadline(timeout);
   const bool threaded = impl_->progress_thread.joinable();
   IdleState idle_state;
   for (;;) {
@@ -1347,7 +1420,7 @@ Completion Endpoint::wait(Token token, std::chrono::milliseconds timeout) noexce
         maybe_free_locked(index);
         return c;
       }
-      if (Clock::now() >= deadline) {
+      if (platform::CoarseClock::reached(deadline)) {
         Completion c = s.result;
         c.status = Status::in_progress;
         return c;
@@ -1369,7 +1442,7 @@ Completion Endpoint::wait(Token token, std::chrono::milliseconds timeout) noexce
 }
 
 Status Endpoint::quiesce(std::chrono::milliseconds timeout) noexcept {
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = wait_deadline(timeout);
   IdleState idle_state;
   for (;;) {
     std::size_t events = 0;
@@ -1385,7 +1458,7 @@ Status Endpoint::quiesce(std::chrono::milliseconds timeout) noexcept {
       if (!busy) return Status::ok;
       seen = activity_;
     }
-    if (Clock::now() >= deadline) return Status::timeout;
+    if (platform::CoarseClock::reached(deadline)) return Status::timeout;
     if (impl_->progress_thread.joinable()) {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     } else {
@@ -1397,9 +1470,9 @@ Status Endpoint::quiesce(std::chrono::milliseconds timeout) noexcept {
 }
 
 void Endpoint::progress_for(std::chrono::milliseconds duration) noexcept {
-  const auto deadline = Clock::now() + duration;
+  const auto deadline = wait_deadline(duration);
   IdleState idle_state;
-  while (Clock::now() < deadline) {
+  while (!platform::CoarseClock::reached(deadline)) {
     if (impl_->progress_thread.joinable()) {
       std::this_thread::sleep_for(std::min<Clock::duration>(deadline - Clock::now(), std::chrono::milliseconds(1)));
     } else {
@@ -1458,7 +1531,7 @@ EndpointStats Endpoint::stats() const noexcept {
   st.abandoned = abandoned_.load(std::memory_order_relaxed);
   st.stale_completions = stale_completions_.load(std::memory_order_relaxed);
   st.sleeps = sleeps_.load(std::memory_order_relaxed);
-  std::lock_guard<std::mutex> g(mutex_);
+  const auto g = lock_fair();
   st.in_flight = backend_owned_;
   return st;
 }

@@ -1,5 +1,6 @@
 #include "regpool/fabric_endpoint.hpp"
 
+#include "platform/coarse_clock.hpp"
 #include "transport/fabric_shm.hpp"
 #include "transport/fabric_wire.hpp"
 #include "transport/wire_le.hpp"
@@ -1120,7 +1121,10 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
 std::size_t FabricEndpoint::do_poll(std::size_t max) noexcept {
   std::size_t events = 0;
   if (shm_) {
-    const auto now = std::chrono::steady_clock::now();
+    // Every poll asks whether the peer check is due: the coarse clock is
+    // enough for that (the check comes at most one tick late, against a
+    // default interval of 50 ms and a death bound of seconds).
+    const auto now = platform::CoarseClock::now();
     if (options_.peer_check_interval.count() > 0 && now >= next_peer_check_) {
       next_peer_check_ = now + options_.peer_check_interval;
       shm_check_peers(now);
@@ -1328,7 +1332,10 @@ bool FabricEndpoint::shm_peer_gone(std::uint64_t handle) noexcept {
   PeerAddr& p = peers_[handle];
   if (!p.used || p.pid == 0) return false;
   if (!p.dead && options_.peer_check_interval.count() > 0) {
-    const auto now = std::chrono::steady_clock::now();
+    // A rate limit for the pid check on the post path: the coarse clock
+    // makes it one check per tick at most (the periodic check in do_poll
+    // bounds how late a death is seen).
+    const auto now = platform::CoarseClock::now();
     if (now - p.checked >= std::chrono::milliseconds(1)) {
       p.checked = now;
       p.dead = !fabric_shm::process_alive(p.pid);
@@ -1364,7 +1371,6 @@ Status FabricEndpoint::shm_peer_gate(std::uint64_t handle, bool ctrl) noexcept {
 
 bool FabricEndpoint::shm_region_blocked(OwnRegion& r) noexcept {
   if (!r.lock) return false;
-  const auto now = std::chrono::steady_clock::now();
   if (!r.lock->held()) {
     if (r.held) {
       r.held = false;
@@ -1374,6 +1380,8 @@ bool FabricEndpoint::shm_region_blocked(OwnRegion& r) noexcept {
     return false;
   }
   lock_skips_.fetch_add(1, std::memory_order_relaxed);
+  // Held (rare): only now is the time needed, precisely, for the patience.
+  const auto now = std::chrono::steady_clock::now();
   if (!r.held) {
     // Held at this look; a live holder lets go within one post of its own.
     r.held = true;
