@@ -641,6 +641,14 @@ class REGPOOL_API Endpoint {
   std::size_t ready_head_ = 0;
   std::size_t ready_count_ = 0;
   std::vector<Peer> peers_;
+  // Backend handle -> the used, non-settling peer holding it (the lowest
+  // PeerId when several share one), kAnyPeer otherwise: a completion finds
+  // its sender in O(1). Maintained wherever a peer's used, settling or
+  // handle changes; grown only when a larger handle first appears (handles
+  // are small indices, endpoint_backend.hpp).
+  std::vector<PeerId> peer_by_handle_;
+  bool index_peer_locked(PeerId peer) noexcept;  // false: handle too large or out of memory
+  void unindex_peer_locked(PeerId peer) noexcept;
   std::vector<std::uint32_t> releases_;  // slots whose Slice awaits release (ring)
   std::size_t release_head_ = 0;
   std::size_t release_count_ = 0;

@@ -43,8 +43,11 @@
 //   std::vector<std::byte> do_name() const  address blob peers insert (setup:
 //                                           may throw Error).
 //   std::uint64_t do_insert_peer(bytes)     make a peer addressable; returns
-//                                           the backend's handle for it
-//                                           (fi_addr_t, QP index...); setup:
+//                                           the backend's handle for it, a
+//                                           small index (peers_ slot, QP
+//                                           index...; the base maps handles
+//                                           to peers through a table indexed
+//                                           by them, below 2^24); setup:
 //                                           throws Error on failure.
 //   void do_remove_peer(handle)             forget a peer (noexcept).
 //   Result<std::uint64_t> do_reconnect(peer, handle, name)

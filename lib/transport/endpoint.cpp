@@ -408,24 +408,78 @@ PeerId Endpoint::insert_peer(std::span<const std::byte> name) {
   p.name.assign(name.begin(), name.end());
   p.handle = do_insert_peer(name);
   p.used = true;
+  const std::uint64_t handle = p.handle;
+  std::size_t id = peers_.size();
   for (std::size_t i = 0; i < peers_.size(); ++i) {
     if (!peers_[i].used) {
-      peers_[i] = std::move(p);
-      return static_cast<PeerId>(i);
+      id = i;
+      break;
     }
   }
-  if (peers_.size() >= kAnyPeer) {
-    do_remove_peer(p.handle);
+  if (id >= kAnyPeer) {
+    do_remove_peer(handle);
     throw Error(Status::invalid_argument, 0, "endpoint: too many peers");
   }
-  peers_.push_back(std::move(p));
-  return static_cast<PeerId>(peers_.size() - 1);
+  try {
+    if (id == peers_.size()) {
+      peers_.push_back(std::move(p));
+    } else {
+      peers_[id] = std::move(p);
+    }
+  } catch (...) {
+    do_remove_peer(handle);
+    throw Error(Status::out_of_memory, 0, "endpoint: out of memory inserting a peer");
+  }
+  if (!index_peer_locked(static_cast<PeerId>(id))) {
+    do_remove_peer(handle);
+    peers_[id].used = false;
+    peers_[id].name.clear();
+    throw Error(Status::out_of_memory, 0,
+                "endpoint: cannot index peer handle " + std::to_string(handle) +
+                    " (out of memory, or the backend's handle is not a small index)");
+  }
+  return static_cast<PeerId>(id);
+}
+
+bool Endpoint::index_peer_locked(PeerId peer) noexcept {
+  // Handles are small indices (endpoint_backend.hpp): a table indexed by
+  // them stays small, and grows (here, rarely) only when a handle larger
+  // than any seen before appears.
+  constexpr std::uint64_t kMaxHandle = std::uint64_t{1} << 24;
+  const std::uint64_t h = peers_[peer].handle;
+  if (h >= kMaxHandle) return false;
+  if (h >= peer_by_handle_.size()) {
+    try {
+      peer_by_handle_.resize(std::max<std::size_t>(h + 1, 2 * peer_by_handle_.size()), kAnyPeer);
+    } catch (...) {
+      return false;
+    }
+  }
+  PeerId& e = peer_by_handle_[h];
+  if (e == kAnyPeer || e > peer) e = peer;
+  return true;
+}
+
+void Endpoint::unindex_peer_locked(PeerId peer) noexcept {
+  const std::uint64_t h = peers_[peer].handle;
+  if (h >= peer_by_handle_.size() || peer_by_handle_[h] != peer) return;
+  // Two peers may share a handle (a backend adopting one connection for
+  // both): the next lowest one takes over. Setup and reconnect paths only.
+  PeerId next = kAnyPeer;
+  for (std::size_t i = 0; i < peers_.size() && next == kAnyPeer; ++i) {
+    const Peer& q = peers_[i];
+    if (i != peer && q.used && !q.settling && q.handle == h) next = static_cast<PeerId>(i);
+  }
+  peer_by_handle_[h] = next;
 }
 
 void Endpoint::remove_peer(PeerId peer) noexcept {
   Lock g(*this);
   if (peer >= peers_.size() || !peers_[peer].used) return;
-  if (!peers_[peer].settling) do_remove_peer(peers_[peer].handle);
+  if (!peers_[peer].settling) {
+    unindex_peer_locked(peer);
+    do_remove_peer(peers_[peer].handle);
+  }
   peers_[peer].settling = false;
   peers_[peer].used = false;
   peers_[peer].broken = false;
@@ -476,19 +530,26 @@ Status Endpoint::reconnect(PeerId peer) noexcept {
     // shutdown). Waiting here would hold the mutex that progress needs, so
     // the peer re-enters the address table on the first post after the
     // settle time (peer_ready_locked) and posts meanwhile retry.
-    if (!p.settling) do_remove_peer(p.handle);
+    if (!p.settling) {
+      unindex_peer_locked(peer);
+      do_remove_peer(p.handle);
+    }
     p.settling = true;
     p.settle_until = Clock::now() + settle;
     p.broken = false;
     reconnects_.fetch_add(1, std::memory_order_relaxed);
     return Status::ok;
   }
+  if (!p.settling) unindex_peer_locked(peer);
   auto r = do_reconnect(peer, p.handle, p.name);
+  if (r) p.handle = *r;
+  // A failed reconnect leaves the peer (broken) on its old handle, as it
+  // was; its index entry was at most as large as before, so this cannot fail.
+  if (!p.settling && !index_peer_locked(peer)) r = Status::out_of_memory;
   if (!r) {
     p.broken = true;
     return r.status();
   }
-  p.handle = *r;
   p.broken = false;
   reconnects_.fetch_add(1, std::memory_order_relaxed);
   return Status::ok;
@@ -1013,16 +1074,22 @@ Status Endpoint::peer_ready_locked(PeerId peer) noexcept {
   if (!p.settling) return Status::ok;
   if (Clock::now() < p.settle_until) return Status::would_block;
   p.settling = false;
+  Status st = Status::ok;
   try {
     p.handle = do_insert_peer(p.name);
-    return Status::ok;
   } catch (const Error& e) {
     p.broken = true;
-    return e.status() == Status::ok ? Status::transport_error : e.status();
+    st = e.status() == Status::ok ? Status::transport_error : e.status();
   } catch (...) {
     p.broken = true;
-    return Status::transport_error;
+    st = Status::transport_error;
   }
+  // A failed insert leaves the peer (broken) on its stale handle, as before.
+  if (!index_peer_locked(peer) && st == Status::ok) {
+    p.broken = true;
+    st = Status::out_of_memory;
+  }
+  return st;
 }
 
 Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
@@ -1272,10 +1339,7 @@ void Endpoint::fail_peer_ops(PeerId peer, Status st) noexcept {
 }
 
 PeerId Endpoint::peer_for_handle(std::uint64_t handle) const noexcept {
-  for (std::size_t i = 0; i < peers_.size(); ++i) {
-    if (peers_[i].used && !peers_[i].settling && peers_[i].handle == handle) return static_cast<PeerId>(i);
-  }
-  return kAnyPeer;
+  return handle < peer_by_handle_.size() ? peer_by_handle_[handle] : kAnyPeer;
 }
 
 std::uint32_t Endpoint::index_of_context(const void* context) const noexcept {

@@ -51,6 +51,8 @@ static_assert(fabric_wire::kOpCompareSwap == static_cast<std::uint8_t>(OpKind::c
 static_assert(fabric_wire::kMaxStatus == static_cast<std::uint8_t>(Status::transport_error));
 
 constexpr std::uint32_t kNoEntry = ~std::uint32_t{0};
+// FI_AV_TABLE addresses are indices; one beyond this is no table index.
+constexpr std::uint64_t kMaxTableAddr = std::uint64_t{1} << 24;
 // Overflow area behind every receive on tcp;ofi_rxm (see do_recv): above
 // rxm's eager limit (FI_OFI_RXM_BUFFER_SIZE, 16 KiB by default) with room.
 constexpr std::size_t kRecvOverflowBytes = std::size_t{64} << 10;
@@ -488,18 +490,22 @@ std::uint64_t FabricEndpoint::do_insert_peer(std::span<const std::byte> name) {
     }
   }
   try {
-    // FI_AV_TABLE addresses are small indices; anything else is looked up
-    // by a scan (peer_of_addr).
-    if (a < (std::uint64_t{1} << 20)) {
-      if (handle_by_addr_.size() <= a) handle_by_addr_.resize(a + 1, kNoEntry);
-      handle_by_addr_[a] = static_cast<std::uint32_t>(handle);
-    }
+    // FI_AV_TABLE addresses are small indices: a table indexed by them
+    // maps a receive's source to its peer in O(1) (peer_of_addr).
+    if (a >= kMaxTableAddr) throw Error(Status::transport_error, -FI_EINVAL, "fi_av_insert gave no table index");
+    if (handle_by_addr_.size() <= a) handle_by_addr_.resize(a + 1, kNoEntry);
+    handle_by_addr_[a] = static_cast<std::uint32_t>(handle);
     if (handle == peers_.size()) peers_.emplace_back();
   } catch (...) {
     (void)fi_av_remove(av_, &a, 1, 0);
     if (has_ctrl) {
       fi_addr_t c = p.ctrl;
       (void)fi_av_remove(ctrl_av_, &c, 1, 0);
+    }
+    if (a >= kMaxTableAddr) {
+      throw Error(Status::transport_error, -FI_EINVAL,
+                  "fabric endpoint: fi_av_insert returned address " + std::to_string(a) +
+                      ", not a small FI_AV_TABLE index");
     }
     throw Error(Status::out_of_memory, -FI_ENOMEM, "fabric endpoint: out of memory inserting a peer");
   }
@@ -512,14 +518,10 @@ PeerId FabricEndpoint::peer_of_addr(std::uint64_t addr) const noexcept {
   // entry for our own address, which shm 1.17 reports as fi_addr 0 for any
   // sender it cannot map) is an unknown sender.
   if (addr == FI_ADDR_NOTAVAIL || addr == self_addr_) return kAnyPeer;
-  if (addr < handle_by_addr_.size()) {
-    const std::uint32_t h = handle_by_addr_[addr];
-    return h == kNoEntry ? kAnyPeer : peer_for_handle(h);
-  }
-  for (std::size_t i = 0; i < peers_.size(); ++i) {
-    if (peers_[i].used && peers_[i].data == addr) return peer_for_handle(i);
-  }
-  return kAnyPeer;
+  // Every inserted address is in handle_by_addr_ (do_insert_peer).
+  if (addr >= handle_by_addr_.size()) return kAnyPeer;
+  const std::uint32_t h = handle_by_addr_[addr];
+  return h == kNoEntry ? kAnyPeer : peer_for_handle(h);
 }
 
 void FabricEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
