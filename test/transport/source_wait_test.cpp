@@ -48,6 +48,49 @@ regpool::EndpointConfig sender_config() {
   return c;
 }
 
+// What the receiver saw: per sending rank (a message's high word) how many
+// arrived, how many named the right peer, and messages from no valid rank.
+struct SourceCount {
+  std::uint64_t named_right = 0;
+  std::uint64_t bad_rank = 0;
+  std::vector<std::uint64_t> per_rank;
+};
+
+// Receives `total` messages of ranks 1..senders through `recvs` receives
+// reposted in turn (posted before the barrier that lets the senders go),
+// checking each against id_of[rank].
+SourceCount receive_all(rpt::Stack& s, regpool::TcpBootstrap& boot, std::size_t recvs, std::uint64_t total,
+                        int senders, const std::vector<PeerId>& id_of) {
+  auto buf = s.alloc(recvs * kMsg);
+  std::vector<regpool::Token> tokens(recvs);
+  auto post = [&](std::size_t k) {
+    auto t = s.ep->post_recv(rpt::slice_or_die(Slice::data(buf, k * kMsg, kMsg)));
+    REQUIRE(t.ok());
+    tokens[k] = *t;
+  };
+  for (std::size_t k = 0; k < recvs; ++k) post(k);
+  boot.barrier(60s);
+  SourceCount out;
+  out.per_rank.assign(id_of.size(), 0);
+  std::uint64_t received = 0;
+  for (std::size_t k = 0; received < total; k = (k + 1) % recvs) {
+    const Completion c = s.ep->wait(tokens[k], 60s);
+    REQUIRE(c.status == Status::ok);
+    ++received;
+    std::uint64_t word = 0;
+    std::memcpy(&word, buf.data().data() + k * kMsg, 8);
+    const auto rank = static_cast<std::size_t>(word >> 32);
+    if (rank < 1 || rank > static_cast<std::size_t>(senders) || rank >= id_of.size()) {
+      ++out.bad_rank;
+    } else {
+      ++out.per_rank[rank];
+      if (c.peer == id_of[rank]) ++out.named_right;
+    }
+    if (received + recvs <= total) post(k);
+  }
+  return out;
+}
+
 // Child `rank` (1..n): insert the receiver, send `count` messages carrying
 // the rank, then wait at the barrier.
 int run_sender(const std::string& prov, std::uint16_t port, int rank, int size, std::uint64_t count) {
@@ -88,38 +131,11 @@ TEST_CASE("every receive names the inserted peer that sent it", "[fabric][source
   auto all = boot->allgather(s.ep->name(), 30s);
   std::vector<PeerId> id_of(kSize, regpool::kAnyPeer);
   for (int r = 1; r <= kSenders; ++r) id_of[static_cast<std::size_t>(r)] = s.ep->insert_peer(all[static_cast<std::size_t>(r)]);
-  constexpr std::size_t kRecvs = 32;
-  auto buf = s.alloc(kRecvs * kMsg);
-  std::vector<regpool::Token> tokens(kRecvs);
-  auto post = [&](std::size_t k) {
-    auto t = s.ep->post_recv(rpt::slice_or_die(Slice::data(buf, k * kMsg, kMsg)));
-    REQUIRE(t.ok());
-    tokens[k] = *t;
-  };
-  for (std::size_t k = 0; k < kRecvs; ++k) post(k);
-  boot->barrier(60s);
-
-  std::uint64_t received = 0, named_right = 0, bad_rank = 0;
-  std::vector<std::uint64_t> per_rank(kSize, 0);
   const std::uint64_t total = kSenders * kPerSender;
-  for (std::size_t k = 0; received < total; k = (k + 1) % kRecvs) {
-    const Completion c = s.ep->wait(tokens[k], 60s);
-    REQUIRE(c.status == Status::ok);
-    ++received;
-    std::uint64_t word = 0;
-    std::memcpy(&word, buf.data().data() + k * kMsg, 8);
-    const auto rank = static_cast<std::size_t>(word >> 32);
-    if (rank < 1 || rank > static_cast<std::size_t>(kSenders)) {
-      ++bad_rank;
-    } else {
-      ++per_rank[rank];
-      if (c.peer == id_of[rank]) ++named_right;
-    }
-    if (received + kRecvs <= total) post(k);
-  }
-  CHECK(bad_rank == 0);
-  CHECK(named_right == total);
-  for (int r = 1; r <= kSenders; ++r) CHECK(per_rank[static_cast<std::size_t>(r)] == kPerSender);
+  const SourceCount got = receive_all(s, *boot, 32, total, kSenders, id_of);
+  CHECK(got.bad_rank == 0);
+  CHECK(got.named_right == total);
+  for (int r = 1; r <= kSenders; ++r) CHECK(got.per_rank[static_cast<std::size_t>(r)] == kPerSender);
   CHECK(s.ep->stats().unknown_source == 0);
   boot->barrier(120s);
   for (auto& k : kids) CHECK(rpt::reap(k, 60s) == 0);
@@ -174,34 +190,11 @@ TEST_CASE("receive sources stay right after many peers are inserted, removed and
     for (int q = r + 1; q <= kSenders; ++q) CHECK(id_of[static_cast<std::size_t>(r)] != id_of[static_cast<std::size_t>(q)]);
   }
 
-  constexpr std::size_t kRecvs = 16;
-  auto buf = s.alloc(kRecvs * kMsg);
-  std::vector<regpool::Token> tokens(kRecvs);
-  auto post = [&](std::size_t k) {
-    auto t = s.ep->post_recv(rpt::slice_or_die(Slice::data(buf, k * kMsg, kMsg)));
-    REQUIRE(t.ok());
-    tokens[k] = *t;
-  };
-  for (std::size_t k = 0; k < kRecvs; ++k) post(k);
-  boot->barrier(60s);
-  std::uint64_t received = 0, named_right = 0;
-  std::vector<std::uint64_t> per_rank(kSize, 0);
   const std::uint64_t total = kSenders * kEach;
-  for (std::size_t k = 0; received < total; k = (k + 1) % kRecvs) {
-    const Completion c = s.ep->wait(tokens[k], 60s);
-    REQUIRE(c.status == Status::ok);
-    ++received;
-    std::uint64_t word = 0;
-    std::memcpy(&word, buf.data().data() + k * kMsg, 8);
-    const auto rank = static_cast<std::size_t>(word >> 32);
-    REQUIRE(rank >= 1);
-    REQUIRE(rank <= static_cast<std::size_t>(kSenders));
-    ++per_rank[rank];
-    if (c.peer == id_of[rank]) ++named_right;
-    if (received + kRecvs <= total) post(k);
-  }
-  CHECK(named_right == total);
-  for (int r = 1; r <= kSenders; ++r) CHECK(per_rank[static_cast<std::size_t>(r)] == kEach);
+  const SourceCount got = receive_all(s, *boot, 16, total, kSenders, id_of);
+  CHECK(got.bad_rank == 0);
+  CHECK(got.named_right == total);
+  for (int r = 1; r <= kSenders; ++r) CHECK(got.per_rank[static_cast<std::size_t>(r)] == kEach);
   CHECK(s.ep->stats().unknown_source == 0);
   boot->barrier(120s);
   for (auto& k : kids) CHECK(rpt::reap(k, 60s) == 0);
