@@ -357,6 +357,17 @@ bool readable(int fd, std::chrono::milliseconds bound) {
   return ::poll(&p, 1, static_cast<int>(bound.count())) == 1;
 }
 
+// Serves until a child says through `fd` that it is ready.
+bool serve_until_ready(KillServer& srv, int fd, std::chrono::milliseconds bound) {
+  bool is_ready = false;
+  return srv.run_until(
+      [&] {
+        if (!is_ready) is_ready = readable(fd, 0ms);
+        return is_ready;
+      },
+      bound);
+}
+
 }  // namespace
 
 TEST_CASE("a client killed mid-put, mid-get, mid-send or holding an exposure: died within the bound, the others "
@@ -379,13 +390,7 @@ TEST_CASE("a client killed mid-put, mid-get, mid-send or holding an exposure: di
   REQUIRE(srv.run_until([&] { return srv.pings[1] >= 3; }, 60s));
 
   auto victim = rpt::spawn([&] { return victim_main(backend, port, what, ready[1], 0); }, 200);
-  bool is_ready = false;
-  REQUIRE(srv.run_until(
-      [&] {
-        if (!is_ready) is_ready = readable(ready[0], 0ms);
-        return is_ready;
-      },
-      60s));
+  REQUIRE(serve_until_ready(srv, ready[0], 60s));
   const auto* vj = srv.find(PeerEventKind::joined, 2);
   REQUIRE(vj != nullptr);
   const PeerEvent victim_joined = vj->ev;
@@ -625,13 +630,7 @@ TEST_CASE("clients killed with the server's large sends in flight: slots and obj
     int ready[2];
     REQUIRE(::pipe(ready) == 0);
     auto sink = rpt::spawn([&] { return sink_main(backend, port, ready[1]); }, 200);
-    bool is_ready = false;
-    REQUIRE(srv.run_until(
-        [&] {
-          if (!is_ready) is_ready = readable(ready[0], 0ms);
-          return is_ready;
-        },
-        60s));
+    REQUIRE(serve_until_ready(srv, ready[0], 60s));
     ::close(ready[0]);
     ::close(ready[1]);
     // The newest member with client id 3.
