@@ -96,7 +96,8 @@ class REGPOOL_API Aggregator {
   // (deadline, sends refused earlier). The broken status, else ok.
   Status progress() noexcept;
   // flush(), then progress until every batch has been sent (completed), or
-  // `timeout` (timeout).
+  // `timeout` (timeout: only ever this call's own deadline; a send the
+  // endpoint expired at op_timeout breaks the channel as peer_unreachable).
   Status drain(std::chrono::milliseconds timeout) noexcept;
 
   std::size_t max_record() const noexcept;

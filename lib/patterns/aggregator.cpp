@@ -6,14 +6,15 @@
 #include <vector>
 
 #include "patterns/aggregate_wire.hpp"
+#include "patterns/done_flag.hpp"
 
 namespace regpool {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr std::uint8_t kPending = 0;
-std::uint8_t done_value(Status s) noexcept { return static_cast<std::uint8_t>(static_cast<std::uint8_t>(s) + 1); }
-Status done_status(std::uint8_t v) noexcept { return static_cast<Status>(v - 1); }
+using patterns::done_status;
+using patterns::done_value;
+using patterns::kPending;
 constexpr std::uint32_t kMinBatch = 32;
 
 // What the endpoint's callbacks write (on whatever thread progresses) and

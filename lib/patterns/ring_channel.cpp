@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "patterns/done_flag.hpp"
 #include "patterns/ring_wire.hpp"
 
 namespace regpool {
@@ -19,22 +20,10 @@ using ring::kControlBytes;
 using ring::kHeaderBytes;
 using ring::kWordBytes;
 
-// Completion of one put, written by the endpoint's callback (on whatever
-// thread runs progress) and read by the channel's owner: 0 = in flight,
-// else the Status + 1.
-using DoneFlag = std::atomic<std::uint8_t>;
-constexpr std::uint8_t kPending = 0;
-// A put the endpoint gave up on (timeout: no answer within
-// EndpointConfig::op_timeout, and the endpoint marks the peer broken) breaks
-// the channel as peer_unreachable: push() and drain() answer timeout for
-// their own deadline, and their caller must tell "no room yet" from "the
-// peer is gone". On verbs (rxe) a write to a killed process's QP never
-// completes at all, so the endpoint's expiry is the only report there.
-std::uint8_t done_value(Status s) noexcept {
-  if (s == Status::timeout) s = Status::peer_unreachable;
-  return static_cast<std::uint8_t>(static_cast<std::uint8_t>(s) + 1);
-}
-Status done_status(std::uint8_t v) noexcept { return static_cast<Status>(v - 1); }
+using patterns::done_status;
+using patterns::done_value;
+using patterns::DoneFlag;
+using patterns::kPending;
 
 std::uint32_t random_nonce() {
   std::uint32_t v = 0;
