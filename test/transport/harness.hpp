@@ -146,6 +146,10 @@ inline const std::vector<std::string>& backends() {
 inline bool checks_remote_keys(const std::string& backend) { return backend != "shm"; }
 // fetch_add/compare_swap run on the NIC/provider rather than emulated.
 inline bool expects_native_atomics(const std::string& backend) { return backend == "shm" || backend == "verbs"; }
+// A live peer removed and inserted again needs nothing from that peer
+// (connectionless libfabric endpoints); on verbs the re-insert is a new RC
+// connection that the peer must take up while it progresses.
+inline bool reinsert_is_transparent(const std::string& backend) { return backend != "verbs"; }
 
 #if REGPOOL_HAVE_FABRIC
 inline regpool::FabricConfig fabric_config(const std::string& provider) {
