@@ -471,9 +471,12 @@ struct Side {
     regpool::PoolConfig pc;
     pc.name = name;
     // Room for the largest object (or a window of receive slots) in one
-    // arena, so nothing registers during the measurement.
-    pc.arena_size =
-        regpool::platform::round_up(c.span() + (std::uint64_t{4} << 20), regpool::platform::kHugePageSize);
+    // arena, so nothing registers during the measurement; --cold: the span
+    // and a largest-size buffer (put's read-back, the server's unused rx)
+    // share it, so a second span-sized arena is not prefaulted for them.
+    const std::uint64_t extra = c.cold_bytes != 0 ? c.max_size() : 0;
+    pc.arena_size = regpool::platform::round_up(c.span() + extra + (std::uint64_t{4} << 20),
+                                                regpool::platform::kHugePageSize);
     pc.prefault = true;
     pool = std::make_unique<regpool::Pool>(std::vector<std::shared_ptr<regpool::Domain>>{domain}, pc);
   }
@@ -829,8 +832,8 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
         (void)wait_ok(s, s.ep->send(peer, out), "send reply");
       }
       // Bandwidth: keep `window` receives posted (hot: into the same bytes;
-      // --cold: rotating over the slots), then check what landed and
-      // acknowledge the whole stream, the ack carrying the verdict.
+      // --cold: rotating over the slots), acknowledge the whole stream, then
+      // check what landed and send the verdict.
       const auto slots = slot_slices(rx_all, size, c.used_slots(size));
       std::memset(rx_all.bytes().data(), 0, slots.size() * size);  // what a stream that moved nothing leaves
       boot.barrier(kBootTimeout);
@@ -849,9 +852,11 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
           ++posted;
         }
       }
+      // The ack ends the client's timing; the check and its verdict follow.
+      (void)wait_ok(s, s.ep->send(peer, ctrl_slice), "send ack");
       const std::uint64_t verdict = first_bad_slot(rx_all, size, slots.size(), seed_of('s', size));
       std::memcpy(ctrl_slice.bytes().data(), &verdict, sizeof verdict);
-      (void)wait_ok(s, s.ep->send(peer, ctrl_slice), "send ack");
+      (void)wait_ok(s, s.ep->send(peer, ctrl_slice), "send verdict");
     }
   }
   if (c.tagged) serve_tagged(s, boot, c, peer, rx_all, ctrl_slice);
@@ -1148,11 +1153,15 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       set_latency(r, std::move(lat));
       // Bandwidth: a stream of the pattern (message k from slot k mod
       // slots, received into the server's slot of that number) closed by
-      // the server's ack, which carries its check of what landed.
+      // the server's ack; then, untimed, the server's verdict on what landed
+      // (both receives posted first; receives from one peer complete in
+      // posting order).
       fill_slots(all, size, slots.size(), seed_of('s', size));
       boot.barrier(kBootTimeout);
       const std::uint64_t n = c.bw_ops(size);
       auto ack = token_or_throw(s.ep->post_recv(ctrl_slice), "post_recv ack");
+      const Slice verdict_slice = must(check_all.select(0, kControlBytes), "verdict slice");
+      auto verdict = token_or_throw(s.ep->post_recv(verdict_slice), "post_recv verdict");
       std::uint64_t k = 0;
       const auto t0 = Clock::now();
       (void)windowed(
@@ -1161,8 +1170,10 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       auto a = wait_watching(s, ack, "send ack");
       if (a.status != Status::ok) op_failed(a.status, "send ack");
       const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+      auto v = wait_watching(s, verdict, "send verdict");
+      if (v.status != Status::ok) op_failed(v.status, "send verdict");
       std::uint64_t bad = 0;
-      std::memcpy(&bad, ctrl_slice.bytes().data(), sizeof bad);
+      std::memcpy(&bad, verdict_slice.bytes().data(), sizeof bad);
       if (bad != 0) r.error = bad_payload("send", size, bad, "the server's receive buffer");
       r.has_bandwidth = true;
       r.bw_ops = n;
