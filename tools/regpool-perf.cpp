@@ -31,8 +31,17 @@
 //             by both processes' domains while the server's loop ran (the
 //             server sends its count and its summary to the client over the
 //             TCP bootstrap; the client adds its own).
-// Payload bytes are not verified (regpool-demo and the transport tests do
-// that); a failed completion status is reported per op and size.
+// Buffers (perf_buffers.hpp): by default (hot) every operation of a
+// bandwidth test moves the same bytes, as fi_rma_bw and ib_write_bw do, so
+// the copy runs from cache to cache; --cold rotates put, get and send over
+// slots of a span of --cold-bytes (default 4x the last-level cache) on both
+// sides, so every operation reads and writes uncached memory.
+// Payload: put, get and send bandwidth tests move a pattern written before
+// timing and check it afterwards, outside the timed region (put: the client
+// gets every slot back; get: the client checks what landed; send: the server
+// checks its receive slots and answers in the ack); a mismatch fails the row
+// (exit 1) naming the op, size and slot. A failed completion status is
+// reported per op and size.
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -61,6 +70,7 @@
 #include "regpool/pool.hpp"
 #include "regpool/slice.hpp"
 #include "regpool_config.h"
+#include "perf_buffers.hpp"
 #include "perf_wire.hpp"
 #include "tool_common.hpp"
 
@@ -94,6 +104,15 @@ constexpr std::uint64_t kMaxWindow = 512;
 // size does not run --iters (1000) times.
 constexpr std::uint64_t kMaxBandwidthBytes = std::uint64_t{1} << 30;
 constexpr std::uint64_t kControlBytes = 8;
+// Bound on --cold-bytes (each side allocates and prefaults that much, the
+// client twice with --ops memcpy).
+constexpr std::uint64_t kMaxColdBytes = std::uint64_t{2} << 30;
+// The smallest default cold span, for machines that do not report a cache.
+constexpr std::uint64_t kMinColdBytes = std::uint64_t{256} << 20;
+// Pattern seeds: one per op, mixed with the size, and one the put latency
+// test leaves in slot 0, so a bandwidth test that moved nothing fails.
+std::uint64_t seed_of(char op, std::uint64_t size) { return (static_cast<std::uint64_t>(op) << 40) ^ size; }
+constexpr std::uint64_t kStaleSeed = 0x5757;
 constexpr int kWarmupOps = 8;
 constexpr auto kPhaseTimeout = 600s;  // bound on any one wait for the peer
 
@@ -118,11 +137,21 @@ void usage(std::FILE* to) {
       "  --sizes LIST     message sizes, comma-separated, suffixes K/M/G\n"
       "                   (default 8,4K,64K,1M)\n"
       "  --iters N        operations per latency test and per bandwidth test (default\n"
-      "                   1000; bandwidth tests move at most 1 GiB per size)\n"
+      "                   1000; bandwidth tests move at most 1 GiB per size, and with\n"
+      "                   --cold at least one operation per slot)\n"
       "  --window W       operations in flight in bandwidth tests (default 16, max 512)\n"
-      "  --ops LIST       put,get,send,atomic,expose,tagged or a subset (default all\n"
-      "                   but tagged: Messenger tagged send/receive, eager below the\n"
-      "                   threshold and rendezvous above, docs/messaging.md)\n"
+      "  --cold           put, get, send and memcpy bandwidth rotate over distinct\n"
+      "                   slots of --cold-bytes on each side, so no operation finds its\n"
+      "                   bytes in cache (default: hot, the same bytes every operation,\n"
+      "                   as fi_rma_bw does; on shm hot figures are cache-to-cache copies)\n"
+      "  --cold-bytes N   the span --cold rotates over (default 4x the last-level\n"
+      "                   cache, at least 256M, at most 2G; implies --cold)\n"
+      "  --ops LIST       put,get,send,atomic,expose,tagged,memcpy or a subset (default\n"
+      "                   all but tagged and memcpy: tagged is Messenger tagged\n"
+      "                   send/receive, eager below the threshold and rendezvous above,\n"
+      "                   docs/messaging.md; memcpy is a plain memcpy in the client of\n"
+      "                   each size, hot or cold as the rest, the reference for shm)\n"
+
       "  --tagged-threshold N  the Messenger's eager threshold for --ops tagged\n"
       "                   (default: the provider's measured default)\n"
       "  --expose-mode M  standard or scoped: the ExposureMode the expose test uses\n"
@@ -141,6 +170,8 @@ void usage(std::FILE* to) {
       "Bootstrap: with REGPOOL_BOOTSTRAP_KEY set (the same on server and client), the\n"
       "server admits only a client that proves the key, and the client checks that\n"
       "the server proves it too (docs/bootstrap.md).\n"
+      "Put, get, send and memcpy bandwidth tests check the bytes moved after timing\n"
+      "(a pattern written before timing); a mismatch fails the run naming op and size.\n"
       "Exit codes: 0 ok, 1 failure (setup error, peer lost, operation failed), 2 bad\n"
       "arguments.\n");
 }
@@ -162,6 +193,10 @@ struct Config {
   bool put = true, get = true, send = true, atomic = true, expose = true;
   // Messenger tagged send/receive (regpool/messaging.hpp); only when asked.
   bool tagged = false;
+  // A plain memcpy of each size in the client (the reference for shm).
+  bool memcpy = false;
+  // --cold: the span bandwidth tests rotate over on each side (0: hot).
+  std::uint64_t cold_bytes = 0;
   std::uint64_t tagged_threshold = 0;  // MessengerConfig::eager_threshold (0 = provider default)
   regpool::ExposureMode expose_mode = regpool::ExposureMode::standard;
   // How both sides wait for completions (EndpointConfig::wait_mode).
@@ -172,7 +207,7 @@ struct Config {
     std::ostringstream o;
     o << "provider=" << provider << "\nwait=" << regpool::to_string(wait) << "\niters=" << iters << "\nwindow=" << window << "\nops=" << (put ? "put," : "")
       << (get ? "get," : "") << (send ? "send," : "") << (atomic ? "atomic," : "") << (expose ? "expose," : "")
-      << (tagged ? "tagged," : "") << "\ntagged_threshold=" << tagged_threshold << "\nexpose_mode=" << regpool::to_string(expose_mode) << "\nsizes=";
+      << (tagged ? "tagged," : "") << (memcpy ? "memcpy," : "") << "\ncold_bytes=" << cold_bytes << "\ntagged_threshold=" << tagged_threshold << "\nexpose_mode=" << regpool::to_string(expose_mode) << "\nsizes=";
     for (std::size_t i = 0; i < sizes.size(); ++i) o << (i ? "," : "") << sizes[i];
     o << "\n";
     return o.str();
@@ -200,7 +235,9 @@ struct Config {
         c.atomic = v.find("atomic") != std::string::npos;
         c.expose = v.find("expose") != std::string::npos;
         c.tagged = v.find("tagged") != std::string::npos;
+        c.memcpy = v.find("memcpy") != std::string::npos;
       }
+      if (k == "cold_bytes") c.cold_bytes = std::strtoull(v.c_str(), nullptr, 10);
       if (k == "tagged_threshold") c.tagged_threshold = std::strtoull(v.c_str(), nullptr, 10);
       if (k == "expose_mode") {
         if (v == "scoped") {
@@ -214,16 +251,27 @@ struct Config {
         for (const auto& s : regpool_tools::split(v, ',')) c.sizes.push_back(std::strtoull(s.c_str(), nullptr, 10));
       }
     }
-    if (c.provider.empty() || c.iters == 0 || c.window == 0 || c.window > kMaxWindow || c.sizes.empty()) {
+    if (c.provider.empty() || c.iters == 0 || c.window == 0 || c.window > kMaxWindow || c.sizes.empty() ||
+        c.cold_bytes > kMaxColdBytes) {
       throw regpool::Error(Status::malformed, 0, "bad configuration from the client");
     }
     return c;
   }
   std::uint64_t max_size() const { return sizes.empty() ? 8 : std::max<std::uint64_t>(sizes.back(), 8); }
+  // Distinct buffers a bandwidth test of `size` rotates over (1: hot).
+  std::uint64_t slots(std::uint64_t size) const { return std::max<std::uint64_t>(cold_bytes / size, 1); }
+  // Slots a bandwidth test of `size` touches.
+  std::uint64_t used_slots(std::uint64_t size) const { return std::min(slots(size), bw_ops(size)); }
+  // Bytes of each side's buffer: the largest size, or the cold span.
+  std::uint64_t span() const { return std::max(max_size(), cold_bytes); }
   // Operations in a bandwidth test of `size` bytes (both sides compute it).
+  // --cold: at least one per slot, so the test covers the whole span and
+  // the pattern written before it (first slot first) has left the cache by
+  // the time an operation reaches its slot.
   std::uint64_t bw_ops(std::uint64_t size) const {
     const std::uint64_t cap = std::max<std::uint64_t>(kMaxBandwidthBytes / std::max<std::uint64_t>(size, 1), window);
-    return std::max<std::uint64_t>(std::min(iters, cap), 1);
+    const std::uint64_t n = std::max<std::uint64_t>(std::min(iters, cap), 1);
+    return cold_bytes != 0 ? std::max(n, slots(size)) : n;
   }
 };
 
@@ -242,6 +290,7 @@ struct Options {
 Options parse_args(int argc, char** argv, bool& help) {
   Options o;
   bool client_only_option = false;
+  bool cold = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     using regpool_tools::is_option;
@@ -296,6 +345,7 @@ Options parse_args(int argc, char** argv, bool& help) {
       client_only_option = true;
     } else if (is_option(a, "--ops")) {
       o.config.put = o.config.get = o.config.send = o.config.atomic = o.config.expose = o.config.tagged = false;
+      o.config.memcpy = false;
       for (const auto& op : regpool_tools::split(option_value(argc, argv, i, "--ops"), ',')) {
         if (op == "put") {
           o.config.put = true;
@@ -309,8 +359,10 @@ Options parse_args(int argc, char** argv, bool& help) {
           o.config.expose = true;
         } else if (op == "tagged") {
           o.config.tagged = true;
+        } else if (op == "memcpy") {
+          o.config.memcpy = true;
         } else {
-          throw UsageError("--ops: unknown operation '" + op + "' (put, get, send, atomic, expose, tagged)");
+          throw UsageError("--ops: unknown operation '" + op + "' (put, get, send, atomic, expose, tagged, memcpy)");
         }
       }
       client_only_option = true;
@@ -326,6 +378,15 @@ Options parse_args(int argc, char** argv, bool& help) {
         o.config.expose_mode = regpool::ExposureMode::scoped;
       } else {
         throw UsageError("--expose-mode: '" + m + "' is not standard or scoped");
+      }
+      client_only_option = true;
+    } else if (a == "--cold") {
+      cold = true;
+      client_only_option = true;
+    } else if (is_option(a, "--cold-bytes")) {
+      o.config.cold_bytes = regpool_tools::parse_size(option_value(argc, argv, i, "--cold-bytes"), "--cold-bytes");
+      if (o.config.cold_bytes == 0 || o.config.cold_bytes > kMaxColdBytes) {
+        throw UsageError("--cold-bytes: between 1 byte and " + format_size(kMaxColdBytes));
       }
       client_only_option = true;
     } else if (a == "--json") {
@@ -344,6 +405,10 @@ Options parse_args(int argc, char** argv, bool& help) {
         "the server takes provider, sizes, iterations, window, ops and expose mode from the client; give them there");
   }
   if (o.config.provider.empty()) o.config.provider = o.mode == Mode::loopback ? "shm" : "tcp";
+  if (cold && o.config.cold_bytes == 0) {
+    o.config.cold_bytes =
+        std::clamp<std::uint64_t>(4 * regpool_tools::last_level_cache_bytes(), kMinColdBytes, kMaxColdBytes);
+  }
   return o;
 }
 
@@ -408,9 +473,12 @@ struct Side {
     regpool::PoolConfig pc;
     pc.name = name;
     // Room for the largest object (or a window of receive slots) in one
-    // arena, so nothing registers during the measurement.
-    pc.arena_size =
-        regpool::platform::round_up(c.max_size() + (std::uint64_t{4} << 20), regpool::platform::kHugePageSize);
+    // arena, so nothing registers during the measurement; --cold: the span
+    // and a largest-size buffer (put's read-back, the server's unused rx)
+    // share it, so a second span-sized arena is not prefaulted for them.
+    const std::uint64_t extra = c.cold_bytes != 0 ? c.max_size() : 0;
+    pc.arena_size = regpool::platform::round_up(c.span() + extra + (std::uint64_t{4} << 20),
+                                                regpool::platform::kHugePageSize);
     pc.prefault = true;
     pool = std::make_unique<regpool::Pool>(std::vector<std::shared_ptr<regpool::Domain>>{domain}, pc);
   }
@@ -676,6 +744,35 @@ void serve_tagged(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpool
   }
 }
 
+// ------------------------------------------------------ buffers, payload
+// The first `count` slots of `size` bytes of `all` (one per bandwidth
+// operation in turn; perf_buffers.hpp).
+std::vector<Slice> slot_slices(const Slice& all, std::uint64_t size, std::uint64_t count) {
+  std::vector<Slice> v;
+  v.reserve(count);
+  for (std::uint64_t j = 0; j < count; ++j) v.push_back(must(all.select(j * size, size), "slot slice"));
+  return v;
+}
+
+// Fills the first `count` slots of `all` with the pattern of `seed`.
+void fill_slots(const Slice& all, std::uint64_t size, std::uint64_t count, std::uint64_t seed) {
+  regpool_tools::pattern_fill(all.bytes().data(), 0, count * size, seed);
+}
+
+// 0 when the first `count` slots of `all` hold the pattern of `seed`, else
+// the first bad slot + 1.
+std::uint64_t first_bad_slot(const Slice& all, std::uint64_t size, std::uint64_t count, std::uint64_t seed) {
+  for (std::uint64_t j = 0; j < count; ++j) {
+    if (!regpool_tools::pattern_matches(all.bytes().data() + j * size, j * size, size, seed)) return j + 1;
+  }
+  return 0;
+}
+
+std::string bad_payload(const std::string& op, std::uint64_t size, std::uint64_t bad_slot, const char* where) {
+  return op + " " + format_size(size) + ": payload check failed: slot " + std::to_string(bad_slot - 1) + " of " +
+         where + " does not hold the bytes sent";
+}
+
 // Serves one client run, then returns.
 int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
   // Step 1: the client's configuration. A standalone server waits up to an
@@ -684,14 +781,16 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
   const BootWatch boot_watch(boot);
   const Config c = Config::decode(to_string(cfg_blobs[1]));
   Side s(c, loopback, "perf-server");
-  auto target = s.alloc(c.max_size());
+  auto target = s.alloc(c.span());
   auto exposure = s.ep->expose(must(Slice::data(target), "target slice"), regpool::RemoteAccess::read_write);
   if (!exposure) throw regpool::Error(exposure.status(), 0, "expose");
   const std::uint64_t window = c.window;
   auto rx = s.alloc(c.max_size());
   auto ctrl = s.alloc(kControlBytes);
   const Slice ctrl_slice = must(Slice::data(ctrl), "control slice");
-  const Slice rx_all = must(Slice::data(rx), "receive slice");
+  // --cold: receives rotate over the target's span (phases do not overlap,
+  // and a second span would double the server's memory).
+  const Slice rx_all = must(Slice::data(c.cold_bytes != 0 ? target : rx), "receive slice");
 
   // Step 2: names and the reference.
   auto ref = exposure->encode();
@@ -734,23 +833,32 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
         wait_serving(s, got, "send latency");
         (void)wait_ok(s, s.ep->send(peer, out), "send reply");
       }
-      // Bandwidth: keep `window` receives posted (into the same bytes: the
-      // payload is not checked), then acknowledge the whole stream.
+      // Bandwidth: keep `window` receives posted (hot: into the same bytes;
+      // --cold: rotating over the slots), acknowledge the whole stream, then
+      // check what landed and send the verdict.
+      const auto slots = slot_slices(rx_all, size, c.used_slots(size));
+      std::memset(rx_all.bytes().data(), 0, slots.size() * size);  // what a stream that moved nothing leaves
       boot.barrier(kBootTimeout);
       const std::uint64_t n = c.bw_ops(size);
       // Receives from one peer complete in posting order.
       std::vector<regpool::Token> ring(window);
       std::uint64_t posted = 0, received = 0;
-      for (; posted < std::min(n, window); ++posted) ring[posted % window] = post_recv_or_throw(s, in);
+      for (; posted < std::min(n, window); ++posted) {
+        ring[posted % window] = post_recv_or_throw(s, slots[posted % slots.size()]);
+      }
       while (received < n) {
         wait_serving(s, ring[received % window], "send stream receive");
         ++received;
         if (posted < n) {
-          ring[posted % window] = post_recv_or_throw(s, in);
+          ring[posted % window] = post_recv_or_throw(s, slots[posted % slots.size()]);
           ++posted;
         }
       }
+      // The ack ends the client's timing; the check and its verdict follow.
       (void)wait_ok(s, s.ep->send(peer, ctrl_slice), "send ack");
+      const std::uint64_t verdict = first_bad_slot(rx_all, size, slots.size(), seed_of('s', size));
+      std::memcpy(ctrl_slice.bytes().data(), &verdict, sizeof verdict);
+      (void)wait_ok(s, s.ep->send(peer, ctrl_slice), "send verdict");
     }
   }
   if (c.tagged) serve_tagged(s, boot, c, peer, rx_all, ctrl_slice);
@@ -856,8 +964,11 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
   const auto peer = s.ep->insert_peer({blob.data() + regpool::RemoteRef::kEncodedSize,
                                        blob.size() - regpool::RemoteRef::kEncodedSize});
   const PeerWatch watch(*s.ep, peer);
-  auto buf = s.alloc(c.max_size());
+  auto buf = s.alloc(c.span());
   const Slice all = must(Slice::data(buf), "local slice");
+  // Where put's check reads the target's slots back.
+  auto check_buf = s.alloc(c.max_size());
+  const Slice check_all = must(Slice::data(check_buf), "check slice");
   auto ctrl = s.alloc(kControlBytes);
   const Slice ctrl_slice = must(Slice::data(ctrl), "control slice");
   std::vector<Row> rows;
@@ -872,6 +983,20 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       r.size = size;
       try {
         const Slice local = must(all.select(0, size), "local slice");
+        const std::uint64_t seed = seed_of(is_put ? 'p' : 'g', size);
+        const auto slots = slot_slices(all, size, c.used_slots(size));
+        if (is_put) {
+          // Slot 0 of the target keeps the latency test's stale pattern
+          // unless the bandwidth test moves its bytes.
+          fill_slots(all, size, 1, kStaleSeed);
+        } else {
+          // The target's slots get the pattern that the timed gets must
+          // bring back (one put at a time, untimed).
+          fill_slots(all, size, slots.size(), seed);
+          for (std::uint64_t j = 0; j < slots.size(); ++j) {
+            (void)wait_ok(s, s.ep->put(slots[j], peer, *ref, j * size), "get: pattern put");
+          }
+        }
         auto post = [&]() {
           return token_or_throw(is_put ? s.ep->put(local, peer, *ref, 0) : s.ep->get(peer, *ref, 0, local), op);
         };
@@ -886,11 +1011,37 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
         }
         set_latency(r, std::move(lat));
         const std::uint64_t n = c.bw_ops(size);
-        const double secs = windowed(s, n, c.window, post, pl, op, size);
+        // Untimed: put sends the pattern; get lands on zeros.
+        if (is_put) {
+          fill_slots(all, size, slots.size(), seed);
+        } else {
+          std::memset(all.bytes().data(), 0, slots.size() * size);
+        }
+        std::uint64_t k = 0;  // operation k uses slot k mod slots, local and remote alike
+        auto post_slot = [&]() {
+          const std::uint64_t j = k++ % slots.size();
+          return token_or_throw(is_put ? s.ep->put(slots[j], peer, *ref, j * size)
+                                       : s.ep->get(peer, *ref, j * size, slots[j]),
+                                op);
+        };
+        const double secs = windowed(s, n, c.window, post_slot, pl, op, size);
         r.has_bandwidth = true;
         r.bw_ops = n;
         r.mbps = static_cast<double>(n * size) / secs / 1e6;
         r.mops = static_cast<double>(n) / secs / 1e6;
+        // Untimed: put reads every target slot back; get checks its own.
+        std::uint64_t bad = 0;
+        if (is_put) {
+          const Slice back = must(check_all.select(0, size), "check slice");
+          for (std::uint64_t j = 0; j < slots.size() && bad == 0; ++j) {
+            std::memset(back.bytes().data(), 0, size);
+            (void)wait_ok(s, s.ep->get(peer, *ref, j * size, back), "put: read back");
+            if (!regpool_tools::pattern_matches(back.bytes().data(), j * size, size, seed)) bad = j + 1;
+          }
+        } else {
+          bad = first_bad_slot(all, size, slots.size(), seed);
+        }
+        if (bad != 0) r.error = bad_payload(op, size, bad, is_put ? "the server's target" : "the client's buffer");
       } catch (const std::exception& e) {
         if (!peer_lost().empty()) throw;  // the peer is gone: no later row can run
         r.error = e.what();
@@ -977,6 +1128,7 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       r.op = "send";
       r.size = size;
       const Slice out = must(all.select(0, size), "send slice");
+      const auto slots = slot_slices(all, size, c.used_slots(size));
       // Latency: ping-pong; the receive for the pong is posted before the
       // ping so it is never unexpected. Each sample is one whole iteration
       // (post_recv, send and its completion, the pong), halved, and the
@@ -1001,15 +1153,30 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
         pl.show("send", size, "lat", i + 1, c.iters + kWarmupOps);
       }
       set_latency(r, std::move(lat));
-      // Bandwidth: a stream closed by the server's ack.
+      // Bandwidth: a stream of the pattern (message k from slot k mod
+      // slots, received into the server's slot of that number) closed by
+      // the server's ack; then, untimed, the server's verdict on what landed
+      // (both receives posted first; receives from one peer complete in
+      // posting order).
+      fill_slots(all, size, slots.size(), seed_of('s', size));
       boot.barrier(kBootTimeout);
       const std::uint64_t n = c.bw_ops(size);
       auto ack = token_or_throw(s.ep->post_recv(ctrl_slice), "post_recv ack");
+      const Slice verdict_slice = must(check_all.select(0, kControlBytes), "verdict slice");
+      auto verdict = token_or_throw(s.ep->post_recv(verdict_slice), "post_recv verdict");
+      std::uint64_t k = 0;
       const auto t0 = Clock::now();
-      (void)windowed(s, n, c.window, [&]() { return token_or_throw(s.ep->send(peer, out), "send"); }, pl, "send", size);
+      (void)windowed(
+          s, n, c.window, [&]() { return token_or_throw(s.ep->send(peer, slots[k++ % slots.size()]), "send"); }, pl,
+          "send", size);
       auto a = wait_watching(s, ack, "send ack");
       if (a.status != Status::ok) op_failed(a.status, "send ack");
       const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+      auto v = wait_watching(s, verdict, "send verdict");
+      if (v.status != Status::ok) op_failed(v.status, "send verdict");
+      std::uint64_t bad = 0;
+      std::memcpy(&bad, verdict_slice.bytes().data(), sizeof bad);
+      if (bad != 0) r.error = bad_payload("send", size, bad, "the server's receive buffer");
       r.has_bandwidth = true;
       r.bw_ops = n;
       r.mbps = static_cast<double>(n * size) / secs / 1e6;
@@ -1064,6 +1231,39 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       rows.push_back(std::move(r));
     }
   }
+  if (c.memcpy) {
+    // The reference for shm, whose large transfers are one kernel copy
+    // (process_vm_writev/readv) between the two processes' buffers: a plain
+    // memcpy in this process over the same slots, hot or cold alike.
+    auto dst_buf = s.alloc(c.span());
+    const Slice dst_all = must(Slice::data(dst_buf), "memcpy slice");
+    for (const auto size : c.sizes) {
+      Row r;
+      r.op = "memcpy";
+      r.size = size;
+      const std::uint64_t n = c.bw_ops(size), count = c.used_slots(size);
+      const std::uint64_t seed = seed_of('m', size);
+      fill_slots(all, size, count, seed);
+      std::memset(dst_all.bytes().data(), 0, count * size);
+      std::byte* const src = all.bytes().data();
+      std::byte* const dst = dst_all.bytes().data();
+      const auto t0 = Clock::now();
+      for (std::uint64_t i = 0; i < n; ++i) {
+        const std::uint64_t off = (i % count) * size;
+        std::memcpy(dst + off, src + off, size);
+        if ((i & 63) == 63) pl.show("memcpy", size, "bw", i + 1, n);
+      }
+      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+      r.has_bandwidth = true;
+      r.bw_ops = n;
+      r.mbps = static_cast<double>(n * size) / secs / 1e6;
+      r.mops = static_cast<double>(n) / secs / 1e6;
+      if (const std::uint64_t bad = first_bad_slot(dst_all, size, count, seed); bad != 0) {
+        r.error = bad_payload("memcpy", size, bad, "the destination");
+      }
+      rows.push_back(std::move(r));
+    }
+  }
   boot.barrier(kBootTimeout);
   return rows;
 }
@@ -1078,6 +1278,8 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     s += ",\"wait\":" + json_escape(regpool::to_string(c.wait));
     s += ",\"emulated_atomics\":" + std::string(emulated_atomics ? "true" : "false");
     s += ",\"expose_mode\":" + json_escape(regpool::to_string(c.expose_mode));
+    s += ",\"buffers\":" + json_escape(c.cold_bytes != 0 ? "cold" : "hot") +
+         ",\"cold_bytes\":" + (c.cold_bytes != 0 ? std::to_string(c.cold_bytes) : std::string("null"));
     s += ",\"units\":{\"latency\":\"microseconds\",\"bandwidth\":\"MB/s (10^6 bytes per second)\",\"rate\":\"Mops/s\"}";
     s += ",\"results\":[";
     for (std::size_t i = 0; i < rows.size(); ++i) {
@@ -1105,10 +1307,14 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     std::fputs(s.c_str(), stdout);
     return;
   }
-  std::printf("regpool-perf: provider %s, %s, %llu iterations, window %llu, wait %s%s\n", provider.c_str(),
+  const std::string buffers = c.cold_bytes != 0 ? "cold (rotating over " + format_size(c.cold_bytes) + " per side)"
+                                                : "hot (the same bytes every operation)";
+  std::printf("regpool-perf: provider %s, %s, %llu iterations, window %llu, wait %s, buffers %s%s\n",
+              provider.c_str(),
               o.mode == Mode::loopback ? "two processes on this host (loopback)" : ("server " + o.host).c_str(),
               static_cast<unsigned long long>(c.iters), static_cast<unsigned long long>(c.window),
-              regpool::to_string(c.wait), emulated_atomics ? ", atomics emulated by the target's progress()" : "");
+              regpool::to_string(c.wait), buffers.c_str(),
+              emulated_atomics ? ", atomics emulated by the target's progress()" : "");
   std::printf("%-13s %10s %12s %12s %12s %12s %14s %12s\n", "op", "size", "lat med us", "lat min us", "lat p99 us",
               "lat max us", "bw MB/s", "rate Mops/s");
   for (const Row& r : rows) {

@@ -7,6 +7,8 @@
     check_tools.py badargs TOOL            (exit code 2 on bad arguments)
     check_tools.py perf-hostile REGPOOL_PERF
                                            (--server under bootstrap attacks)
+    check_tools.py perf-cold REGPOOL_PERF    (--cold: rotating buffers, payload
+                                           checked, reported as "buffers")
     check_tools.py perf-kill REGPOOL_PERF PROVIDER
                                            (kill -9 one side mid-run: the other
                                            exits 1 in bounded time, naming it)
@@ -342,6 +344,39 @@ def mode_perf(tool, readme, provider):
     check("regpool-perf: put" in err, "--progress writes a progress line to stderr")
 
 
+def mode_perf_cold(tool):
+    # Tiny cold span (64 KiB per side): 4 KiB ops rotate over 16 slots, and
+    # every op's bytes are checked after timing; hot runs say "hot".
+    rc, out, err = run([tool, "--loopback", "--provider", "shm", "--sizes", "4K,64K", "--iters", "20",
+                        "--window", "4", "--ops", "put,get,send,memcpy", "--cold-bytes", "64K", "--json"],
+                       timeout=240)
+    check(rc == 0, f"perf --cold exits 0 (got {rc}: {err})")
+    if rc == 0:
+        d = json.loads(out)
+        check(d.get("buffers") == "cold" and d.get("cold_bytes") == 65536,
+              f"perf --cold-bytes reports buffers cold over 64 KiB (got {d.get('buffers')}, {d.get('cold_bytes')})")
+        check([(r["op"], r["size"]) for r in d["results"]] ==
+              [(op, n) for op in ("put", "get", "send", "memcpy") for n in (4096, 65536)], "perf --cold rows")
+        for r in d["results"]:
+            what = f"cold {r['op']} {r['size']}"
+            check(r["error"] is None, f"{what}: no error ({r['error']})")
+            check(positive(r["bandwidth_MBps"]), f"{what}: bandwidth positive")
+            # --cold covers the span: at least one operation per slot.
+            check(r["bandwidth_ops"] >= max(20, 65536 // r["size"]), f"{what}: one op per slot at least")
+    # --cold alone takes its span from the cache size (at least 256 MiB).
+    rc, out, err = run([tool, "--loopback", "--provider", "shm", "--sizes", "1M", "--iters", "4",
+                        "--window", "2", "--ops", "put", "--cold", "--json"], timeout=240)
+    check(rc == 0, f"perf --cold exits 0 (got {rc}: {err})")
+    if rc == 0:
+        d = json.loads(out)
+        check(d.get("buffers") == "cold" and d["cold_bytes"] >= 256 << 20, f"perf --cold span ({d.get('cold_bytes')})")
+        check(d["results"][0]["bandwidth_ops"] == d["cold_bytes"] // (1 << 20), "perf --cold: one op per slot")
+    rc, out, err = run([tool, "--loopback", "--provider", "shm", "--sizes", "4K", "--iters", "5",
+                        "--ops", "put", "--json"], timeout=240)
+    check(rc == 0 and json.loads(out).get("buffers") == "hot" and json.loads(out).get("cold_bytes") is None,
+          f"perf without --cold reports buffers hot (got {rc}: {err})")
+
+
 # ------------------------------------------------ bootstrap under attack
 # The attacker speaks the bootstrap's wire format (lib/transport/
 # bootstrap_wire.hpp) with Python's own hmac/hashlib, so a hello it signs with
@@ -586,7 +621,9 @@ BAD_ARGS = {
     "regpool-perf": [[], ["--bogus"], ["--server", "--client", "x"], ["--loopback", "--ops", "fly"],
                      ["--loopback", "--iters", "-1"], ["--server", "--sizes", "8"],
                      ["--client", "host:99999"], ["--loopback", "--window", "0"], ["--loopback", "--sizes", "0"],
-                     ["--client"], ["--loopback", "--expose-mode", "loose"], ["--server", "--expose-mode", "scoped"], ["--loopback", "--wait", "nap"]],
+                     ["--client"], ["--loopback", "--expose-mode", "loose"], ["--server", "--expose-mode", "scoped"], ["--loopback", "--wait", "nap"],
+                     ["--loopback", "--cold-bytes", "0"], ["--loopback", "--cold-bytes", "3G"],
+                     ["--server", "--cold"]],
 }
 
 
@@ -614,6 +651,8 @@ def main():
         mode_badargs(tool)
     elif mode == "perf-hostile":
         mode_perf_hostile(tool)
+    elif mode == "perf-cold":
+        mode_perf_cold(tool)
     elif mode == "perf-kill":
         mode_perf_kill(tool, sys.argv[3])
     else:
