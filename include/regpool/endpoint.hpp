@@ -560,7 +560,7 @@ class REGPOOL_API Endpoint {
   Result<Token> submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
                        std::uint64_t remote_offset, std::uint64_t length, std::uint64_t operand,
                        std::uint64_t compare, Callback&& cb) noexcept;
-  void fail_ops_locked(PeerId peer, Status status) noexcept;
+  void fail_ops_locked(PeerId peer, Status status, bool gone) noexcept;
   // Take back failed ops the backend still holds where do_abandon agrees
   // (one slot, or every such slot).
   void abandon_locked(std::uint32_t index) noexcept;

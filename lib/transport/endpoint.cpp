@@ -520,8 +520,8 @@ Status Endpoint::reconnect(PeerId peer) noexcept {
   if (!usable()) return Status::closed;
   if (peer >= peers_.size() || !peers_[peer].used) return Status::invalid_argument;
   // Operations still out to the old connection will never be answered by
-  // it: give their owners an answer now.
-  fail_ops_locked(peer, Status::peer_unreachable);
+  // it: give their owners an answer now (the peer stays: not orphans).
+  fail_ops_locked(peer, Status::peer_unreachable, false);
   Peer& p = peers_[peer];
   const auto settle = reconnect_settle();
   if (settle.count() > 0) {
@@ -555,7 +555,7 @@ Status Endpoint::reconnect(PeerId peer) noexcept {
   return Status::ok;
 }
 
-void Endpoint::fail_ops_locked(PeerId peer, Status status) noexcept {
+void Endpoint::fail_ops_locked(PeerId peer, Status status, bool gone) noexcept {
   // Their slots (and LDO references) stay with the backend until it lets go
   // of them (do_cancel), proves the provider has (do_abandon), or the
   // endpoint closes.
@@ -566,7 +566,11 @@ void Endpoint::fail_ops_locked(PeerId peer, Status status) noexcept {
       finish_locked(s, static_cast<std::uint32_t>(i), status, 0, 0, kAnyPeer);
       do_cancel(s.desc);
     }
-    // Timed out earlier or failed now: either way its peer is gone.
+    // Timed out earlier or failed now: if its peer is gone, offer it to
+    // do_abandon. Not for a peer that stays (reconnect): proving an op
+    // abandoned may end the peer's connection (tcp's probe), which would
+    // take the new one down with it; remove_peer offers them later.
+    if (!gone) continue;
     s.orphan = true;
     abandon_locked(static_cast<std::uint32_t>(i));
   }
@@ -595,7 +599,7 @@ void Endpoint::fail_peer(PeerId peer, Status status) noexcept {
   Lock g(*this);
   if (peer >= peers_.size() || !peers_[peer].used) return;
   peers_[peer].broken = true;
-  fail_ops_locked(peer, status == Status::ok ? Status::peer_unreachable : status);
+  fail_ops_locked(peer, status == Status::ok ? Status::peer_unreachable : status, true);
 }
 
 const char* to_string(ExposureMode mode) noexcept {
@@ -1335,7 +1339,7 @@ void Endpoint::mark_peer_broken(PeerId peer) noexcept {
 void Endpoint::fail_peer_ops(PeerId peer, Status st) noexcept {
   if (peer >= peers_.size()) return;
   peers_[peer].broken = true;
-  fail_ops_locked(peer, st);
+  fail_ops_locked(peer, st, true);
 }
 
 PeerId Endpoint::peer_for_handle(std::uint64_t handle) const noexcept {
