@@ -1230,8 +1230,12 @@ bool FabricEndpoint::probe_connection(std::uint64_t incarnation) noexcept {
   if (slot == nullptr) return false;  // every probe still out: try again at the next scan
   const ssize_t rc = fi_read(ep_, overflow_.data(), 1, overflow_reg_.descriptor(), peer->data, 0, FI_KEY_NOTAVAIL,
                              static_cast<void*>(slot));
-  if (rc != 0) return false;
-  *slot = Probe{incarnation, ++probe_order_, ProbeState::posted};
+  if (rc == -FI_EAGAIN) return false;  // no room now: the next scan tries again
+  // Refused outright: rxm has already taken the connection down (its
+  // progress saw the peer's end before ours asked), which is what a failed
+  // probe would have proved. Waiting for a probe that is never posted would
+  // keep the slots until the peer's entry is removed, and then for ever.
+  *slot = Probe{incarnation, ++probe_order_, rc == 0 ? ProbeState::posted : ProbeState::closed};
   return true;
 }
 
