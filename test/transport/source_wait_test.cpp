@@ -160,13 +160,16 @@ TEST_CASE("receive sources stay right after many peers are inserted, removed and
   regpool::EndpointConfig ec;
   ec.wait_mode = WaitMode::adaptive;
   rpt::Stack s(prov, ec);
+  // The senders first (they wait in the allgather), then the fillers (they
+  // wait at the barrier, which has more time: ten tcp endpoints take
+  // seconds to open on a loaded or sanitized run).
+  auto all = boot->allgather(s.ep->name(), 30s);
   std::vector<std::unique_ptr<regpool::Endpoint>> fillers;
   std::vector<std::vector<std::byte>> filler_names;
   for (std::size_t i = 0; i < kFillers; ++i) {
     fillers.push_back(rpt::open_endpoint(s.domain, prov, regpool::EndpointConfig{}));
     filler_names.push_back(fillers.back()->name());
   }
-  auto all = boot->allgather(s.ep->name(), 30s);
   const auto name_of = [&](int rank) { return all[static_cast<std::size_t>(rank)]; };
   std::vector<PeerId> filler_id(kFillers, regpool::kAnyPeer);
   std::vector<PeerId> id_of(kSize, regpool::kAnyPeer);
