@@ -687,6 +687,10 @@ class REGPOOL_API Endpoint {
   std::uint64_t exposure_nonce_ = 0;
   Clock::time_point next_expiry_scan_{};
   Clock::time_point next_abandon_scan_{};
+  // Whether some slot may be an orphan the backend still holds: the
+  // periodic abandon scan walks the slots only then, not whenever any op
+  // is in flight.
+  bool orphans_maybe_ = false;
   std::size_t backend_owned_ = 0;
   std::size_t last_poll_events_ = 0;
   // One AtomicWords per slot (max_in_flight), registered by start().

@@ -488,7 +488,10 @@ void Endpoint::remove_peer(PeerId peer) noexcept {
   // ones still running keep their timeout.
   for (std::size_t i = 0; i < config_.max_in_flight; ++i) {
     Slot& s = slots_[i];
-    if (s.backend_owned && s.completed && s.desc.kind != OpKind::recv && s.desc.peer == peer) s.orphan = true;
+    if (s.backend_owned && s.completed && s.desc.kind != OpKind::recv && s.desc.peer == peer) {
+      s.orphan = true;
+      orphans_maybe_ = true;
+    }
   }
   abandon_all_locked();
 }
@@ -572,6 +575,7 @@ void Endpoint::fail_ops_locked(PeerId peer, Status status, bool gone) noexcept {
     // take the new one down with it; remove_peer offers them later.
     if (!gone) continue;
     s.orphan = true;
+    orphans_maybe_ = true;
     abandon_locked(static_cast<std::uint32_t>(i));
   }
 }
@@ -591,8 +595,16 @@ void Endpoint::abandon_locked(std::uint32_t index) noexcept {
 }
 
 void Endpoint::abandon_all_locked() noexcept {
-  if (backend_owned_ == 0) return;
-  for (std::size_t i = 0; i < config_.max_in_flight; ++i) abandon_locked(static_cast<std::uint32_t>(i));
+  if (backend_owned_ == 0 || !orphans_maybe_) return;
+  bool left = false;
+  for (std::size_t i = 0; i < config_.max_in_flight; ++i) {
+    abandon_locked(static_cast<std::uint32_t>(i));
+    const Slot& s = slots_[i];
+    left = left || (s.backend_owned && s.completed && s.orphan);
+  }
+  // Orphans the backend could not give up yet are offered again next scan;
+  // with none left, scans stop until an op is orphaned again.
+  orphans_maybe_ = left;
 }
 
 void Endpoint::fail_peer(PeerId peer, Status status) noexcept {
