@@ -808,16 +808,19 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   }
 
   Status execute(Post& p) noexcept {
+    // Moved into the one callback each post makes: one reference count
+    // round trip per post instead of two.
     auto self = shared_from_this();
     switch (p.kind) {
       case PostKind::recv: {
         const std::uint32_t b = p.bounce;
-        auto t = ep.post_recv(p.local, [self, b](const Completion& c) { self->on_recv(b, c); });
+        auto t = ep.post_recv(p.local, [self = std::move(self), b](const Completion& c) { self->on_recv(b, c); });
         return t.status();
       }
       case PostKind::send: {
         const std::uint32_t i = p.op, gen = p.gen;
-        auto t = ep.send(p.peer, p.local, [self, i, gen](const Completion& c) { self->on_sent(i, gen, c); });
+        auto t = ep.send(p.peer, p.local,
+                         [self = std::move(self), i, gen](const Completion& c) { self->on_sent(i, gen, c); });
         return t.status();
       }
       case PostKind::rts: {
@@ -832,13 +835,14 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
           o.exposure = std::move(*x);
         }
         const std::uint32_t i = p.op, gen = p.gen;
-        auto t = ep.send(p.peer, p.msg, [self, i, gen](const Completion& c) { self->on_sent(i, gen, c); });
+        auto t = ep.send(p.peer, p.msg,
+                         [self = std::move(self), i, gen](const Completion& c) { self->on_sent(i, gen, c); });
         return t.status();
       }
       case PostKind::get: {
         const std::uint32_t i = p.op, gen = p.gen;
         auto t = ep.get(p.peer, p.ref, p.remote_offset, p.local,
-                        [self, i, gen](const Completion& c) { self->on_got(i, gen, c); });
+                        [self = std::move(self), i, gen](const Completion& c) { self->on_got(i, gen, c); });
         return t.status();
       }
     }
