@@ -105,7 +105,9 @@ struct MessengerConfig {
   // Receives kept posted, each a bounce LDO of 64 + eager_threshold bytes
   // from the pool. Should cover peers x peer_credits x 2 (messages plus
   // control messages) for the peers that send at once: on verbs a message
-  // with no posted receive waits in RNR retries.
+  // with no posted receive waits in RNR retries. Up to an eighth of them
+  // may wait for their repost until a progress round finds nothing to do
+  // (docs/messaging.md, "lazily").
   std::size_t receive_buffers = 64;
   // Eager messages and rendezvous notices each peer may have outstanding
   // here before credits come back (1 .. 65535): this side's grant,
@@ -127,6 +129,13 @@ struct MessengerConfig {
   // most 16 MiB) and gets in flight per message.
   std::uint64_t rendezvous_chunk = 0;
   std::uint32_t rendezvous_depth = 4;
+  // Rendezvous gets in flight at once across all messages this Messenger
+  // receives; messages matched beyond it wait their turn, in match order.
+  // 0 = the provider's default: 1 on shm, where a get is a copy its
+  // initiator makes inside the post, so a second one issued before the
+  // first's completion is seen only holds back the first's fin (and with
+  // it the sender's window); no limit elsewhere (gets proceed in parallel).
+  std::uint32_t rendezvous_gets = 0;
   // A rendezvous sender waiting for the receiver's fin, a receive whose
   // gets stall, and a peer noticed dead: fail after this (scaled like
   // EndpointConfig::op_timeout by length / min_bandwidth). 0 = never.

@@ -42,6 +42,15 @@ const char* to_string(MessageOp op) noexcept {
   return "unknown";
 }
 
+namespace {
+bool is_shm([[maybe_unused]] Endpoint& endpoint) noexcept {
+#if REGPOOL_HAVE_FABRIC
+  if (auto* f = dynamic_cast<FabricEndpoint*>(&endpoint)) return f->fabric_domain()->provider_name() == "shm";
+#endif
+  return false;
+}
+}  // namespace
+
 std::uint64_t default_eager_threshold(Endpoint& endpoint) noexcept {
   // Copy-versus-rendezvous crossovers measured with regpool-perf --ops
   // tagged --tagged-threshold (all eager, then all rendezvous) over 4 KiB
@@ -50,11 +59,9 @@ std::uint64_t default_eager_threshold(Endpoint& endpoint) noexcept {
   // rendezvous ahead above. verbs was not measured (Soft-RoCE under
   // emulation says little about a NIC): 16 KiB, the usual hardware figure.
   if (endpoint.backend() == Backend::verbs) return 16 << 10;
+  if (is_shm(endpoint)) return 64 << 10;
 #if REGPOOL_HAVE_FABRIC
-  if (auto* f = dynamic_cast<FabricEndpoint*>(&endpoint)) {
-    if (f->fabric_domain()->provider_name() == "shm") return 64 << 10;
-    return 32 << 10;
-  }
+  if (dynamic_cast<FabricEndpoint*>(&endpoint) != nullptr) return 32 << 10;
 #endif
   return 16 << 10;
 }
@@ -81,6 +88,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     bool zero_copy = false;
     bool rendezvous = false;
     bool fin_wait = false;  // rendezvous send: rts out, waiting for the fin
+    bool fetch_wait = false;  // rendezvous receive: matched, waiting for a get slot (linked by next)
     mw::Space space = mw::Space::user;
     PeerId peer = kAnyPeer;
     std::uint64_t tag = 0;
@@ -145,6 +153,11 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   std::uint64_t threshold = 0;
   std::uint64_t chunk = 0;
   std::uint32_t credit_batch = 1;
+  // Rendezvous gets in flight across all receives, their cap, and the
+  // receives waiting for one (FIFO through Op::next).
+  std::uint32_t gets_in_flight = 0;
+  std::uint32_t max_gets = ~std::uint32_t{0};
+  std::uint32_t fetch_head = kNone, fetch_tail = kNone;
 
   mutable std::mutex mu;
   bool closed = false;
@@ -157,6 +170,13 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   std::vector<PeerState> peers;
   std::vector<Ldo> bounces;   // receive bounce LDOs, by slot
   std::vector<bool> bounce_empty;
+  // Bounces emptied and due for reposting, held back until the caller's
+  // progress round finds nothing to do (or lazy_limit of them wait): a
+  // repost is a whole endpoint post, and made at once it sits between a
+  // message's arrival and the wait() that returns it. The other bounces
+  // stay posted meanwhile.
+  std::vector<std::uint32_t> lazy;
+  std::size_t lazy_limit = 1;
   std::vector<Post> posts;    // ring
   std::size_t post_head = 0, post_count = 0;
   bool draining = false;
@@ -183,7 +203,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     o.state = State::active;
     o.kind = kind;
     o.has_cb = false;
-    o.zero_copy = o.rendezvous = o.fin_wait = false;
+    o.zero_copy = o.rendezvous = o.fin_wait = o.fetch_wait = false;
     o.space = mw::Space::user;
     o.peer = kAnyPeer;
     o.tag = o.ignore = o.reply_id = 0;
@@ -483,9 +503,16 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     return false;
   }
 
+  // Issues the gets of receive i that the per-message depth and the
+  // Messenger-wide cap allow; a receive that gets none while it still has
+  // bytes to fetch waits in the fetch queue for another's get to finish.
   void issue_gets(std::uint32_t i) noexcept {
     Op& o = ops[i];
     while (o.gets < cfg.rendezvous_depth && o.issued < o.want && o.rdv_status == Status::ok) {
+      if (gets_in_flight >= max_gets) {
+        if (o.gets == 0) enqueue_fetch(i);
+        return;
+      }
       const std::uint64_t n = std::min(chunk, o.want - o.issued);
       auto local = o.buf.select(o.issued, n);
       if (!local) {
@@ -506,8 +533,40 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       }
       o.issued += n;
       ++o.gets;
+      ++gets_in_flight;
     }
     if (o.gets == 0 && (o.issued >= o.want || o.rdv_status != Status::ok)) finish_rendezvous_recv(i);
+  }
+
+  void enqueue_fetch(std::uint32_t i) noexcept {
+    Op& o = ops[i];
+    o.fetch_wait = true;
+    o.next = kNone;
+    if (fetch_tail != kNone) ops[fetch_tail].next = i; else fetch_head = i;
+    fetch_tail = i;
+  }
+  void unlink_fetch(std::uint32_t i) noexcept {
+    std::uint32_t prev = kNone;
+    for (std::uint32_t q = fetch_head; q != kNone; prev = q, q = ops[q].next) {
+      if (q != i) continue;
+      if (prev == kNone) fetch_head = ops[q].next; else ops[prev].next = ops[q].next;
+      if (fetch_tail == q) fetch_tail = prev;
+      break;
+    }
+    ops[i].next = kNone;
+    ops[i].fetch_wait = false;
+  }
+  // A get finished (or failed to post): the slot goes to the receives
+  // waiting for one, in match order.
+  void pump_fetches() noexcept {
+    while (fetch_head != kNone && gets_in_flight < max_gets) {
+      const std::uint32_t i = fetch_head;
+      fetch_head = ops[i].next;
+      if (fetch_head == kNone) fetch_tail = kNone;
+      ops[i].next = kNone;
+      ops[i].fetch_wait = false;
+      issue_gets(i);  // issues at least one: there is a slot
+    }
   }
 
   void finish_rendezvous_recv(std::uint32_t i) noexcept {
@@ -673,9 +732,17 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       } else {
         ++st.rejected;
       }
-      if (!bounce_empty[b]) post_bounce(b);
+      if (!bounce_empty[b]) {
+        lazy.push_back(b);
+        if (lazy.size() >= lazy_limit) repost_lazy_locked();
+      }
     }
     run_posts();
+  }
+
+  void repost_lazy_locked() noexcept {
+    for (const std::uint32_t b : lazy) post_bounce(b);
+    lazy.clear();
   }
 
   void on_sent(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
@@ -702,11 +769,15 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       std::lock_guard<std::mutex> g(mu);
       if (i >= ops.size() || ops[i].gen != gen) return;
       Op& o = ops[i];
-      if (o.gets > 0) --o.gets;
+      if (o.gets > 0) {
+        --o.gets;
+        --gets_in_flight;
+      }
       if (closed) return;
       if (c.status != Status::ok && o.rdv_status == Status::ok) o.rdv_status = c.status;
       o.done += c.status == Status::ok ? c.bytes : 0;
-      issue_gets(i);
+      issue_gets(i);  // its next chunk first: the earliest matched message finishes first
+      pump_fetches();
     }
     run_posts();
   }
@@ -737,16 +808,19 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   }
 
   Status execute(Post& p) noexcept {
+    // Moved into the one callback each post makes: one reference count
+    // round trip per post instead of two.
     auto self = shared_from_this();
     switch (p.kind) {
       case PostKind::recv: {
         const std::uint32_t b = p.bounce;
-        auto t = ep.post_recv(p.local, [self, b](const Completion& c) { self->on_recv(b, c); });
+        auto t = ep.post_recv(p.local, [self = std::move(self), b](const Completion& c) { self->on_recv(b, c); });
         return t.status();
       }
       case PostKind::send: {
         const std::uint32_t i = p.op, gen = p.gen;
-        auto t = ep.send(p.peer, p.local, [self, i, gen](const Completion& c) { self->on_sent(i, gen, c); });
+        auto t = ep.send(p.peer, p.local,
+                         [self = std::move(self), i, gen](const Completion& c) { self->on_sent(i, gen, c); });
         return t.status();
       }
       case PostKind::rts: {
@@ -761,13 +835,14 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
           o.exposure = std::move(*x);
         }
         const std::uint32_t i = p.op, gen = p.gen;
-        auto t = ep.send(p.peer, p.msg, [self, i, gen](const Completion& c) { self->on_sent(i, gen, c); });
+        auto t = ep.send(p.peer, p.msg,
+                         [self = std::move(self), i, gen](const Completion& c) { self->on_sent(i, gen, c); });
         return t.status();
       }
       case PostKind::get: {
         const std::uint32_t i = p.op, gen = p.gen;
         auto t = ep.get(p.peer, p.ref, p.remote_offset, p.local,
-                        [self, i, gen](const Completion& c) { self->on_got(i, gen, c); });
+                        [self = std::move(self), i, gen](const Completion& c) { self->on_got(i, gen, c); });
         return t.status();
       }
     }
@@ -789,9 +864,13 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       case PostKind::get:
         if (p.op < ops.size() && ops[p.op].gen == p.gen) {
           Op& o = ops[p.op];
-          if (o.gets > 0) --o.gets;
+          if (o.gets > 0) {
+            --o.gets;
+            --gets_in_flight;
+          }
           if (o.rdv_status == Status::ok) o.rdv_status = s;
           issue_gets(p.op);
+          pump_fetches();
         }
         break;
     }
@@ -812,6 +891,11 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       } else if (o.state == State::active && o.fin_wait) {
         o.fin_wait = false;
         complete(i, s);
+      } else if (o.state == State::active && o.fetch_wait) {
+        // Matched, no get issued yet: nothing writes its buffer.
+        unlink_fetch(i);
+        o.rdv_status = s;
+        finish_rendezvous_recv(i);
       }
       // Rendezvous receives in progress finish when their gets do (the
       // endpoint fails those): their buffer is written until then.
@@ -825,10 +909,15 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   }
 
   void scan_locked(Clock::time_point now) noexcept {
+    repost_lazy_locked();
     // Dead peers and deadlines.
     for (std::uint32_t i = 0; i < ops.size(); ++i) {
       Op& o = ops[i];
       if (o.state == State::free || o.state == State::done) continue;
+      if (o.fetch_wait && !ep.usable(o.peer)) {
+        fail_peer_locked(o.peer, Status::peer_unreachable);
+        continue;
+      }
       const bool waiting = o.state == State::posted || o.state == State::queued || o.fin_wait;
       if (!waiting) continue;
       if (o.peer != kAnyPeer && !ep.usable(o.peer)) {
@@ -898,6 +987,11 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
                                           std::min<std::uint64_t>(limit - mw::kHeaderSize, mw::kMaxEager));
   c.chunk = cfg.rendezvous_chunk ? cfg.rendezvous_chunk : std::min<std::uint64_t>(limit, 16 << 20);
   c.chunk = std::min(c.chunk, limit);
+  if (cfg.rendezvous_gets != 0) {
+    c.max_gets = cfg.rendezvous_gets;
+  } else if (is_shm(endpoint)) {
+    c.max_gets = 1;
+  }
   // Credits go back in batches (a quarter of the window), or riding on any
   // message to that peer: a stream keeps flowing with one credit message
   // per quarter window.
@@ -920,6 +1014,8 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
   c.graveyard.reserve(cfg.max_operations);
   c.bounces.resize(cfg.receive_buffers);
   c.bounce_empty.assign(cfg.receive_buffers, false);
+  c.lazy.reserve(cfg.receive_buffers);
+  c.lazy_limit = std::max<std::size_t>(1, cfg.receive_buffers / 8);
   for (std::uint32_t b = 0; b < cfg.receive_buffers; ++b) {
     auto l = c.alloc_bounce();
     if (!l) throw Error(l.status(), 0, "messenger: allocating receive bounce buffers from the pool");
@@ -1177,14 +1273,20 @@ Status Messenger::cancel(MessageToken token) noexcept {
 
 std::size_t Messenger::progress() noexcept {
   Core& c = *core_;
-  (void)c.ep.progress();
+  const bool idle = c.ep.progress() == 0;
   {
     std::lock_guard<std::mutex> g(c.mu);
+    // Nothing arrived this round: the time to repost emptied bounces.
+    if (idle && !c.lazy.empty() && !c.closed) c.repost_lazy_locked();
     const auto now = Clock::now();
     if (now >= c.next_scan && !c.closed) {
       c.next_scan = now + std::chrono::milliseconds{1};
       c.scan_locked(now);
     }
+    // The usual spin-wait round: nothing to post, nothing to deliver. One
+    // lock round trip instead of three (whoever queues a post later drains
+    // it itself).
+    if (c.post_count == 0 && c.graveyard.empty() && c.ready_count == 0) return 0;
   }
   c.run_posts();
   std::size_t delivered = 0;

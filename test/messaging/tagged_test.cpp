@@ -7,7 +7,8 @@
 //  - budget and credits: a receiver that does not receive holds at most its
 //    budget plus one credit window of messages; nothing is lost;
 //  - rendezvous at 4 MiB and 64 MiB, every byte checked, exposures revoked,
-//    truncation of a rendezvous;
+//    truncation of a rendezvous; many rendezvous in flight with the gets
+//    capped (the fetch queue), in order;
 //  - a receiver killed mid-rendezvous: the sender fails within its bound,
 //    its exposure is revoked and its LDO references released;
 //  - request/response with 3 clients, timeout, cancel, a failed peer.
@@ -392,6 +393,75 @@ TEST_CASE("rendezvous at 4 MiB and 64 MiB moves every byte and revokes its expos
     for (std::size_t k = 300 << 10; k < buf.data().size(); ++k) guard &= buf.data()[k] == std::byte{0x33};
     CHECK(guard);
   }
+  boot->barrier(120s);
+  CHECK(rpt::reap(kid, 60s) == 0);
+}
+
+// Many rendezvous in flight to one receiver whose gets are capped below
+// what the messages want (MessengerConfig::rendezvous_gets, the fetch
+// queue): every byte arrives, each message in the receive its order
+// matched it to, whether the receive was posted before the notice or
+// after it, and every exposure is revoked.
+TEST_CASE("several rendezvous in flight to one peer: gets capped, every byte, in order", "[fabric][messaging]") {
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  constexpr std::uint64_t kMessages = 12;
+  auto size_of = [](std::uint64_t i) { return (std::uint64_t{256} << 10) + i * 40000; };
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  auto kid = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        Node n(prov);
+        const PeerId rx = n.s.ep->insert_peer(b->allgather(n.s.ep->name(), 30s)[0]);
+        b->barrier(60s);  // the first half of the receives is posted
+        std::vector<regpool::MessageToken> sent;
+        for (std::uint64_t i = 0; i < kMessages; ++i) {
+          auto t = n.m.send(rx, 20 + i % 2, n.filled(size_of(i), 500 + i));
+          RPT_CHECK(t.ok());
+          if (t) sent.push_back(*t);
+        }
+        for (auto t : sent) RPT_CHECK(n.m.wait(t, 120s).status == Status::ok);
+        RPT_CHECK(n.m.stats().rendezvous_sent == kMessages);
+        RPT_CHECK(n.s.ep->exposure_stats().live == 0);
+        b->barrier(120s);
+        return 0;
+      },
+      300);
+  MessengerConfig mc;
+  mc.rendezvous_chunk = 64 << 10;
+  mc.rendezvous_depth = 2;
+  mc.rendezvous_gets = 3;  // fewer than the messages want at once: some wait their turn
+  Node n(prov, mc);
+  (void)n.s.ep->insert_peer(boot->allgather(n.s.ep->name(), 30s)[1]);
+  // Messages alternate between tags 20 and 21; receives are per tag, so
+  // the k-th receive of a tag takes message 2k (+1). The first half is
+  // posted before anything is sent, the second half once the notices have
+  // arrived unexpected.
+  std::vector<regpool::Ldo> bufs;
+  std::vector<regpool::MessageToken> recvs;
+  auto post = [&](std::uint64_t i) {
+    bufs.push_back(n.s.alloc(size_of(i)));
+    auto t = n.m.recv(regpool::kAnyPeer, 20 + i % 2, 0, rpt::slice_or_die(Slice::data(bufs.back())));
+    REQUIRE(t.ok());
+    recvs.push_back(*t);
+  };
+  for (std::uint64_t i = 0; i < kMessages / 2; ++i) post(i);
+  boot->barrier(60s);
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (n.m.stats().unexpected < kMessages / 2 && std::chrono::steady_clock::now() < until) (void)n.m.progress();
+  for (std::uint64_t i = kMessages / 2; i < kMessages; ++i) post(i);
+  for (std::uint64_t i = 0; i < kMessages; ++i) {
+    const MessageCompletion c = n.m.wait(recvs[i], 120s);
+    INFO("message " << i);
+    REQUIRE(c.status == Status::ok);
+    CHECK(c.received == size_of(i));
+    CHECK(c.tag == 20 + i % 2);
+    std::vector<std::byte> expect(size_of(i));
+    rpt::fill(expect, 500 + i);
+    CHECK(std::memcmp(expect.data(), bufs[i].data().data(), size_of(i)) == 0);
+  }
+  CHECK(n.m.stats().received == kMessages);
   boot->barrier(120s);
   CHECK(rpt::reap(kid, 60s) == 0);
 }
