@@ -229,17 +229,9 @@ class PoolCore {
   // only the arena (its pool id) and the thread's cache, not the pool.
   [[gnu::always_inline]] static void free_slot(ControlBlock* cb) noexcept {
     Arena* const a = cb->arena;
-    const TlsFast& f = tls_fast;
-    if (f.last_id != a->pool_id()) [[unlikely]] {
-      a->pool()->free_without_fast_cache(cb);
+    ThreadCache* tc = busy_cache(cb, a);
+    if (!tc) [[unlikely]]
       return;
-    }
-    ThreadCache* tc = f.last;
-    // busy before closed: close() pairs its stores of closed (and
-    // detached_) and an asymmetric fence with this (see the locking notes
-    // above); a compiler barrier is all this side needs.
-    tc->busy.store(1, std::memory_order_relaxed);
-    std::atomic_signal_fence(std::memory_order_seq_cst);
     if (!tc->closed.load(std::memory_order_relaxed)) [[likely]] {
       const std::size_t cls = cb->size_class;
       auto& bin = tc->bins[cls];
@@ -256,14 +248,9 @@ class PoolCore {
   }
   [[gnu::always_inline]] static void free_span(ControlBlock* cb) noexcept {
     Arena* const a = cb->arena;
-    const TlsFast& f = tls_fast;
-    if (f.last_id != a->pool_id()) [[unlikely]] {
-      a->pool()->free_without_fast_cache(cb);
+    ThreadCache* tc = busy_cache(cb, a);
+    if (!tc) [[unlikely]]
       return;
-    }
-    ThreadCache* tc = f.last;
-    tc->busy.store(1, std::memory_order_relaxed);
-    std::atomic_signal_fence(std::memory_order_seq_cst);
     if (!tc->closed.load(std::memory_order_relaxed) && tc->span_count < kSpanCacheEntries &&
         cb->capacity <= kSpanCacheMaxObject && !a->dedicated()) [[likely]] {
       tc->spans[tc->span_count++] = cb;
@@ -304,6 +291,23 @@ class PoolCore {
     FreeList list;
   };
 
+  // The start of a drop of `cb` (in arena `a`): this thread's cache for the
+  // pool, marked busy, or nullptr when the thread has none in tls_fast and
+  // the drop has been done without it. busy before closed: close() pairs
+  // its stores of closed (and detached_) and an asymmetric fence with this
+  // (see the locking notes above); a compiler barrier is all this side
+  // needs.
+  [[gnu::always_inline]] static ThreadCache* busy_cache(ControlBlock* cb, Arena* a) noexcept {
+    const TlsFast& f = tls_fast;
+    if (f.last_id != a->pool_id()) [[unlikely]] {
+      a->pool()->free_without_fast_cache(cb);
+      return nullptr;
+    }
+    ThreadCache* tc = f.last;
+    tc->busy.store(1, std::memory_order_relaxed);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    return tc;
+  }
   // This thread's cache if it is the one tls_fast remembers (ids are never
   // reused, so never stale), else nullptr: no lookup, no registration.
   ThreadCache* cached_thread_cache() const noexcept {
