@@ -773,9 +773,12 @@ void PoolCore::close() noexcept {
     registry_->core = nullptr;  // no thread registers a cache from now on
     for (ThreadCache& tc : registry_->caches) tc.closed.store(1, std::memory_order_relaxed);
     detached_.store(true, std::memory_order_seq_cst);
-    // A drop marks its cache busy and then reads detached_ with no fence of
-    // its own; the fence here makes each such drop either visible as busy
-    // below or see detached_ (and go to free_detached, which only counts).
+    // A drop marks its cache busy and then reads the cache's closed flag
+    // (set above) with no fence of its own; the fence here makes each such
+    // drop either visible as busy below or see the flag (and, in
+    // free_busy, detached_: free_detached, which only counts). A drop that
+    // saw the flag but not yet detached_ finishes as an ordinary drop while
+    // busy, which the wait below covers like any drop before close.
     if (!registry_->caches.empty()) fenced = syscall(SYS_membarrier, fence_cmd_, 0, 0) == 0;
     // Drops already past their check finish their work (a few list
     // operations under the pool's short-held locks); wait for them so their
