@@ -4,6 +4,7 @@
 Usage:
   python3 bench/malloc-compare.py BUILD/bench/bench-alloc [--rounds 3] [--min-time 0.2]
       [--families single,mt,mixed,handoff] [--json out.json] [--strict]
+      [--baseline OTHER/bench/bench-alloc]
 
 Runs the malloc rows of bench-alloc once per allocator and round, each
 allocator taken over with LD_PRELOAD (Debian: libtcmalloc-minimal4,
@@ -21,6 +22,9 @@ regpool / allocator, with the targets of issue 15:
   regpool <= 1.25 x faster of tcmalloc, mimalloc  (must)
   regpool <= 1.0 x fastest of the four        (goal)
   regpool 2 threads / 1 thread >= 1.8         (goal)
+--baseline adds the regpool rows of another build (e.g. the commit before a
+change) as a column "before", run in the same rotation, and the ratio
+regpool / before: a before/after comparison under the same machine load.
 Missing allocators are reported with the package to install and left out.
 Exit status: 0; with --strict 1 when a must-target is missed or an
 allocator is missing.
@@ -122,6 +126,7 @@ def main():
                     help="single-thread rows: cpu time (default; robust on a shared machine) or wall clock")
     ap.add_argument("--json", help="write the raw per-round figures here")
     ap.add_argument("--strict", action="store_true")
+    ap.add_argument("--baseline", help="another bench-alloc whose regpool rows form the column 'before'")
     args = ap.parse_args()
     bench = os.path.realpath(args.bench)
     fams = [f for f in args.families.split(",") if f]
@@ -148,13 +153,15 @@ def main():
 
     # figures[column][row] = [per-round ns]
     figures = {}
-    jobs = [("regpool", None, reg_re)] + [(n, p, mal_re) for n, p in present]
+    jobs = [("regpool", None, reg_re, bench)] + [(n, p, mal_re, bench) for n, p in present]
+    if args.baseline:
+        jobs.insert(1, ("before", None, reg_re, os.path.realpath(args.baseline)))
     for r in range(args.rounds):
         order = jobs[r % len(jobs):] + jobs[:r % len(jobs)]
-        for col, lib, regex in order:
-            data = run(bench, lib, regex, args.min_time)
+        for col, lib, regex, exe in order:
+            data = run(exe, lib, regex, args.min_time)
             got = data["context"].get("malloc_library", "?")
-            if col != "regpool":
+            if col not in ("regpool", "before"):
                 expect = lib if lib else "libc.so"
                 if expect not in os.path.realpath(got) and expect not in got:
                     sys.exit(f"{col}: bench-alloc reports malloc from {got}, expected {expect}")
@@ -167,7 +174,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=1)
 
-    cols = ["regpool"] + [n for n, _ in present]
+    cols = ["regpool"] + (["before"] if args.baseline else []) + [n for n, _ in present]
     med = {c: {k: statistics.median(v) for k, v in figures.get(c, {}).items()} for c in cols}
     rows = list(med["regpool"].keys())
     load = os.getloadavg()
@@ -175,13 +182,14 @@ def main():
           f"{args.time} time per operation (two-thread and handoff rows: wall clock per item, both threads together)")
     print(f"# load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print()
-    print("| benchmark | " + " | ".join(cols) + " | / glibc | / min(tc, mi) | / fastest |")
-    print("|---|" + "---:|" * (len(cols) + 3))
+    extra = ["/ before"] if args.baseline else []
+    print("| benchmark | " + " | ".join(cols + extra) + " | / glibc | / min(tc, mi) | / fastest |")
+    print("|---|" + "---:|" * (len(cols) + len(extra) + 3))
     missed = False
     for k in rows:
         vals = {c: med[c].get(k) for c in cols}
         rp = vals["regpool"]
-        others = {c: v for c, v in vals.items() if c != "regpool" and v}
+        others = {c: v for c, v in vals.items() if c not in ("regpool", "before") and v}
         tm = [vals[c] for c in ("tcmalloc", "mimalloc") if vals.get(c)]
         r_glibc = rp / vals["glibc"] if vals.get("glibc") else None
         r_tm = rp / min(tm) if tm else None
@@ -197,7 +205,10 @@ def main():
                 missed = True
             return f"{v:.2f}" + ("" if ok else " (MISS)" if single else " (over)")
 
-        print(f"| {k} | " + " | ".join(fmt(vals[c]) for c in cols) + " | " +
+        cells = [fmt(vals[c]) for c in cols]
+        if args.baseline:
+            cells.append(f"{rp / vals['before']:.2f}" if rp and vals.get("before") else "-")
+        print(f"| {k} | " + " | ".join(cells) + " | " +
               verdict(r_glibc, 1.0) + " | " + verdict(r_tm, 1.25) + " | " +
               (f"{r_fast:.2f}" if r_fast else "-") + " |")
     # Two-thread scaling: items/s with two threads over one.

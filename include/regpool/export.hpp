@@ -22,3 +22,17 @@
 #define REGPOOL_API
 #define REGPOOL_LOCAL
 #endif
+
+// REGPOOL_HOT: on the few exported functions a data-path loop calls once per
+// object (allocate, the drop, base/data). A consumer built as PIC or PIE
+// (the default) then calls them through the GOT directly instead of a PLT
+// stub: one indirect jump less per call (bench-alloc measured it); the
+// symbol is bound when the library loads instead of at its first call.
+#if defined(__has_attribute)
+#if __has_attribute(noplt)
+#define REGPOOL_HOT __attribute__((noplt))
+#endif
+#endif
+#ifndef REGPOOL_HOT
+#define REGPOOL_HOT
+#endif

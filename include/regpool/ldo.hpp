@@ -113,7 +113,7 @@ class REGPOOL_API Ldo {
   Ldo& operator=(const Ldo& o) noexcept;
   Ldo& operator=(Ldo&& o) noexcept;
   ~Ldo() {
-    if (cb_) reset();
+    if (cb_) drop();
   }
 
   // Wrap application memory. Throws Error when the memory cannot hold the
@@ -121,7 +121,7 @@ class REGPOOL_API Ldo {
   static Ldo wrap(UserMemory user);
 
   explicit operator bool() const noexcept { return cb_ != nullptr; }
-  void reset() noexcept;
+  REGPOOL_HOT void reset() noexcept;
   std::uint32_t use_count() const noexcept;
   bool is_user_memory() const noexcept;
 
@@ -135,9 +135,9 @@ class REGPOOL_API Ldo {
   // Header + padded meta + data: the bytes a transfer of the whole object moves.
   std::uint64_t wire_size() const noexcept { return data_offset() + data_size(); }
 
-  std::byte* base() const noexcept;  // the wire header
+  REGPOOL_HOT std::byte* base() const noexcept;  // the wire header
   std::span<std::byte> meta() const noexcept;
-  std::span<std::byte> data() const noexcept;
+  REGPOOL_HOT std::span<std::byte> data() const noexcept;
   std::span<std::byte> wire() const noexcept { return {base(), static_cast<std::size_t>(wire_size())}; }
 
   // Change section sizes within capacity. Data bytes (up to the smaller
@@ -160,6 +160,9 @@ class REGPOOL_API Ldo {
   // look at or give up the control block.
   friend struct detail::LdoAccess;
   explicit Ldo(detail::ControlBlock* adopted) noexcept : cb_(adopted) {}
+  // Drops the reference of a non-empty handle that is going away (reset()
+  // without clearing it).
+  REGPOOL_HOT void drop() noexcept;
   detail::ControlBlock* control_block() const noexcept { return cb_; }
   detail::ControlBlock* release_control_block() noexcept {
     auto* c = cb_;

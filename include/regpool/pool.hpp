@@ -215,10 +215,10 @@ class REGPOOL_API Pool {
 
   // A cache hit (the common case once a thread has allocated a few objects
   // of a size) takes no lock and no atomic read-modify-write.
-  Result<Ldo> allocate(const LdoShape& shape) noexcept;
+  REGPOOL_HOT Result<Ldo> allocate(const LdoShape& shape) noexcept;
   // LdoShape{data_size, meta_size}: type id 0, exact capacity, pool-default
   // zeroing. Out of line so the sizes travel in registers.
-  Result<Ldo> allocate(std::uint64_t data_size, std::uint64_t meta_size = 0) noexcept;
+  REGPOOL_HOT Result<Ldo> allocate(std::uint64_t data_size, std::uint64_t meta_size = 0) noexcept;
 
   // Returns idle arenas beyond retain_idle_arenas (and
   // retain_idle_dedicated) to the OS, deregistering them after the pool's

@@ -6,7 +6,8 @@
 
 namespace regpool::detail {
 
-Result<Arena*> Arena::create(PoolCore* pool, std::size_t bytes, bool dedicated, const PoolConfig& config,
+Result<Arena*> Arena::create(PoolCore* pool, std::uint64_t pool_id, std::size_t bytes, bool dedicated,
+                             const PoolConfig& config,
                              std::span<const std::shared_ptr<Domain>> domains,
                              std::exception_ptr* error) noexcept {
   platform::MapOptions opts;
@@ -30,6 +31,7 @@ Result<Arena*> Arena::create(PoolCore* pool, std::size_t bytes, bool dedicated, 
   auto* a = new (std::nothrow) Arena();
   if (!a) return Status::out_of_memory;
   a->pool_ = pool;
+  a->pool_id_ = pool_id;
   a->dedicated_ = dedicated;
   a->memory_ = std::move(*memory);
   a->page_map_ = std::move(*pages);
@@ -39,6 +41,8 @@ Result<Arena*> Arena::create(PoolCore* pool, std::size_t bytes, bool dedicated, 
   // would touch them all, so only boundary pages are ever constructed.
   a->pages_ = reinterpret_cast<PageDesc*>(a->page_map_.data());
   a->blocks_ = reinterpret_cast<ControlBlock*>(a->block_map_.data());
+  a->block_to_object_ =
+      reinterpret_cast<std::uintptr_t>(a->memory_.data()) - reinterpret_cast<std::uintptr_t>(a->blocks_);
   new (&a->pages_[0]) PageDesc();
   if (npages > 1) new (&a->pages_[npages - 1]) PageDesc();
   a->set_span(0, a->npages_, PageState::free);

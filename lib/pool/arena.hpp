@@ -57,7 +57,8 @@ class Arena {
   // can grow from the (no-throw) allocation path.
   // With `error` non-null a failed registration's exception is kept there
   // so the pool constructor can rethrow it with the provider's message.
-  static Result<Arena*> create(PoolCore* pool, std::size_t bytes, bool dedicated, const PoolConfig& config,
+  static Result<Arena*> create(PoolCore* pool, std::uint64_t pool_id, std::size_t bytes, bool dedicated,
+                               const PoolConfig& config,
                                std::span<const std::shared_ptr<Domain>> domains,
                                std::exception_ptr* error = nullptr) noexcept;
   ~Arena();  // deregisters, then unmaps
@@ -73,10 +74,20 @@ class Arena {
     return b >= base() && b < base() + size();
   }
   PoolCore* pool() const noexcept { return pool_; }
+  // The owning pool's id (PoolCore::id()), next to pool_ so a drop can match
+  // it against the thread's cache without first loading the pool.
+  std::uint64_t pool_id() const noexcept { return pool_id_; }
 
   ControlBlock* block_at(std::size_t offset) noexcept { return &blocks_[offset / kGranuleBytes]; }
   std::size_t offset_of(const ControlBlock* cb) const noexcept {
     return static_cast<std::size_t>(cb - blocks_) * kGranuleBytes;
+  }
+  // The object bytes of the block at `cb`. A control block is exactly one
+  // granule long, so the object lies at a fixed distance from its block:
+  // one load and one add instead of the base, the table and a subtraction.
+  std::byte* object_of(const ControlBlock* cb) const noexcept {
+    static_assert(sizeof(ControlBlock) == kGranuleBytes);
+    return reinterpret_cast<std::byte*>(reinterpret_cast<std::uintptr_t>(cb) + block_to_object_);
   }
   PageDesc& page(std::uint32_t index) noexcept { return pages_[index]; }
 
@@ -104,6 +115,10 @@ class Arena {
   void set_span(std::uint32_t first, std::uint32_t n, PageState state) noexcept;
 
   PoolCore* pool_ = nullptr;
+  std::uint64_t pool_id_ = 0;
+  // base() - blocks_ as an unsigned offset (wraps when the table lies
+  // above the arena): object_of()'s distance.
+  std::uintptr_t block_to_object_ = 0;
   platform::Mapping memory_;
   platform::Mapping page_map_;
   platform::Mapping block_map_;
@@ -126,7 +141,7 @@ class Arena {
 inline std::byte* base_of(const ControlBlock* cb) noexcept {
   if (cb->kind == BlockKind::user) [[unlikely]]
     return static_cast<const UserBlock*>(cb)->memory.data();
-  return cb->arena->base() + cb->arena->offset_of(cb);
+  return cb->arena->object_of(cb);
 }
 
 }  // namespace regpool::detail

@@ -31,12 +31,16 @@ enum class BlockKind : std::uint8_t { slab_slot, span, user };
 using FreeHook = bi::list_member_hook<bi::link_mode<bi::normal_link>>;
 
 struct alignas(64) ControlBlock {
+  // References held by handles. A pool block keeps 1 while it is free (a
+  // sole owner's drop does not write it; a shared object's last drop puts
+  // the 1 back), so allocation from a thread cache need not write it.
   std::atomic<std::uint32_t> refs{0};
   BlockKind kind = BlockKind::slab_slot;
   std::uint8_t size_class = 0;
   // Slab slots: kFreshSlot while the slot has never been handed out since
   // its slab was carved from pages no object had used (so its bytes are
-  // still the kernel's zeros); cleared by every allocation.
+  // still the kernel's zeros); cleared by every drop of a slot (so an
+  // allocation, which would have to test it, never writes it).
   std::uint16_t flags = 0;
   std::uint32_t span_page = 0;  // first page of the slab or span holding it
   std::uint32_t type_id = 0;
@@ -70,8 +74,6 @@ struct UserBlock : ControlBlock {
 // Where the object's wire header lives (defined inline in arena.hpp).
 inline std::byte* base_of(const ControlBlock* cb) noexcept;
 
-// Return the object to its pool or run the user cleanup.
-void destroy(ControlBlock* cb) noexcept;
 
 // The wire header, written on every allocation: on little-endian hosts a
 // plain copy of the fields (WireHeader::encode is the portable spelling).
@@ -89,12 +91,7 @@ inline void write_wire_header(std::byte* out, std::uint32_t type_id, std::uint64
 
 inline void retain(ControlBlock* cb) noexcept { cb->refs.fetch_add(1, std::memory_order_relaxed); }
 
-inline void release(ControlBlock* cb) noexcept {
-  // A sole owner cannot race with anyone (nobody else can copy a handle it
-  // does not have), so skip the locked RMW in the common single-owner case.
-  if (cb->refs.load(std::memory_order_acquire) == 1 || cb->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    destroy(cb);
-  }
-}
+// Dropping a reference is Ldo's (lib/pool/ldo.cpp): the drop's fast path
+// lives there, inlined into the handle's operations.
 
 }  // namespace regpool::detail

@@ -19,15 +19,36 @@ namespace {
   delete ub;
   if (cleanup) cleanup(memory);
 }
-}  // namespace
 
-void destroy(ControlBlock* cb) noexcept {
+// Return the object to its pool or run the user cleanup. Slab slots first:
+// the common drop then tests the kind once.
+[[gnu::always_inline]] inline void destroy(ControlBlock* cb) noexcept {
+  if (cb->kind == BlockKind::slab_slot) [[likely]] {
+    cb->flags = 0;  // used: no longer fresh (ControlBlock::flags)
+    PoolCore::free_slot(cb);
+    return;
+  }
   if (cb->kind == BlockKind::user) [[unlikely]] {
     destroy_user(static_cast<UserBlock*>(cb));
     return;
   }
-  cb->arena->pool()->free(cb);
+  PoolCore::free_span(cb);
 }
+
+[[gnu::always_inline]] inline void release(ControlBlock* cb) noexcept {
+  // A sole owner cannot race with anyone (nobody else can copy a handle it
+  // does not have), so the common single-owner drop is a load, no locked
+  // RMW, and leaves refs at 1, as a free pool block keeps it (see
+  // ControlBlock::refs). The last drop of a shared object puts the 1 back
+  // before the block goes anywhere another thread could take it from.
+  if (cb->refs.load(std::memory_order_acquire) == 1) [[likely]] {
+    destroy(cb);
+  } else if (cb->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    cb->refs.store(1, std::memory_order_relaxed);
+    destroy(cb);
+  }
+}
+}  // namespace
 
 }  // namespace detail
 
@@ -101,6 +122,11 @@ void Ldo::reset() noexcept {
   detail::ControlBlock* cb = cb_;
   cb_ = nullptr;
   if (cb) detail::release(cb);
+}
+
+void Ldo::drop() noexcept {
+  // The destructor's reset(): the handle dies, so nothing is cleared.
+  detail::release(cb_);
 }
 
 std::uint32_t Ldo::use_count() const noexcept { return cb_ ? cb_->refs.load(std::memory_order_relaxed) : 0; }

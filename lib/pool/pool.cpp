@@ -86,10 +86,13 @@ int asymmetric_fence_command() noexcept {
   return 0;
 }
 
-void fold(Counters& into, const Counters& from) noexcept {
+// A cache's size-class counts live in its bins (ThreadCache::Bin); its
+// Counters hold the rest.
+void fold(Counters& into, const ThreadCache& tc) noexcept {
+  const Counters& from = tc.counters;
   for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
-    shared_add(into.allocs[c], from.allocs[c].get());
-    shared_add(into.frees[c], from.frees[c].get());
+    shared_add(into.allocs[c], tc.bins[c].allocations());
+    shared_add(into.frees[c], tc.bins[c].frees.get());
   }
   shared_add(into.large_allocs, from.large_allocs.get());
   shared_add(into.large_frees, from.large_frees.get());
@@ -137,6 +140,7 @@ PoolCore::PoolCore(std::vector<std::shared_ptr<Domain>> domains, PoolConfig conf
   madvise_zero_ = config_.zero_madvise_min != 0 && config_.huge_page_size == 0 && !config_.prefault &&
                   std::none_of(domains_.begin(), domains_.end(), [](const auto& d) { return d->pins_memory(); });
   zero_by_mode_ = {config_.zero_on_allocate, true, false, false};
+  for (std::size_t m = 0; m < fast_limit_.size(); ++m) fast_limit_[m] = zero_by_mode_[m] ? 0 : kMaxObjectBytes;
   static_assert(static_cast<int>(Zeroing::pool_default) == 0 && static_cast<int>(Zeroing::zeroed) == 1 &&
                 static_cast<int>(Zeroing::uninitialized) == 2);
   fence_cmd_ = asymmetric_fence_command();
@@ -290,6 +294,7 @@ Status PoolCore::carve_slab(std::size_t cls) noexcept {
   FreeList& list = central_[cls].list;
   for (std::uint32_t i = 0; i < slots; ++i) {
     ControlBlock* cb = new (arena->block_at(start + i * size)) ControlBlock();
+    cb->refs.store(1, std::memory_order_relaxed);  // a free block's count (ControlBlock::refs)
     cb->flags = std::size_t{i} * size >= clean_from ? kFreshSlot : 0;
     cb->kind = BlockKind::slab_slot;
     cb->size_class = static_cast<std::uint8_t>(cls);
@@ -306,7 +311,7 @@ Result<ControlBlock*> PoolCore::allocate_small(std::size_t cls) noexcept {
   Central& central = central_[cls];
   if (tc) {
     auto& bin = tc->bins[cls];
-    if (bin.count == 0) {
+    if (bin.size() == 0) {
       std::lock_guard g(central.mutex);
       const std::uint32_t batch = std::max<std::uint32_t>(1, bin.limit / 2);
       Status s = Status::ok;
@@ -325,11 +330,13 @@ Result<ControlBlock*> PoolCore::allocate_small(std::size_t cls) noexcept {
       }
       if (n == 0) return s;
       if (n < batch) std::copy(bin.slots + (batch - n), bin.slots + batch, bin.slots);
-      bin.count = n;
+      bin.set_size(n);
+      bin.moved.add(n);
     }
-    ControlBlock* cb = bin.slots[--bin.count];
-    tc->counters.allocs[cls].add(1);
-    return cb;
+    // Counted by the bin (Bin::allocations).
+    const std::uint32_t left = bin.size() - 1;
+    bin.set_size(left);
+    return bin.slots[left];
   }
   std::lock_guard g(central.mutex);
   if (central.list.empty()) {
@@ -373,6 +380,7 @@ Result<ControlBlock*> PoolCore::allocate_large(std::uint64_t bytes, std::uint64_
   }
   if (!first) return Status::pool_exhausted;
   ControlBlock* cb = new (arena->block_at(std::size_t{*first} * kPage)) ControlBlock();
+  cb->refs.store(1, std::memory_order_relaxed);  // a free block's count (ControlBlock::refs)
   cb->kind = BlockKind::span;
   cb->span_page = *first;
   cb->capacity = std::uint64_t{arena->page(*first).npages} * kPage;
@@ -473,7 +481,7 @@ Result<ControlBlock*> PoolCore::allocate_slow(std::uint64_t total, std::uint64_t
 }
 
 void PoolCore::push_central(std::size_t cls, ThreadCache::Bin& from, std::uint32_t count) noexcept {
-  count = std::min(count, from.count);
+  count = std::min(count, from.size());
   {
     std::lock_guard g(central_[cls].mutex);
     for (std::uint32_t i = 0; i < count; ++i) {
@@ -483,8 +491,9 @@ void PoolCore::push_central(std::size_t cls, ThreadCache::Bin& from, std::uint32
     }
   }
   // The newest slots (the cache-hot ones) stay, at the bottom now.
-  std::copy(from.slots + count, from.slots + from.count, from.slots);
-  from.count -= count;
+  std::copy(from.slots + count, from.slots + from.size(), from.slots);
+  from.set_size(from.size() - count);
+  from.moved.add(-std::uint64_t{count});  // unsigned wrap: moved is in minus out
 }
 
 void PoolCore::maybe_release_slab_locked(std::size_t cls, ControlBlock* any_slot) noexcept {
@@ -576,7 +585,7 @@ Status PoolCore::grow_locked(std::uint64_t min_bytes, bool dedicated, std::excep
   const std::size_t count = dedicated ? 1 : std::max<std::size_t>(1, config_.growth_arenas);
   for (std::size_t i = 0; i < count; ++i) {
     if (config_.max_bytes && bytes_mapped_ + size > config_.max_bytes) return i == 0 ? Status::pool_exhausted : Status::ok;
-    auto a = Arena::create(this, size, dedicated, config_, domains_, error);
+    auto a = Arena::create(this, id_, size, dedicated, config_, domains_, error);
     if (!a) return i == 0 ? a.status() : Status::ok;
     try {
       std::unique_lock w(arenas_rw_);
@@ -628,9 +637,10 @@ void PoolCore::free_busy(ControlBlock* cb, ThreadCache* tc) noexcept {
   if (cb->kind == BlockKind::slab_slot) {
     const std::size_t cls = cb->size_class;
     auto& bin = tc->bins[cls];
-    if (bin.count == bin.limit) push_central(cls, bin, std::max<std::uint32_t>(1, bin.limit / 2));
-    bin.slots[bin.count++] = cb;
-    tc->counters.frees[cls].add(1);
+    if (bin.size() == bin.limit) push_central(cls, bin, std::max<std::uint32_t>(1, bin.limit / 2));
+    bin.slots[bin.size()] = cb;
+    bin.set_size(bin.size() + 1);
+    bin.frees.add(1);
   } else if (cb->capacity <= kSpanCacheMaxObject && !cb->arena->dedicated()) {
     tc->counters.large_frees.add(1);
     tc->counters.large_bytes_free.add(cb->capacity);
@@ -690,7 +700,7 @@ void PoolCore::free_detached(ControlBlock* cb) noexcept {
 void PoolCore::flush_cache(ThreadCache* tc) noexcept {
   for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
     auto& bin = tc->bins[c];
-    if (bin.count) push_central(c, bin, bin.count);
+    if (bin.size()) push_central(c, bin, bin.size());
   }
   std::lock_guard g(mutex_);
   for (std::uint32_t i = 0; i < tc->span_count; ++i) free_span_locked(tc->spans[i]->arena, tc->spans[i]->span_page);
@@ -700,7 +710,7 @@ void PoolCore::flush_cache(ThreadCache* tc) noexcept {
 void PoolCore::retire_cache(ThreadCache* tc) noexcept {
   // Caller holds registry_->mutex.
   flush_cache(tc);
-  fold(shared_counters_, tc->counters);
+  fold(shared_counters_, *tc);
   registry_->caches.erase(registry_->caches.iterator_to(*tc));
   tc->core = nullptr;
 }
@@ -745,7 +755,13 @@ std::uint64_t PoolCore::live_objects() const noexcept {
     frees += k.large_frees.get();
   };
   add(shared_counters_);
-  for (const ThreadCache& tc : registry_->caches) add(tc.counters);
+  for (const ThreadCache& tc : registry_->caches) {
+    add(tc.counters);
+    for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
+      allocs += tc.bins[c].allocations();
+      frees += tc.bins[c].frees.get();
+    }
+  }
   return allocs - frees;
 }
 
@@ -755,10 +771,14 @@ void PoolCore::close() noexcept {
   {
     std::lock_guard g(registry_->mutex);
     registry_->core = nullptr;  // no thread registers a cache from now on
+    for (ThreadCache& tc : registry_->caches) tc.closed.store(1, std::memory_order_relaxed);
     detached_.store(true, std::memory_order_seq_cst);
-    // A drop marks its cache busy and then reads detached_ with no fence of
-    // its own; the fence here makes each such drop either visible as busy
-    // below or see detached_ (and go to free_detached, which only counts).
+    // A drop marks its cache busy and then reads the cache's closed flag
+    // (set above) with no fence of its own; the fence here makes each such
+    // drop either visible as busy below or see the flag (and, in
+    // free_busy, detached_: free_detached, which only counts). A drop that
+    // saw the flag but not yet detached_ finishes as an ordinary drop while
+    // busy, which the wait below covers like any drop before close.
     if (!registry_->caches.empty()) fenced = syscall(SYS_membarrier, fence_cmd_, 0, 0) == 0;
     // Drops already past their check finish their work (a few list
     // operations under the pool's short-held locks); wait for them so their
@@ -772,8 +792,11 @@ void PoolCore::close() noexcept {
     while (!registry_->caches.empty()) {
       ThreadCache& tc = registry_->caches.front();
       registry_->caches.pop_front();
-      fold(shared_counters_, tc.counters);
-      for (auto& bin : tc.bins) bin.count = 0;
+      fold(shared_counters_, tc);
+      // Emptied after the fold (the bins' derived allocation counts read
+      // their sizes); the free slots stay with the arenas, which the core
+      // owns.
+      for (auto& bin : tc.bins) bin.set_size(0);
       tc.span_count = 0;
       tc.core = nullptr;
     }
@@ -833,7 +856,13 @@ PoolStats PoolCore::stats() const {
   {
     std::lock_guard g(registry_->mutex);
     add(shared_counters_);
-    for (const ThreadCache& tc : registry_->caches) add(tc.counters);
+    for (const ThreadCache& tc : registry_->caches) {
+      add(tc.counters);
+      for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
+        sum.allocs[c].add(tc.bins[c].allocations());
+        sum.frees[c].add(tc.bins[c].frees.get());
+      }
+    }
   }
   for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
     auto& sc = s.size_classes[c];

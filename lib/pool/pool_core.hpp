@@ -15,7 +15,8 @@
 // own locks, and ibv_dereg_mr of a big arena takes milliseconds).
 //
 // Close against concurrent drops: a drop marks its thread cache busy
-// (plain store), then reads detached_. close() sets detached_, runs an
+// (plain store), then reads its cache's closed flag (or detached_, without
+// a cache). close() sets both, runs an
 // asymmetric fence (membarrier: every running thread executes a full
 // barrier) and waits until no cache is busy and no uncached drop is in
 // flight. So each drop either finished before close counts the live
@@ -48,6 +49,8 @@ struct OwnerCounter {
 };
 
 struct Counters {
+  // Size classes: used by the pool's shared counters only (a thread
+  // cache's bins count their own, see ThreadCache::Bin).
   std::array<OwnerCounter, kNumSizeClasses> allocs;
   std::array<OwnerCounter, kNumSizeClasses> frees;
   OwnerCounter large_allocs, large_frees, large_bytes_alloc, large_bytes_free;
@@ -78,10 +81,27 @@ struct ThreadCache {
   // touch only the bin, never the neighbouring control blocks (a
   // doubly-linked list would write into the next block on every operation).
   // The top (slots[count - 1]) is the most recently freed, cache-hot slot.
+  //
+  // A bin counts its own traffic so that a cache hit updates one counter,
+  // not two: drops onto the bin (`frees`) and slots moved between the bin
+  // and the central list (`moved`: refills minus flushes). Every change of
+  // `count` is one of these or an allocation from the bin, so the
+  // allocations are derived: moved + frees - count (allocations()).
+  // count is read by stats() on other threads, hence atomic (relaxed loads
+  // and stores by the owner: plain moves).
   struct Bin {
     ControlBlock** slots = nullptr;  // cache_limit(c) entries in `storage`
-    std::uint32_t count = 0;
+    std::atomic<std::uint32_t> count{0};
     std::uint32_t limit = 0;
+    OwnerCounter moved;  // slots in from the central list minus slots out (wraps)
+    OwnerCounter frees;  // drops pushed onto this bin
+
+    std::uint32_t size() const noexcept { return count.load(std::memory_order_relaxed); }
+    void set_size(std::uint32_t n) noexcept { count.store(n, std::memory_order_relaxed); }
+    // Allocations served from this bin: exact on the owning thread or once
+    // it is quiescent; elsewhere a snapshot whose parts may be read at
+    // slightly different moments (as all of stats()).
+    std::uint64_t allocations() const noexcept { return moved.get() + frees.get() - size(); }
   };
   ThreadCache() noexcept {
     ControlBlock** next = storage.data();
@@ -98,6 +118,10 @@ struct ThreadCache {
   // Non-zero while the owning thread is inside a drop of this pool's
   // objects; written by the owner only, read by close().
   std::atomic<std::uint32_t> busy{0};
+  // Set by close() (before its fence) on every cache it takes over: the
+  // drop's cache hit reads this instead of the pool's detached_, in the
+  // cache line it writes anyway.
+  std::atomic<std::uint32_t> closed{0};
   std::array<Bin, kNumSizeClasses> bins;
   // Recently freed spans, oldest first; span_count of them are valid.
   std::uint32_t span_count = 0;
@@ -161,11 +185,10 @@ class PoolCore {
   }
   [[gnu::always_inline]] ControlBlock* allocate_cached(std::uint64_t data, std::uint64_t meta, std::uint32_t type_id,
                                                        std::uint64_t cap, Zeroing zeroing) noexcept {
-    if (zero_by_mode_[static_cast<std::uint8_t>(zeroing) & 3]) [[unlikely]]
-      return nullptr;
-    // One test for all three: each is below kMaxObjectBytes (a power of
-    // two) iff their OR is, so the sums below cannot overflow.
-    if ((meta | data | cap) >= kMaxObjectBytes) [[unlikely]]
+    // One test for all three sizes and the zeroing: each size is below
+    // kMaxObjectBytes (a power of two) iff their OR is, so the sums below
+    // cannot overflow; a zeroed allocation's limit is 0, so it always fails.
+    if ((meta | data | cap) >= fast_limit_[static_cast<std::uint8_t>(zeroing) & 3]) [[unlikely]]
       return nullptr;
     const std::uint64_t sections = ((meta + 7) & ~std::uint64_t{7}) + data;
     const std::uint64_t total = kWireHeaderSize + (sections > cap ? sections : cap);
@@ -178,10 +201,11 @@ class PoolCore {
     if (total <= kMaxSmallObject) [[likely]] {
       const std::size_t cls = class_of(total);
       auto& bin = tc->bins[cls];
-      if (bin.count == 0) [[unlikely]]
+      const std::uint32_t n = bin.size();
+      if (n == 0) [[unlikely]]
         return nullptr;
-      cb = bin.slots[--bin.count];
-      tc->counters.allocs[cls].add(1);
+      cb = bin.slots[n - 1];
+      bin.set_size(n - 1);
     } else {
       // Only the newest cached span here (the loop that drops and
       // reallocates one size); allocate_slow_path searches them all.
@@ -199,40 +223,43 @@ class PoolCore {
     return cb;
   }
 
-  // The drop of a pool object (its last reference). Never deregisters and
-  // never waits for anything but the pool's short-held locks.
-  void free(ControlBlock* cb) noexcept {
-    const TlsFast& f = tls_fast;
-    if (f.last_id != id_) [[unlikely]] {
-      free_without_fast_cache(cb);
+  // The drop of a pool object (its last reference), by kind: a slab slot
+  // (the common case) or a span. Never deregisters and never waits for
+  // anything but the pool's short-held locks. Static: the cache hit needs
+  // only the arena (its pool id) and the thread's cache, not the pool.
+  [[gnu::always_inline]] static void free_slot(ControlBlock* cb) noexcept {
+    Arena* const a = cb->arena;
+    ThreadCache* tc = busy_cache(cb, a);
+    if (!tc) [[unlikely]]
       return;
-    }
-    ThreadCache* tc = f.last;
-    // busy before detached_: close() pairs its store of detached_ and an
-    // asymmetric fence with this (see the locking notes above); a compiler
-    // barrier is all this side needs.
-    tc->busy.store(1, std::memory_order_relaxed);
-    std::atomic_signal_fence(std::memory_order_seq_cst);
-    if (!detached_.load(std::memory_order_relaxed)) [[likely]] {
-      if (cb->kind == BlockKind::slab_slot) [[likely]] {
-        const std::size_t cls = cb->size_class;
-        auto& bin = tc->bins[cls];
-        if (bin.count < bin.limit) [[likely]] {
-          bin.slots[bin.count++] = cb;
-          tc->counters.frees[cls].add(1);
-          tc->busy.store(0, std::memory_order_release);
-          return;
-        }
-      } else if (tc->span_count < kSpanCacheEntries && cb->capacity <= kSpanCacheMaxObject &&
-                 !cb->arena->dedicated()) {
-        tc->spans[tc->span_count++] = cb;
-        tc->counters.large_frees.add(1);
-        tc->counters.large_bytes_free.add(cb->capacity);
+    if (!tc->closed.load(std::memory_order_relaxed)) [[likely]] {
+      const std::size_t cls = cb->size_class;
+      auto& bin = tc->bins[cls];
+      const std::uint32_t n = bin.size();
+      if (n < bin.limit) [[likely]] {
+        bin.slots[n] = cb;
+        bin.set_size(n + 1);
+        bin.frees.add(1);
         tc->busy.store(0, std::memory_order_release);
         return;
       }
     }
-    free_busy(cb, tc);
+    a->pool()->free_busy(cb, tc);
+  }
+  [[gnu::always_inline]] static void free_span(ControlBlock* cb) noexcept {
+    Arena* const a = cb->arena;
+    ThreadCache* tc = busy_cache(cb, a);
+    if (!tc) [[unlikely]]
+      return;
+    if (!tc->closed.load(std::memory_order_relaxed) && tc->span_count < kSpanCacheEntries &&
+        cb->capacity <= kSpanCacheMaxObject && !a->dedicated()) [[likely]] {
+      tc->spans[tc->span_count++] = cb;
+      tc->counters.large_frees.add(1);
+      tc->counters.large_bytes_free.add(cb->capacity);
+      tc->busy.store(0, std::memory_order_release);
+      return;
+    }
+    a->pool()->free_busy(cb, tc);
   }
   bool closed() const noexcept { return detached_.load(std::memory_order_acquire); }
   std::size_t trim() noexcept;
@@ -264,6 +291,23 @@ class PoolCore {
     FreeList list;
   };
 
+  // The start of a drop of `cb` (in arena `a`): this thread's cache for the
+  // pool, marked busy, or nullptr when the thread has none in tls_fast and
+  // the drop has been done without it. busy before closed: close() pairs
+  // its stores of closed (and detached_) and an asymmetric fence with this
+  // (see the locking notes above); a compiler barrier is all this side
+  // needs.
+  [[gnu::always_inline]] static ThreadCache* busy_cache(ControlBlock* cb, Arena* a) noexcept {
+    const TlsFast& f = tls_fast;
+    if (f.last_id != a->pool_id()) [[unlikely]] {
+      a->pool()->free_without_fast_cache(cb);
+      return nullptr;
+    }
+    ThreadCache* tc = f.last;
+    tc->busy.store(1, std::memory_order_relaxed);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    return tc;
+  }
   // This thread's cache if it is the one tls_fast remembers (ids are never
   // reused, so never stale), else nullptr: no lookup, no registration.
   ThreadCache* cached_thread_cache() const noexcept {
@@ -289,15 +333,14 @@ class PoolCore {
   // What every allocation does last: the control block's fields and the
   // wire header (a pool object's bytes start at arena base + its granule).
   static void init_object(ControlBlock* cb, std::uint64_t data, std::uint64_t meta, std::uint32_t type_id) noexcept {
-    // Handed out: no longer fresh. Tested first, as only a slot's first
-    // allocation finds the flag set.
-    if (cb->flags) [[unlikely]]
-      cb->flags = 0;
-    cb->refs.store(1, std::memory_order_relaxed);
+    // kFreshSlot stays set while a slot's first object lives and is
+    // cleared by its drop (destroy() in ldo.cpp): the only reader is the
+    // allocation that may zero the slot, and a live slot is never
+    // allocated. refs is already 1 (ControlBlock::refs).
     cb->type_id = type_id;
     cb->meta_size = meta;
     cb->data_size = data;
-    write_wire_header(cb->arena->base() + cb->arena->offset_of(cb), type_id, meta, data);
+    write_wire_header(cb->arena->object_of(cb), type_id, meta, data);
   }
 
   ThreadCache* thread_cache() noexcept {
@@ -350,6 +393,9 @@ class PoolCore {
   // Whether an allocation is zeroed, by LdoShape::zeroing (pool_default,
   // zeroed, uninitialized; the fourth entry catches out-of-range values).
   std::array<bool, 4> zero_by_mode_{};
+  // allocate_cached's size limit by the same index: kMaxObjectBytes, or 0
+  // where zeroing applies (the slow path zeroes).
+  std::array<std::uint64_t, 4> fast_limit_{};
   std::vector<std::shared_ptr<Domain>> domains_;
 
   // mutable: stats() locks them to read slab occupancy.

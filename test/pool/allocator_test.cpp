@@ -5,9 +5,11 @@
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cstring>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "regpool/host_domain.hpp"
@@ -498,4 +500,58 @@ TEST_CASE("numa binding puts the arena under a bind policy for the node", "[pool
     CHECK(e.status() == Status::unsupported);
   }
 #endif
+}
+
+// A thread cache's bins count drops and refills/flushes and derive their
+// allocations (ThreadCache::Bin): the totals must stay exact across bins
+// that fill and empty many times, on several threads, before and after the
+// threads exit.
+TEST_CASE("allocation counts stay exact across refills, flushes and threads", "[pool][telemetry]") {
+  auto d = std::make_shared<FakeDomain>();
+  Pool pool({d}, small_config(8));
+  constexpr std::size_t kLive = 3000;  // beyond any bin's depth: refills and flushes
+  auto round = [&](std::size_t size) {
+    std::vector<Ldo> live;
+    for (std::size_t i = 0; i < kLive; ++i) live.push_back(*pool.allocate(size));
+    return live;
+  };
+  {
+    auto live = round(100);
+    PoolStats s = pool.stats();
+    CHECK(s.allocations == kLive);
+    CHECK(s.live_objects == kLive);
+    CHECK(s.releases == 0);
+  }
+  PoolStats s = pool.stats();
+  CHECK(s.allocations == kLive);
+  CHECK(s.releases == kLive);
+  CHECK(s.live_objects == 0);
+
+  // Another thread allocates, this one drops half (cross-thread frees), the
+  // stats seen while that thread still holds its cache, then after it exits.
+  std::vector<Ldo> from_other;
+  std::atomic<int> phase{0};
+  std::thread other([&] {
+    from_other = round(100);
+    for (int i = 0; i < 100; ++i) (void)pool.allocate(3000);  // another class, dropped at once
+    phase.store(1);
+    while (phase.load() != 2) std::this_thread::yield();
+  });
+  while (phase.load() != 1) std::this_thread::yield();
+  from_other.resize(kLive / 2);
+  s = pool.stats();
+  CHECK(s.allocations == 2 * kLive + 100);
+  CHECK(s.live_objects == kLive / 2);
+  phase.store(2);
+  other.join();
+  s = pool.stats();
+  CHECK(s.allocations == 2 * kLive + 100);
+  CHECK(s.live_objects == kLive / 2);
+  std::size_t class_live = 0;
+  for (const auto& c : s.size_classes) class_live += c.live;
+  CHECK(class_live == kLive / 2);
+  from_other.clear();
+  s = pool.stats();
+  CHECK(s.live_objects == 0);
+  CHECK(s.releases == s.allocations);
 }

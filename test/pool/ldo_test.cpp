@@ -258,3 +258,55 @@ TEST_CASE("user memory: bad input and failed eager registration", "[ldo][user][b
   }
   CHECK(cleanups == 0);  // the caller still owns its memory
 }
+
+// A free pool block keeps one reference (the sole owner's drop does not
+// write the count; the last drop of a shared object puts the 1 back), so
+// allocation from a thread cache does not write it. Whichever way an object
+// went, its slot's next object must start with exactly one reference.
+TEST_CASE("a reused object starts with one reference however the last one was dropped", "[ldo]") {
+  auto d = std::make_shared<FakeDomain>();
+  Pool pool({d}, cfg2());
+  std::byte* first = nullptr;
+  {
+    Ldo a = *pool.allocate(100);
+    first = a.base();
+    Ldo b = a;  // shared: the last drop takes the decrement
+    a.reset();
+    CHECK(b.use_count() == 1);
+  }
+  Ldo again = *pool.allocate(100);
+  CHECK(again.base() == first);  // the same slot, from this thread's cache
+  CHECK(again.use_count() == 1);
+  again.reset();
+  CHECK(pool.stats().live_objects == 0);
+
+  // Copies dropped on two threads at once: either may take the last
+  // decrement (and the drop), every reused slot still starts at one.
+  constexpr int kRounds = 2000;
+  std::vector<Ldo> handed(kRounds);
+  for (auto& h : handed) h = *pool.allocate(64);
+  std::vector<Ldo> copies(handed);
+  std::atomic<int> go{0};
+  std::thread other([&] {
+    go.fetch_add(1);
+    while (go.load() < 2) {
+    }
+    for (auto& c : copies) c.reset();
+    for (int i = 0; i < kRounds; ++i) {
+      Ldo r = *pool.allocate(64);
+      CHECK(r.use_count() == 1);
+      Ldo copy = r;
+      CHECK(r.use_count() == 2);
+    }
+  });
+  go.fetch_add(1);
+  while (go.load() < 2) {
+  }
+  for (auto& h : handed) h.reset();
+  other.join();
+  for (int i = 0; i < kRounds; ++i) {
+    Ldo r = *pool.allocate(64);
+    CHECK(r.use_count() == 1);
+  }
+  CHECK(pool.stats().live_objects == 0);
+}
