@@ -140,6 +140,11 @@ struct MessengerStats {
   std::uint64_t unexpected = 0;         // messages that arrived before their receive
   std::uint64_t unexpected_held = 0;    // held now
   std::uint64_t unexpected_bytes = 0;   // bytes held now (LDO capacity)
+  // Registered memory held for receiving, now: the bounce LDOs (capacity),
+  // posted or waiting to be reposted. Fixed by receive_buffers and the
+  // eager threshold, whatever the number of peers; add unexpected_bytes for
+  // everything received and not yet handed to the application.
+  std::uint64_t receive_buffer_bytes = 0;
   std::uint64_t credit_stalls = 0;      // sends that waited for credits
   std::uint64_t credits_withheld = 0;   // credits held back because of the budget
   std::uint64_t credit_messages = 0;    // credit-only messages sent
