@@ -119,7 +119,10 @@ struct MessengerConfig {
   // Operations (sends, receives, requests) in flight at once; beyond it
   // calls answer would_block. Preallocated.
   std::size_t max_operations = 1024;
-  // Unexpected messages held at once (entries; preallocated).
+  // Unexpected messages held at once (entries; preallocated). Credits come
+  // back at once only while the table keeps room for peer_credits more
+  // from every peer heard from; at least peers x peer_credits, or a
+  // receiver that does not read can run out of entries and drop messages.
   std::size_t max_unexpected = 4096;
   // PeerIds this Messenger serves (0 .. max_peers-1; preallocated).
   std::size_t max_peers = 1024;
