@@ -45,6 +45,7 @@
 // reported per op and size.
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1331,8 +1332,16 @@ struct PeersRow {
   std::uint64_t unexpected_peak_bytes = 0;  // unexpected alone (peak)
   std::int64_t endpoint_memory_bytes = 0;   // server RSS growth over the round
   bool has_endpoint_memory = false;
+  double server_cpu_seconds = 0;            // the server's user + system time in the timed loop
   std::string error;
 };
+
+double cpu_seconds() {
+  rusage u{};
+  if (::getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6; };
+  return sec(u.ru_utime) + sec(u.ru_stime);
+}
 
 std::int64_t resident_bytes() {
   std::FILE* f = std::fopen("/proc/self/statm", "r");
@@ -1409,6 +1418,7 @@ void peers_server(const Config& c, regpool::TcpBootstrap& boot, std::FILE* out) 
     while (posted < depth) post();
     boot.barrier(kPeersBoot);  // start
     const auto t0 = Clock::now();
+    const double cpu0 = cpu_seconds();
     while (received < total) {
       (void)peers_wait(m, boot, ring[received % depth], "peers receive");
       ++received;
@@ -1416,14 +1426,15 @@ void peers_server(const Config& c, regpool::TcpBootstrap& boot, std::FILE* out) 
       if ((received & 63) == 0) sample();
     }
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+    const auto cpu_ns = static_cast<long long>((cpu_seconds() - cpu0) * 1e9);
     sample();
     boot.barrier(kPeersBoot);  // every client's sends completed
     const std::int64_t rss1 = resident_bytes();
-    std::fprintf(out, "row %llu %llu %lld %llu %llu %llu %lld\n", static_cast<unsigned long long>(size),
+    std::fprintf(out, "row %llu %llu %lld %llu %llu %llu %lld %lld\n", static_cast<unsigned long long>(size),
                  static_cast<unsigned long long>(total), static_cast<long long>(ns),
                  static_cast<unsigned long long>(peak), static_cast<unsigned long long>(peak_bounces),
                  static_cast<unsigned long long>(peak_unexpected),
-                 static_cast<long long>(rss0 >= 0 && rss1 >= 0 ? rss1 - rss0 : INT64_MIN));
+                 static_cast<long long>(rss0 >= 0 && rss1 >= 0 ? rss1 - rss0 : INT64_MIN), cpu_ns);
     std::fflush(out);
   }
   boot.barrier(kPeersBoot);  // nobody tears down while another still sends
@@ -1527,9 +1538,9 @@ std::vector<PeersRow> peers_round(const Config& c, std::uint64_t n) {
     }
     while (std::fgets(line, sizeof line, in)) {
       unsigned long long sz = 0, msgs = 0, peak = 0, bounces = 0, unexp = 0;
-      long long ns = 0, rss = 0;
-      if (std::sscanf(line, "row %llu %llu %lld %llu %llu %llu %lld", &sz, &msgs, &ns, &peak, &bounces, &unexp,
-                      &rss) != 7) {
+      long long ns = 0, rss = 0, cpu_ns = 0;
+      if (std::sscanf(line, "row %llu %llu %lld %llu %llu %llu %lld %lld", &sz, &msgs, &ns, &peak, &bounces, &unexp,
+                      &rss, &cpu_ns) != 8) {
         continue;
       }
       PeersRow row;
@@ -1542,6 +1553,7 @@ std::vector<PeersRow> peers_round(const Config& c, std::uint64_t n) {
       row.unexpected_peak_bytes = unexp;
       row.has_endpoint_memory = rss != INT64_MIN;
       row.endpoint_memory_bytes = rss;
+      row.server_cpu_seconds = static_cast<double>(cpu_ns) / 1e9;
       rows.push_back(row);
     }
   }
@@ -1609,6 +1621,11 @@ int peers_main(const Options& o) {
       s += "{\"peers\":" + std::to_string(r.peers) + ",\"size\":" + std::to_string(r.size);
       s += ",\"messages\":" + std::to_string(r.messages) + ",\"seconds\":" + json_number(r.seconds);
       s += ",\"rate_Mops\":" + (r.error.empty() ? json_number(rate(r)) : std::string("null"));
+      // The server's CPU time per message: flat with N means a falling rate
+      // comes from sharing the cores, not from work per peer.
+      s += ",\"server_cpu_us_per_message\":" +
+           (r.error.empty() && r.messages ? json_number(r.server_cpu_seconds * 1e6 / static_cast<double>(r.messages))
+                                          : std::string("null"));
       s += ",\"receive_memory_bytes\":" + std::to_string(r.receive_memory_bytes);
       s += ",\"receive_buffer_bytes\":" + std::to_string(r.receive_buffer_bytes);
       s += ",\"unexpected_peak_bytes\":" + std::to_string(r.unexpected_peak_bytes);
