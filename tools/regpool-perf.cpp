@@ -1380,6 +1380,12 @@ regpool::MessageCompletion peers_wait(regpool::Messenger& m, const regpool::TcpB
 }
 
 constexpr auto kPeersBoot = std::chrono::duration_cast<std::chrono::milliseconds>(kPeersTimeout);
+// Setup (bootstrap admission, opening N+1 endpoints, the name exchange)
+// scales with the processes sharing the cores: a tcp endpoint takes about
+// 0.35 s of CPU to open, and 64 of them on 2 loaded cores outlasted 60 s.
+std::chrono::milliseconds peers_setup_timeout(std::uint64_t n) {
+  return kPeersBoot + std::chrono::milliseconds(5000) * static_cast<std::int64_t>(n);
+}
 
 // Rank 0. Writes one line per size to `out`: "row SIZE MESSAGES NS RECVMEM
 // BOUNCES UNEXPECTED RSSDELTA".
@@ -1393,9 +1399,9 @@ void peers_server(const Config& c, regpool::TcpBootstrap& boot, std::FILE* out) 
   const Slice rx_all = must(Slice::data(rx), "receive slice");
   const std::int64_t rss0 = resident_bytes();
   const auto name = s.ep->name();
-  auto names = boot.allgather(std::vector<std::byte>(name.begin(), name.end()), kPeersBoot);
+  auto names = boot.allgather(std::vector<std::byte>(name.begin(), name.end()), peers_setup_timeout(n));
   for (std::uint64_t r = 1; r <= n; ++r) (void)s.ep->insert_peer(names[r]);
-  boot.barrier(kPeersBoot);  // every Messenger has its receives posted, every peer is inserted
+  boot.barrier(peers_setup_timeout(n));  // every Messenger has its receives posted, every peer is inserted
   for (const auto size : c.sizes) {
     const Slice in = must(rx_all.select(0, size), "receive slice");
     const std::uint64_t total = n * c.iters;
@@ -1447,9 +1453,10 @@ void peers_client(const Config& c, regpool::TcpBootstrap& boot) {
   auto tx = s.alloc(c.max_size());
   const Slice tx_all = must(Slice::data(tx), "send slice");
   const auto name = s.ep->name();
-  auto names = boot.allgather(std::vector<std::byte>(name.begin(), name.end()), kPeersBoot);
+  auto names = boot.allgather(std::vector<std::byte>(name.begin(), name.end()),
+                              peers_setup_timeout(static_cast<std::uint64_t>(boot.size() - 1)));
   const auto server = s.ep->insert_peer(names[0]);
-  boot.barrier(kPeersBoot);
+  boot.barrier(peers_setup_timeout(static_cast<std::uint64_t>(boot.size() - 1)));
   for (const auto size : c.sizes) {
     const Slice out = must(tx_all.select(0, size), "send slice");
     std::vector<regpool::MessageToken> ring(c.window);
@@ -1503,7 +1510,7 @@ std::vector<PeersRow> peers_round(const Config& c, std::uint64_t n) {
     regpool::TcpBootstrapConfig bc;
     bc.rank = 0;
     bc.size = size;
-    bc.connect_timeout = kPeersBoot;
+    bc.connect_timeout = peers_setup_timeout(n);
     regpool::TcpBootstrap boot(bc);
     std::FILE* out = ::fdopen(fds[1], "w");
     if (!out) throw regpool::Error(Status::transport_error, errno, "fdopen");
@@ -1530,7 +1537,7 @@ std::vector<PeersRow> peers_round(const Config& c, std::uint64_t n) {
         bc.rank = static_cast<int>(r);
         bc.size = size;
         bc.port = static_cast<std::uint16_t>(port);
-        bc.connect_timeout = kPeersBoot;
+        bc.connect_timeout = peers_setup_timeout(n);
         regpool::TcpBootstrap boot(bc);
         g_peer_label = "the server";
         peers_client(c, boot);
