@@ -103,9 +103,12 @@ struct MessengerConfig {
   // rendezvous whatever its own threshold.
   std::uint64_t eager_threshold = 0;
   // Receives kept posted, each a bounce LDO of 64 + eager_threshold bytes
-  // from the pool. Should cover peers x peer_credits x 2 (messages plus
-  // control messages) for the peers that send at once: on verbs a message
-  // with no posted receive waits in RNR retries.
+  // from the pool, shared by every peer: receive memory does not grow with
+  // the number of peers (docs/scale.md). Size it by traffic (messages that
+  // arrive between two reposts); a message that finds none posted waits in
+  // the provider (libfabric) or in RNR retries (verbs, retried without
+  // limit), so too few costs speed, not messages. peers x peer_credits x 2
+  // (messages plus control messages) avoids every such wait.
   std::size_t receive_buffers = 64;
   // Eager messages and rendezvous notices each peer may have outstanding
   // here before credits come back (1 .. 65535): this side's grant,
