@@ -5,6 +5,7 @@
 //   regpool-perf --server [--port P] [--bind ADDR]      (target, rank 0)
 //   regpool-perf --client HOST[:PORT] [options]         (initiator, rank 1)
 //   regpool-perf --loopback [options]                   (forks both)
+//   regpool-perf --peers 2,8,32,64 [options]            (one server, N clients)
 //
 // The client decides what runs (provider, sizes, iterations, ops, window)
 // and sends its configuration to the server through the TCP bootstrap, so
@@ -44,6 +45,7 @@
 // reported per op and size.
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -100,6 +102,9 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::uint16_t kDefaultPort = 18515;  // ib_write_bw's, for familiarity
 constexpr std::uint64_t kMaxWindow = 512;
+// --peers: client processes per round (each a whole process with its own
+// endpoint; 256 on 2 cores is already slow to start).
+constexpr std::uint64_t kMaxPeers = 256;
 // Bandwidth runs move at most this many bytes per op and size, so a 1 GiB
 // size does not run --iters (1000) times.
 constexpr std::uint64_t kMaxBandwidthBytes = std::uint64_t{1} << 30;
@@ -120,6 +125,7 @@ void usage(std::FILE* to) {
   std::fprintf(
       to,
       "usage: regpool-perf --server [--port P] [--bind ADDR] [--json] [--[no-]progress]\n"
+      "       regpool-perf --peers LIST [options]\n"
       "       regpool-perf --client HOST[:PORT] [options]\n"
       "       regpool-perf --loopback [options]\n"
       "Two-process latency and bandwidth of put, get, send and atomics between LDOs,\n"
@@ -129,6 +135,16 @@ void usage(std::FILE* to) {
       "  --bind ADDR      server: address to listen on (default 0.0.0.0)\n"
       "  --client HOST[:PORT]  run the initiator against a server (default port 18515)\n"
       "  --loopback       fork a server and a client on 127.0.0.1\n"
+      "  --peers LIST     scale test: for each N in LIST (e.g. 2,8,32,64; 1..256) fork\n"
+      "                   one server and N client processes on 127.0.0.1; each client\n"
+      "                   streams --iters Messenger tagged messages of each size (default\n"
+      "                   8 bytes) with --window in flight, the server receives from any\n"
+      "                   peer; reports per N the aggregate message rate, the server's\n"
+      "                   registered receive memory at its peak (receive_memory_bytes:\n"
+      "                   bounce buffers plus held unexpected messages) and the growth\n"
+      "                   of its resident memory over the round (endpoint_memory_bytes).\n"
+      "                   Takes --provider (default shm), --sizes, --iters, --window,\n"
+      "                   --wait, --tagged-threshold, --json\n"
       "Client and loopback options:\n"
       "  --provider NAME  libfabric provider: shm, tcp (runs tcp;ofi_rxm), or any other\n"
       "                   name fi_getinfo knows (default shm with --loopback, else tcp);\n"
@@ -176,7 +192,7 @@ void usage(std::FILE* to) {
       "arguments.\n");
 }
 
-enum class Mode { none, server, client, loopback };
+enum class Mode { none, server, client, loopback, peers };
 
 std::optional<regpool::WaitMode> parse_wait(const std::string& v) {
   for (auto m : {regpool::WaitMode::spin, regpool::WaitMode::sleep, regpool::WaitMode::adaptive}) {
@@ -284,6 +300,9 @@ struct Options {
   bool progress = false;
   bool no_progress = false;
   bool provider_given = false;
+  // --peers: the client counts, one round (a server and that many client
+  // processes) each.
+  std::vector<std::uint64_t> peers;
   Config config;
 };
 
@@ -291,12 +310,14 @@ Options parse_args(int argc, char** argv, bool& help) {
   Options o;
   bool client_only_option = false;
   bool cold = false;
+  bool sizes_given = false;
+  std::string not_for_peers;  // an option --peers has no use for
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     using regpool_tools::is_option;
     using regpool_tools::option_value;
     auto set_mode = [&](Mode m) {
-      if (o.mode != Mode::none) throw UsageError("give exactly one of --server, --client, --loopback");
+      if (o.mode != Mode::none) throw UsageError("give exactly one of --server, --client, --loopback, --peers");
       o.mode = m;
     };
     if (a == "--help" || a == "-h") {
@@ -306,6 +327,12 @@ Options parse_args(int argc, char** argv, bool& help) {
       set_mode(Mode::server);
     } else if (a == "--loopback") {
       set_mode(Mode::loopback);
+    } else if (is_option(a, "--peers")) {
+      set_mode(Mode::peers);
+      for (const auto& v : regpool_tools::split(option_value(argc, argv, i, "--peers"), ',')) {
+        o.peers.push_back(regpool_tools::parse_uint(v, "--peers", 1, kMaxPeers));
+      }
+      if (o.peers.empty()) throw UsageError("--peers needs a list of client counts");
     } else if (is_option(a, "--client")) {
       set_mode(Mode::client);
       std::string v = option_value(argc, argv, i, "--client");
@@ -317,9 +344,11 @@ Options parse_args(int argc, char** argv, bool& help) {
       if (v.empty()) throw UsageError("--client needs a host name or address");
       o.host = v;
     } else if (is_option(a, "--port")) {
+      not_for_peers = a;
       o.port = static_cast<std::uint16_t>(
           regpool_tools::parse_uint(option_value(argc, argv, i, "--port"), "--port", 1, 65535));
     } else if (is_option(a, "--bind")) {
+      not_for_peers = a;
       o.bind = option_value(argc, argv, i, "--bind");
     } else if (is_option(a, "--provider")) {
       o.config.provider = option_value(argc, argv, i, "--provider");
@@ -327,6 +356,7 @@ Options parse_args(int argc, char** argv, bool& help) {
       o.provider_given = true;
       client_only_option = true;
     } else if (is_option(a, "--sizes")) {
+      sizes_given = true;
       o.config.sizes = regpool_tools::parse_size_list(option_value(argc, argv, i, "--sizes"), "--sizes");
       if (o.config.sizes.front() == 0) throw UsageError("--sizes: sizes must be at least 1 byte");
       if (o.config.sizes.back() > (std::uint64_t{1} << 32)) throw UsageError("--sizes: at most 4 GiB");
@@ -344,6 +374,7 @@ Options parse_args(int argc, char** argv, bool& help) {
       o.config.window = regpool_tools::parse_uint(option_value(argc, argv, i, "--window"), "--window", 1, kMaxWindow);
       client_only_option = true;
     } else if (is_option(a, "--ops")) {
+      not_for_peers = a;
       o.config.put = o.config.get = o.config.send = o.config.atomic = o.config.expose = o.config.tagged = false;
       o.config.memcpy = false;
       for (const auto& op : regpool_tools::split(option_value(argc, argv, i, "--ops"), ',')) {
@@ -371,6 +402,7 @@ Options parse_args(int argc, char** argv, bool& help) {
                                                             "--tagged-threshold", 64, std::uint64_t{1} << 30);
       client_only_option = true;
     } else if (is_option(a, "--expose-mode")) {
+      not_for_peers = a;
       const std::string m = option_value(argc, argv, i, "--expose-mode");
       if (m == "standard") {
         o.config.expose_mode = regpool::ExposureMode::standard;
@@ -381,9 +413,11 @@ Options parse_args(int argc, char** argv, bool& help) {
       }
       client_only_option = true;
     } else if (a == "--cold") {
+      not_for_peers = a;
       cold = true;
       client_only_option = true;
     } else if (is_option(a, "--cold-bytes")) {
+      not_for_peers = a;
       o.config.cold_bytes = regpool_tools::parse_size(option_value(argc, argv, i, "--cold-bytes"), "--cold-bytes");
       if (o.config.cold_bytes == 0 || o.config.cold_bytes > kMaxColdBytes) {
         throw UsageError("--cold-bytes: between 1 byte and " + format_size(kMaxColdBytes));
@@ -399,12 +433,17 @@ Options parse_args(int argc, char** argv, bool& help) {
       throw UsageError("unknown argument '" + a + "'");
     }
   }
-  if (o.mode == Mode::none) throw UsageError("give one of --server, --client HOST[:PORT], --loopback");
+  if (o.mode == Mode::none) throw UsageError("give one of --server, --client HOST[:PORT], --loopback, --peers LIST");
+  if (o.mode == Mode::peers && !not_for_peers.empty()) {
+    throw UsageError("--peers runs its own server and clients streaming tagged messages; " + not_for_peers +
+                     " does not apply");
+  }
   if (o.mode == Mode::server && client_only_option) {
     throw UsageError(
         "the server takes provider, sizes, iterations, window, ops and expose mode from the client; give them there");
   }
-  if (o.config.provider.empty()) o.config.provider = o.mode == Mode::loopback ? "shm" : "tcp";
+  if (o.config.provider.empty()) o.config.provider = o.mode == Mode::loopback || o.mode == Mode::peers ? "shm" : "tcp";
+  if (o.mode == Mode::peers && !sizes_given) o.config.sizes = {8};
   if (cold && o.config.cold_bytes == 0) {
     o.config.cold_bytes =
         std::clamp<std::uint64_t>(4 * regpool_tools::last_level_cache_bytes(), kMinColdBytes, kMaxColdBytes);
@@ -426,7 +465,9 @@ struct Side {
   std::string provider;           // as the backend names itself
   bool emulated_atomics = false;
 
-  Side(const Config& c, bool loopback, const char* name) {
+  // serve_atomics: open the control endpoint that serves emulated atomics
+  // (tcp); --peers runs no atomics and skips its cost (about 1 s per open).
+  Side(const Config& c, bool loopback, const char* name, bool serve_atomics = true) {
     regpool::EndpointConfig ec;
     // Plus the Messenger's posted receives and rendezvous gets (--ops tagged).
     ec.max_in_flight = 2 * kMaxWindow + 16 + 256;
@@ -460,7 +501,7 @@ struct Side {
     make_pool(c, name);
     // Runs may direct atomics at either side (emulated on tcp): serve them.
     regpool::FabricEndpointOptions fo;
-    fo.emulated_atomics = regpool::FabricEndpointOptions::EmulatedAtomics::serve;
+    if (serve_atomics) fo.emulated_atomics = regpool::FabricEndpointOptions::EmulatedAtomics::serve;
     auto fep = regpool::FabricEndpoint::open(fd, ec, fo);
     emulated_atomics = fep->emulates_atomics();
     ep = std::move(fep);
@@ -1268,6 +1309,362 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
   return rows;
 }
 
+// ------------------------------------------------------------ --peers
+// One server and N client processes per round (issue 14: memory per peer).
+// Every client streams --iters Messenger tagged messages of each size to the
+// server (--window in flight); the server keeps kPeersServerRecvs receives
+// from any peer posted, and reports per size the aggregate message rate
+// (all messages / its time from the start barrier to the last arrival),
+// the registered memory it held for receiving at its peak (the Messenger's
+// bounce LDOs plus unexpected messages, MessengerStats), and the growth of
+// its resident memory from before the peers were inserted to the end of the
+// round (the provider's per-peer state: connections, queues; plus any pool
+// growth). The parent process only forks and collects: it never opens
+// libfabric, so every round starts from fresh processes.
+constexpr std::uint64_t kPeersServerRecvs = 64;
+constexpr auto kPeersTimeout = 60s;  // bound on one wait of a round (no message for that long)
+
+struct PeersRow {
+  std::uint64_t peers = 0, size = 0, messages = 0;
+  double seconds = 0;
+  std::uint64_t receive_memory_bytes = 0;   // peak of bounces + unexpected
+  std::uint64_t receive_buffer_bytes = 0;   // bounces alone (peak)
+  std::uint64_t unexpected_peak_bytes = 0;  // unexpected alone (peak)
+  std::int64_t endpoint_memory_bytes = 0;   // server RSS growth over the round
+  bool has_endpoint_memory = false;
+  double server_cpu_seconds = 0;            // the server's user + system time in the timed loop
+  std::string error;
+};
+
+double cpu_seconds() {
+  rusage u{};
+  if (::getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6; };
+  return sec(u.ru_utime) + sec(u.ru_stime);
+}
+
+std::int64_t resident_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return -1;
+  long long total = 0, rss = 0;
+  const int n = std::fscanf(f, "%lld %lld", &total, &rss);
+  std::fclose(f);
+  return n == 2 ? rss * ::sysconf(_SC_PAGESIZE) : -1;
+}
+
+// Waits for a Messenger operation in 100 ms slices, checking the bootstrap
+// connections (a dead process ends the round at once).
+// The Messenger's counters, for the message of a round that failed.
+std::string messenger_state(const regpool::Messenger& m) {
+  const auto st = m.stats();
+  return "messenger: received " + std::to_string(st.received) + ", unexpected held " +
+         std::to_string(st.unexpected_held) + ", rejected " + std::to_string(st.rejected) + ", credit stalls " +
+         std::to_string(st.credit_stalls) + ", credits withheld " + std::to_string(st.credits_withheld);
+}
+
+regpool::MessageCompletion peers_wait(regpool::Messenger& m, const regpool::TcpBootstrap& boot,
+                                      regpool::MessageToken t, const char* what) {
+  const auto deadline = Clock::now() + kPeersTimeout;
+  for (;;) {
+    auto c = m.wait(t, 100ms);
+    if (c.status == Status::ok) return c;
+    if (c.status != Status::in_progress) op_failed(c.status, what + (" (" + messenger_state(m) + ")"));
+    if (const std::string lost = boot.lost_peer(); !lost.empty()) {
+      throw regpool::Error(Status::peer_unreachable, 0,
+                           std::string(what) + ": a process is gone (bootstrap " + lost + "; " + messenger_state(m) + ")");
+    }
+    if (Clock::now() > deadline) {
+      throw regpool::Error(Status::timeout, 0, std::string(what) + ": no progress (" + messenger_state(m) + ")");
+    }
+  }
+}
+
+constexpr auto kPeersBoot = std::chrono::duration_cast<std::chrono::milliseconds>(kPeersTimeout);
+// Setup (bootstrap admission, opening N+1 endpoints, the name exchange)
+// scales with the processes sharing the cores: a tcp endpoint takes about
+// 0.35 s of CPU to open, and 64 of them on 2 loaded cores outlasted 60 s.
+std::chrono::milliseconds peers_setup_timeout(std::uint64_t n) {
+  return kPeersBoot + std::chrono::milliseconds(5000) * static_cast<std::int64_t>(n);
+}
+
+// Rank 0. Writes one line per size to `out`: "row SIZE MESSAGES NS RECVMEM
+// BOUNCES UNEXPECTED RSSDELTA".
+void peers_server(const Config& c, regpool::TcpBootstrap& boot, std::FILE* out) {
+  const std::uint64_t n = static_cast<std::uint64_t>(boot.size() - 1);
+  Side s(c, true, "perf-peers-server", false);
+  regpool::MessengerConfig mc = tagged_config(c);
+  mc.max_peers = std::max<std::size_t>(mc.max_peers, n + 1);
+  regpool::Messenger m(*s.ep, *s.pool, mc);
+  auto rx = s.alloc(c.max_size());
+  const Slice rx_all = must(Slice::data(rx), "receive slice");
+  const std::int64_t rss0 = resident_bytes();
+  const auto name = s.ep->name();
+  auto names = boot.allgather(std::vector<std::byte>(name.begin(), name.end()), peers_setup_timeout(n));
+  for (std::uint64_t r = 1; r <= n; ++r) (void)s.ep->insert_peer(names[r]);
+  boot.barrier(peers_setup_timeout(n));  // every Messenger has its receives posted, every peer is inserted
+  for (const auto size : c.sizes) {
+    const Slice in = must(rx_all.select(0, size), "receive slice");
+    const std::uint64_t total = n * c.iters;
+    const std::uint64_t depth = std::min(total, kPeersServerRecvs);
+    std::vector<regpool::MessageToken> ring(depth);
+    std::uint64_t posted = 0, received = 0;
+    std::uint64_t peak = 0, peak_bounces = 0, peak_unexpected = 0;
+    auto sample = [&]() {
+      const auto st = m.stats();
+      peak = std::max(peak, st.receive_buffer_bytes + st.unexpected_bytes);
+      peak_bounces = std::max(peak_bounces, st.receive_buffer_bytes);
+      peak_unexpected = std::max(peak_unexpected, st.unexpected_bytes);
+    };
+    auto post = [&]() {
+      auto t = m.recv(regpool::kAnyPeer, 1, 0, in);
+      if (!t) op_failed(t.status(), "peers receive");
+      ring[posted % depth] = *t;
+      ++posted;
+    };
+    while (posted < depth) post();
+    boot.barrier(kPeersBoot);  // start
+    const auto t0 = Clock::now();
+    const double cpu0 = cpu_seconds();
+    while (received < total) {
+      (void)peers_wait(m, boot, ring[received % depth], "peers receive");
+      ++received;
+      if (posted < total) post();
+      if ((received & 63) == 0) sample();
+    }
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+    const auto cpu_ns = static_cast<long long>((cpu_seconds() - cpu0) * 1e9);
+    sample();
+    boot.barrier(kPeersBoot);  // every client's sends completed
+    const std::int64_t rss1 = resident_bytes();
+    std::fprintf(out, "row %llu %llu %lld %llu %llu %llu %lld %lld\n", static_cast<unsigned long long>(size),
+                 static_cast<unsigned long long>(total), static_cast<long long>(ns),
+                 static_cast<unsigned long long>(peak), static_cast<unsigned long long>(peak_bounces),
+                 static_cast<unsigned long long>(peak_unexpected),
+                 static_cast<long long>(rss0 >= 0 && rss1 >= 0 ? rss1 - rss0 : INT64_MIN), cpu_ns);
+    std::fflush(out);
+  }
+  boot.barrier(kPeersBoot);  // nobody tears down while another still sends
+}
+
+// Ranks 1..N.
+void peers_client(const Config& c, regpool::TcpBootstrap& boot) {
+  Side s(c, true, "perf-peers-client", false);
+  regpool::Messenger m(*s.ep, *s.pool, tagged_config(c));
+  auto tx = s.alloc(c.max_size());
+  const Slice tx_all = must(Slice::data(tx), "send slice");
+  const auto name = s.ep->name();
+  auto names = boot.allgather(std::vector<std::byte>(name.begin(), name.end()),
+                              peers_setup_timeout(static_cast<std::uint64_t>(boot.size() - 1)));
+  const auto server = s.ep->insert_peer(names[0]);
+  boot.barrier(peers_setup_timeout(static_cast<std::uint64_t>(boot.size() - 1)));
+  for (const auto size : c.sizes) {
+    const Slice out = must(tx_all.select(0, size), "send slice");
+    std::vector<regpool::MessageToken> ring(c.window);
+    std::uint64_t posted = 0, done = 0;
+    auto post = [&]() {
+      auto t = m.send(server, 1, out);
+      if (!t) op_failed(t.status(), "peers send");
+      ring[posted % c.window] = *t;
+      ++posted;
+    };
+    boot.barrier(kPeersBoot);  // start
+    while (posted < std::min(c.iters, c.window)) post();
+    while (done < c.iters) {
+      (void)peers_wait(m, boot, ring[done % c.window], "peers send");
+      ++done;
+      if (posted < c.iters) post();
+    }
+    boot.barrier(kPeersBoot);
+  }
+  boot.barrier(kPeersBoot);
+}
+
+// Runs `body` in a forked child with its exit code as the result: 0, or 1
+// after printing what failed.
+template <class F>
+pid_t fork_child(const char* who, F&& body) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw regpool::Error(Status::transport_error, errno, "fork");
+  if (pid > 0) return pid;
+  ::alarm(3600);
+  int rc = 1;
+  try {
+    body();
+    rc = 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "regpool-perf %s (pid %d): %s\n", who, static_cast<int>(::getpid()), e.what());
+  }
+  std::fflush(nullptr);
+  ::_exit(rc);
+}
+
+// One round: fork the server (rank 0, which picks a free port and says it
+// through a pipe), then n clients; collect the server's rows.
+std::vector<PeersRow> peers_round(const Config& c, std::uint64_t n) {
+  int fds[2];
+  if (::pipe(fds) != 0) throw regpool::Error(Status::transport_error, errno, "pipe");
+  const int size = static_cast<int>(n + 1);
+  const pid_t server = fork_child("peers server", [&]() {
+    ::close(fds[0]);
+    regpool::TcpBootstrapConfig bc;
+    bc.rank = 0;
+    bc.size = size;
+    bc.connect_timeout = peers_setup_timeout(n);
+    regpool::TcpBootstrap boot(bc);
+    std::FILE* out = ::fdopen(fds[1], "w");
+    if (!out) throw regpool::Error(Status::transport_error, errno, "fdopen");
+    std::fprintf(out, "port %u\n", boot.port());
+    std::fflush(out);
+    g_peer_label = "a client";
+    peers_server(c, boot, out);
+    std::fclose(out);
+  });
+  ::close(fds[1]);
+  std::FILE* in = ::fdopen(fds[0], "r");
+  std::vector<pid_t> clients;
+  std::vector<PeersRow> rows;
+  std::string error;
+  unsigned port = 0;
+  char line[256];
+  if (!in || !std::fgets(line, sizeof line, in) || std::sscanf(line, "port %u", &port) != 1 || port == 0) {
+    error = "the server process did not start";
+  } else {
+    for (std::uint64_t r = 1; r <= n; ++r) {
+      clients.push_back(fork_child("peers client", [&]() {
+        if (in) std::fclose(in);
+        regpool::TcpBootstrapConfig bc;
+        bc.rank = static_cast<int>(r);
+        bc.size = size;
+        bc.port = static_cast<std::uint16_t>(port);
+        bc.connect_timeout = peers_setup_timeout(n);
+        regpool::TcpBootstrap boot(bc);
+        g_peer_label = "the server";
+        peers_client(c, boot);
+      }));
+    }
+    while (std::fgets(line, sizeof line, in)) {
+      unsigned long long sz = 0, msgs = 0, peak = 0, bounces = 0, unexp = 0;
+      long long ns = 0, rss = 0, cpu_ns = 0;
+      if (std::sscanf(line, "row %llu %llu %lld %llu %llu %llu %lld %lld", &sz, &msgs, &ns, &peak, &bounces, &unexp,
+                      &rss, &cpu_ns) != 8) {
+        continue;
+      }
+      PeersRow row;
+      row.peers = n;
+      row.size = sz;
+      row.messages = msgs;
+      row.seconds = static_cast<double>(ns) / 1e9;
+      row.receive_memory_bytes = peak;
+      row.receive_buffer_bytes = bounces;
+      row.unexpected_peak_bytes = unexp;
+      row.has_endpoint_memory = rss != INT64_MIN;
+      row.endpoint_memory_bytes = rss;
+      row.server_cpu_seconds = static_cast<double>(cpu_ns) / 1e9;
+      rows.push_back(row);
+    }
+  }
+  if (in) std::fclose(in);
+  // The server's verdict first: if it failed, clients waiting for it are
+  // stopped (they would otherwise wait out their bootstrap timeout).
+  int st = 0;
+  ::waitpid(server, &st, 0);
+  const bool server_ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  if (!server_ok) {
+    for (const pid_t p : clients) ::kill(p, SIGKILL);
+    if (error.empty()) error = "the server process failed";
+  }
+  std::uint64_t failed_clients = 0;
+  std::string how;
+  for (const pid_t p : clients) {
+    int cs = 0;
+    ::waitpid(p, &cs, 0);
+    if (WIFEXITED(cs) && WEXITSTATUS(cs) == 0) continue;
+    ++failed_clients;
+    if (how.empty() && WIFSIGNALED(cs)) how = " (one killed by signal " + std::to_string(WTERMSIG(cs)) + ")";
+  }
+  if (!server_ok && WIFSIGNALED(st)) error += " (killed by signal " + std::to_string(WTERMSIG(st)) + ")";
+  if (server_ok && failed_clients > 0) error = std::to_string(failed_clients) + " client process(es) failed" + how;
+  if (!server_ok && !how.empty()) error += "; a client" + how.substr(5, how.size() - 6);
+  if (rows.size() != c.sizes.size() && error.empty()) error = "the server reported no result";
+  if (!error.empty()) {
+    // Sizes without a row get one carrying the error.
+    for (const auto size : c.sizes) {
+      if (std::none_of(rows.begin(), rows.end(), [&](const PeersRow& r) { return r.size == size; })) {
+        PeersRow row;
+        row.peers = n;
+        row.size = size;
+        rows.push_back(row);
+      }
+    }
+    for (auto& r : rows) r.error = error;
+  }
+  return rows;
+}
+
+int peers_main(const Options& o) {
+  const Config& c = o.config;
+  ::setenv("FI_TCP_IFACE", "lo", 0);
+  std::vector<PeersRow> rows;
+  std::string provider = c.provider;
+  for (const auto n : o.peers) {
+    if (!o.json) std::fprintf(stderr, "regpool-perf --peers: %llu clients...\n", static_cast<unsigned long long>(n));
+    auto r = peers_round(c, n);
+    rows.insert(rows.end(), r.begin(), r.end());
+  }
+  const bool failed = std::any_of(rows.begin(), rows.end(), [](const PeersRow& r) { return !r.error.empty(); });
+  auto rate = [](const PeersRow& r) { return r.seconds > 0 ? static_cast<double>(r.messages) / r.seconds / 1e6 : 0.0; };
+  if (o.json) {
+    std::string s = "{\"tool\":\"regpool-perf\",\"version\":" + json_escape(REGPOOL_VERSION);
+    s += ",\"mode\":\"peers\",\"provider\":" + json_escape(provider);
+    s += ",\"iters\":" + std::to_string(c.iters) + ",\"window\":" + std::to_string(c.window);
+    s += ",\"wait\":" + json_escape(regpool::to_string(c.wait));
+    s += ",\"server_receives\":" + std::to_string(kPeersServerRecvs);
+    s += ",\"units\":{\"memory\":\"bytes\",\"rate\":\"Mops/s (messages received by the server)\"}";
+    s += ",\"results\":[";
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const PeersRow& r = rows[i];
+      if (i) s += ",";
+      s += "{\"peers\":" + std::to_string(r.peers) + ",\"size\":" + std::to_string(r.size);
+      s += ",\"messages\":" + std::to_string(r.messages) + ",\"seconds\":" + json_number(r.seconds);
+      s += ",\"rate_Mops\":" + (r.error.empty() ? json_number(rate(r)) : std::string("null"));
+      // The server's CPU time per message: flat with N means a falling rate
+      // comes from sharing the cores, not from work per peer.
+      s += ",\"server_cpu_us_per_message\":" +
+           (r.error.empty() && r.messages ? json_number(r.server_cpu_seconds * 1e6 / static_cast<double>(r.messages))
+                                          : std::string("null"));
+      s += ",\"receive_memory_bytes\":" + std::to_string(r.receive_memory_bytes);
+      s += ",\"receive_buffer_bytes\":" + std::to_string(r.receive_buffer_bytes);
+      s += ",\"unexpected_peak_bytes\":" + std::to_string(r.unexpected_peak_bytes);
+      s += ",\"endpoint_memory_bytes\":" +
+           (r.has_endpoint_memory ? std::to_string(r.endpoint_memory_bytes) : std::string("null"));
+      s += ",\"error\":" + (r.error.empty() ? std::string("null") : json_escape(r.error)) + "}";
+    }
+    s += "]}\n";
+    std::fputs(s.c_str(), stdout);
+  } else {
+    std::printf("regpool-perf --peers: provider %s, %llu messages per client and size, window %llu, wait %s\n",
+                provider.c_str(), static_cast<unsigned long long>(c.iters),
+                static_cast<unsigned long long>(c.window), regpool::to_string(c.wait));
+    std::printf("%6s %10s %10s %12s %14s %14s %14s\n", "peers", "size", "messages", "rate Mops/s", "recv mem",
+                "unexpected", "endpoint mem");
+    for (const PeersRow& r : rows) {
+      std::printf("%6llu %10s %10llu %12.4f %14s %14s %14s", static_cast<unsigned long long>(r.peers),
+                  format_size(r.size).c_str(), static_cast<unsigned long long>(r.messages), rate(r),
+                  format_size(r.receive_memory_bytes).c_str(), format_size(r.unexpected_peak_bytes).c_str(),
+                  r.has_endpoint_memory
+                      ? (r.endpoint_memory_bytes < 0 ? "-" + format_size(static_cast<std::uint64_t>(-r.endpoint_memory_bytes))
+                                                     : format_size(static_cast<std::uint64_t>(r.endpoint_memory_bytes)))
+                            .c_str()
+                      : "-");
+      if (!r.error.empty()) std::printf("  error: %s", r.error.c_str());
+      std::printf("\n");
+    }
+  }
+  std::fflush(stdout);
+  return failed ? 1 : 0;
+}
+
 void print_rows(const Options& o, const std::string& provider, bool emulated_atomics, const std::vector<Row>& rows) {
   const Config& c = o.config;
   if (o.json) {
@@ -1378,6 +1775,7 @@ int main(int argc, char** argv) {
     return regpool_tools::kExitUsage;
   }
   try {
+    if (o.mode == Mode::peers) return peers_main(o);
     if (o.mode == Mode::client) {
       if (o.host == "127.0.0.1" || o.host == "localhost") ::setenv("FI_TCP_IFACE", "lo", 0);
       return client_main(o, o.port, o.host);

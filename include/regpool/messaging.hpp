@@ -103,11 +103,14 @@ struct MessengerConfig {
   // rendezvous whatever its own threshold.
   std::uint64_t eager_threshold = 0;
   // Receives kept posted, each a bounce LDO of 64 + eager_threshold bytes
-  // from the pool. Should cover peers x peer_credits x 2 (messages plus
-  // control messages) for the peers that send at once: on verbs a message
-  // with no posted receive waits in RNR retries. Up to an eighth of them
-  // may wait for their repost until a progress round finds nothing to do
-  // (docs/messaging.md, "lazily").
+  // from the pool, shared by every peer: receive memory does not grow with
+  // the number of peers (docs/scale.md). Size it by traffic (messages that
+  // arrive between two reposts); a message that finds none posted waits in
+  // the provider (libfabric) or in RNR retries (verbs, retried without
+  // limit), so too few costs speed, not messages. peers x peer_credits x 2
+  // (messages plus control messages) avoids every such wait. Up to an
+  // eighth of them may wait for their repost until a progress round finds
+  // nothing to do (docs/messaging.md, "lazily").
   std::size_t receive_buffers = 64;
   // Eager messages and rendezvous notices each peer may have outstanding
   // here before credits come back (1 .. 65535): this side's grant,
@@ -121,7 +124,10 @@ struct MessengerConfig {
   // Operations (sends, receives, requests) in flight at once; beyond it
   // calls answer would_block. Preallocated.
   std::size_t max_operations = 1024;
-  // Unexpected messages held at once (entries; preallocated).
+  // Unexpected messages held at once (entries; preallocated). Credits come
+  // back at once only while the table keeps room for peer_credits more
+  // from every peer heard from; at least peers x peer_credits, or a
+  // receiver that does not read can run out of entries and drop messages.
   std::size_t max_unexpected = 4096;
   // PeerIds this Messenger serves (0 .. max_peers-1; preallocated).
   std::size_t max_peers = 1024;
@@ -149,6 +155,11 @@ struct MessengerStats {
   std::uint64_t unexpected = 0;         // messages that arrived before their receive
   std::uint64_t unexpected_held = 0;    // held now
   std::uint64_t unexpected_bytes = 0;   // bytes held now (LDO capacity)
+  // Registered memory held for receiving, now: the bounce LDOs (capacity),
+  // posted or waiting to be reposted. Fixed by receive_buffers and the
+  // eager threshold, whatever the number of peers; add unexpected_bytes for
+  // everything received and not yet handed to the application.
+  std::uint64_t receive_buffer_bytes = 0;
   std::uint64_t credit_stalls = 0;      // sends that waited for credits
   std::uint64_t credits_withheld = 0;   // credits held back because of the budget
   std::uint64_t credit_messages = 0;    // credit-only messages sent

@@ -69,6 +69,9 @@ std::uint64_t default_eager_threshold(Endpoint& endpoint) noexcept {
 namespace {
 using Clock = std::chrono::steady_clock;
 constexpr std::uint32_t kNone = ~std::uint32_t{0};
+// An unexpected message is copied out of its bounce when it fills at most
+// this fraction of it (see Core::arrive).
+constexpr std::uint64_t kCompactRatio = 4;
 
 std::uint64_t make_token(std::uint32_t gen, std::uint32_t index) noexcept {
   return (static_cast<std::uint64_t>(gen) << 32) | index;
@@ -129,6 +132,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     std::uint32_t grant = 1;              // credits it grants us (announced)
     std::uint64_t peer_eager = mw::kMinEager;  // largest eager payload it accepts (announced)
     bool announced = false;               // it has had a message from us (our limits)
+    bool heard = false;                   // we have had a message from it (counted in peers_heard)
     std::uint32_t owed = 0;
     std::uint64_t send_seq = 0;
     std::uint64_t recv_seq = 1;  // next expected
@@ -166,6 +170,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   std::uint32_t posted_head = kNone, posted_tail = kNone;
   std::vector<Unexp> unexpected;
   std::vector<std::uint32_t> free_unexp;
+  std::uint32_t peers_heard = 0;  // peers with PeerState::heard
   std::uint32_t unexp_head = kNone, unexp_tail = kNone;
   std::vector<PeerState> peers;
   std::vector<Ldo> bounces;   // receive bounce LDOs, by slot
@@ -307,6 +312,15 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   Result<Ldo> alloc_message(std::uint64_t bytes) noexcept {
     LdoShape shape;
     shape.data_size = bytes;
+    shape.zeroing = Zeroing::uninitialized;
+    return pool.allocate(shape);
+  }
+  // An unexpected message's right-sized copy: the bounce's layout (header
+  // in the meta section, payload in the data section) for `payload` bytes.
+  Result<Ldo> alloc_held(std::uint64_t payload) noexcept {
+    LdoShape shape;
+    shape.meta_size = mw::kHeaderSize;
+    shape.data_size = payload;
     shape.zeroing = Zeroing::uninitialized;
     return pool.allocate(shape);
   }
@@ -594,17 +608,40 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       if (!credit_counted) ++peers[src].owed;
       return false;
     }
-    Unexp& e = unexpected[hold(src, h, ref, ldo, false)];
+    // A message much smaller than its bounce is held as a right-sized copy
+    // and the bounce goes straight back to the receive ring: otherwise
+    // every unexpected message pins a whole bounce (64 + eager threshold
+    // bytes, 64 KiB on shm), and a server with N senders each using its
+    // credits holds N x peer_credits bounces (receive memory growing with
+    // the number of peers, docs/scale.md). Copying a small message costs
+    // less than its bounce's memory; a large one is held as it is.
+    bool kept = true;
+    Ldo held;
+    const std::uint64_t payload = h.type == mw::Type::eager ? h.length : 0;
+    if (mw::kHeaderSize + payload <= ldo.capacity() / kCompactRatio) {
+      if (auto copy = alloc_held(payload)) {
+        std::memcpy(copy->base() + kWireHeaderSize, ldo.base() + kWireHeaderSize, mw::kHeaderSize + payload);
+        held = std::move(*copy);
+        kept = false;
+      }
+    }
+    Unexp& e = unexpected[hold(src, h, ref, kept ? ldo : held, false)];
     ++st.unexpected;
+    // Credits come back at once only while both budgets hold with room
+    // for what every sender we know may still send on the credits it has
+    // (peer_credits each): bytes, and entries of the unexpected table, so
+    // a table filling faster than the bytes (small messages held as
+    // copies) withholds credits instead of dropping messages.
     if (!credit_counted) {
-      if (st.unexpected_bytes <= cfg.unexpected_budget) {
+      if (st.unexpected_bytes <= cfg.unexpected_budget &&
+          st.unexpected_held + std::uint64_t{peers_heard} * cfg.peer_credits <= cfg.max_unexpected) {
         ++peers[src].owed;
       } else {
         e.credit_held = true;
         ++st.credits_withheld;
       }
     }
-    return true;
+    return kept;
   }
 
   // Takes a free unexpected entry (the caller checked there is one) for a
@@ -659,6 +696,10 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       return false;
     }
     PeerState& ps = peers[src];
+    if (!ps.heard) {
+      ps.heard = true;
+      ++peers_heard;
+    }
     learn(ps, h);
     ps.credits = std::min(ps.grant, ps.credits + h.credits);
     bool kept = false;
@@ -900,6 +941,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       // Rendezvous receives in progress finish when their gets do (the
       // endpoint fails those): their buffer is written until then.
     }
+    if (peers[peer].heard) --peers_heard;
     peers[peer] = PeerState{};
     for (std::uint32_t u = unexp_head; u != kNone;) {
       const std::uint32_t next = unexpected[u].next;
@@ -1360,7 +1402,11 @@ std::uint64_t Messenger::eager_threshold() const noexcept { return core_->thresh
 
 MessengerStats Messenger::stats() const noexcept {
   std::lock_guard<std::mutex> g(core_->mu);
-  return core_->st;
+  MessengerStats st = core_->st;
+  for (const Ldo& b : core_->bounces) {
+    if (b) st.receive_buffer_bytes += b.capacity();
+  }
+  return st;
 }
 
 }  // namespace regpool

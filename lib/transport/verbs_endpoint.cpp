@@ -13,6 +13,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <unordered_map>
 
 namespace regpool {
 namespace {
@@ -207,6 +208,10 @@ struct VerbsEndpoint::Impl {
   std::uint64_t post_seq = 0;
   std::vector<SlotState> slots;
   std::vector<Conn> conns;
+  // Every receive completion names its QP only by number: this maps it to
+  // its connection in O(1) (a scan of conns per completion grew with the
+  // number of peers). An entry lives exactly as long as the QP.
+  std::unordered_map<std::uint32_t, std::uint32_t> conn_of_qpn;
   std::vector<Exposed> exposed;
   // VerbsWindowStats (read from any thread).
   std::atomic<std::uint64_t> mw_allocated{0};
@@ -383,6 +388,7 @@ void VerbsEndpoint::close_resources() noexcept {
     if (c.ah) (void)ibv_destroy_ah(c.ah);
     c = Conn{};
   }
+  m.conn_of_qpn.clear();
   if (m.ud) (void)ibv_destroy_qp(m.ud);
   if (m.srq) (void)ibv_destroy_srq(m.srq);
   if (m.cq) (void)ibv_destroy_cq(m.cq);  // every event was acknowledged (do_arm)
@@ -466,10 +472,19 @@ std::uint32_t VerbsEndpoint::new_conn(const void* remote_name) {
   c.epoch = 1;
   c.incarnation = ++m.incarnations;
   c.used = true;
-  if (ci == m.conns.size()) {
-    m.conns.push_back(std::move(c));
-  } else {
-    m.conns[ci] = std::move(c);
+  const std::uint32_t qpn = c.qp->qp_num;
+  try {
+    m.conn_of_qpn[qpn] = ci;
+    if (ci == m.conns.size()) {
+      m.conns.push_back(std::move(c));
+    } else {
+      m.conns[ci] = std::move(c);
+    }
+  } catch (...) {
+    m.conn_of_qpn.erase(qpn);
+    (void)ibv_destroy_qp(c.qp);
+    (void)ibv_destroy_ah(c.ah);
+    throw;
   }
   return ci;
 }
@@ -586,6 +601,7 @@ void VerbsEndpoint::finish_reset(std::uint32_t ci) noexcept {
     }
   }
   if (close) {
+    m.conn_of_qpn.erase(c.qp->qp_num);
     (void)ibv_destroy_qp(c.qp);
     (void)ibv_destroy_ah(c.ah);
     c = Conn{};
@@ -675,11 +691,8 @@ std::uint32_t VerbsEndpoint::conn_by_id(std::uint64_t endpoint_id) const noexcep
 }
 
 std::uint32_t VerbsEndpoint::conn_by_qpn(std::uint32_t qpn) const noexcept {
-  for (std::uint32_t i = 0; i < impl_->conns.size(); ++i) {
-    const Conn& c = impl_->conns[i];
-    if (c.used && c.qp && c.qp->qp_num == qpn) return i;
-  }
-  return kNone;
+  const auto it = impl_->conn_of_qpn.find(qpn);
+  return it == impl_->conn_of_qpn.end() ? kNone : it->second;
 }
 
 std::uint64_t VerbsEndpoint::do_insert_peer(std::span<const std::byte> name) {

@@ -265,6 +265,73 @@ TEST_CASE("budget exhausted: the sender is flow-controlled, nothing is lost", "[
   CHECK(rpt::reap(kid, 60s) == 0);
 }
 
+TEST_CASE("small unexpected messages are held as copies, within the unexpected table, nothing dropped",
+          "[fabric][messaging]") {
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  constexpr std::uint64_t kMessages = 200;
+  constexpr std::uint64_t kSize = 16;
+  MessengerConfig mc;
+  mc.peer_credits = 4;
+  mc.eager_threshold = 4096;
+  mc.max_unexpected = 16;  // the byte budget (8 MiB) never binds: the table must
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  auto kid = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        Node n(prov, mc);
+        const PeerId rx = n.s.ep->insert_peer(b->allgather(n.s.ep->name(), 30s)[0]);
+        std::vector<regpool::MessageToken> t;
+        for (std::uint64_t i = 0; i < kMessages; ++i) {
+          Slice s = n.filled(kSize, i);
+          std::memcpy(s.address(), &i, 8);
+          auto r = n.m.send(rx, 5, s);
+          RPT_CHECK(r.ok());
+          t.push_back(*r);
+        }
+        for (auto x : t) RPT_CHECK(n.m.wait(x, 120s).status == Status::ok);
+        b->barrier(120s);
+        return 0;
+      },
+      300);
+  Node n(prov, mc);
+  (void)n.s.ep->insert_peer(boot->allgather(n.s.ep->name(), 30s)[1]);
+  const auto until = std::chrono::steady_clock::now() + 1500ms;
+  std::uint64_t most = 0, most_bytes = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    n.m.progress();
+    const auto st = n.m.stats();
+    most = std::max(most, st.unexpected_held);
+    most_bytes = std::max(most_bytes, st.unexpected_bytes);
+  }
+  const auto st = n.m.stats();
+  INFO("held " << most << " messages, " << most_bytes << " bytes at most");
+  CHECK(most > 0);
+  CHECK(most <= mc.max_unexpected);
+  CHECK(st.credits_withheld > 0);
+  CHECK(st.rejected == 0);
+  // Copies, not bounces: each held message costs far less than its bounce.
+  const std::uint64_t bounce = 64 + mc.eager_threshold;
+  CHECK(most_bytes <= most * bounce / 4);
+  // The bounce ring itself: receive_buffers objects of at least 64 + threshold.
+  CHECK(st.receive_buffer_bytes >= mc.receive_buffers * bounce);
+  CHECK(st.receive_buffer_bytes <= 2 * mc.receive_buffers * bounce);
+  auto buf = n.s.alloc(kSize);
+  for (std::uint64_t i = 0; i < kMessages; ++i) {
+    const MessageCompletion c = n.wait(n.m.recv(regpool::kAnyPeer, 5, 0, rpt::slice_or_die(Slice::data(buf))));
+    REQUIRE(c.status == Status::ok);
+    REQUIRE(c.received == kSize);
+    REQUIRE(word_at(buf.data()) == i);
+    std::vector<std::byte> expect(kSize);
+    rpt::fill(expect, i);
+    REQUIRE(std::memcmp(expect.data() + 8, buf.data().data() + 8, kSize - 8) == 0);
+  }
+  CHECK(n.m.stats().rejected == 0);
+  boot->barrier(120s);
+  CHECK(rpt::reap(kid, 60s) == 0);
+}
+
 TEST_CASE("mismatched thresholds and credits are negotiated: nothing refused, truncated or overrun",
           "[fabric][messaging]") {
   const std::string prov = GENERATE(from_range(rpt::backends()));

@@ -10,6 +10,8 @@
     check_tools.py perf-cold REGPOOL_PERF    (--cold: rotating buffers, payload
                                            checked, reported as "buffers")
     check_tools.py perf-kill REGPOOL_PERF PROVIDER
+    check_tools.py perf-peers REGPOOL_PERF PROVIDER   (--peers 2,4: one server,
+                   N client processes; memory and rate fields)
                                            (kill -9 one side mid-run: the other
                                            exits 1 in bounded time, naming it)
 
@@ -377,6 +379,40 @@ def mode_perf_cold(tool):
           f"perf without --cold reports buffers hot (got {rc}: {err})")
 
 
+def mode_perf_peers(tool, provider):
+    # One server and 2, then 4 client processes streaming tagged messages;
+    # the JSON carries per N the aggregate rate and the server's receive
+    # memory. Receive memory is a property of the configuration (a fixed
+    # ring of bounces plus small copies of unexpected messages), not a
+    # timing: it must not grow by more than half from 2 to 4 senders.
+    iters = 200
+    rc, out, err = run([tool, "--peers", "2,4", "--provider", provider, "--iters", str(iters), "--wait", "sleep",
+                        "--json"], timeout=280)
+    check(rc == 0, f"perf --peers exits 0 (got {rc}: {err})")
+    if rc != 0:
+        return
+    d = json.loads(out)
+    check(d.get("mode") == "peers", "perf --peers: mode peers")
+    rows = d["results"]
+    check([r["peers"] for r in rows] == [2, 4], f"perf --peers rows for 2 and 4 ({[r['peers'] for r in rows]})")
+    for r in rows:
+        what = f"peers {r['peers']}"
+        check(r["error"] is None, f"{what}: no error ({r['error']})")
+        check(r["size"] == 8, f"{what}: default size 8")
+        check(r["messages"] == r["peers"] * iters, f"{what}: every message counted ({r['messages']})")
+        check(positive(r["rate_Mops"]) and positive(r["seconds"]), f"{what}: rate and time positive")
+        check(positive(r["receive_buffer_bytes"]), f"{what}: receive buffers reported")
+        check(r["receive_memory_bytes"] >= r["receive_buffer_bytes"], f"{what}: receive memory covers the buffers")
+        check(r["receive_memory_bytes"] <= r["receive_buffer_bytes"] + r["unexpected_peak_bytes"],
+              f"{what}: receive memory is at most the buffers' and the unexpected messages' peaks")
+        check(r["endpoint_memory_bytes"] is None or isinstance(r["endpoint_memory_bytes"], int),
+              f"{what}: endpoint memory an integer or null")
+    if len(rows) == 2 and all(r["error"] is None for r in rows):
+        check(rows[1]["receive_memory_bytes"] <= 1.5 * rows[0]["receive_memory_bytes"],
+              f"perf --peers: receive memory at 4 peers ({rows[1]['receive_memory_bytes']}) within 1.5x of 2 peers "
+              f"({rows[0]['receive_memory_bytes']})")
+
+
 # ------------------------------------------------ bootstrap under attack
 # The attacker speaks the bootstrap's wire format (lib/transport/
 # bootstrap_wire.hpp) with Python's own hmac/hashlib, so a hello it signs with
@@ -623,7 +659,8 @@ BAD_ARGS = {
                      ["--client", "host:99999"], ["--loopback", "--window", "0"], ["--loopback", "--sizes", "0"],
                      ["--client"], ["--loopback", "--expose-mode", "loose"], ["--server", "--expose-mode", "scoped"], ["--loopback", "--wait", "nap"],
                      ["--loopback", "--cold-bytes", "0"], ["--loopback", "--cold-bytes", "3G"],
-                     ["--server", "--cold"]],
+                     ["--server", "--cold"], ["--peers", "0"], ["--peers", "2,x"], ["--peers", "2", "--server"],
+                     ["--peers", "2", "--ops", "put"], ["--peers", "2", "--cold"], ["--peers", "2", "--port", "9"]],
 }
 
 
@@ -655,6 +692,8 @@ def main():
         mode_perf_cold(tool)
     elif mode == "perf-kill":
         mode_perf_kill(tool, sys.argv[3])
+    elif mode == "perf-peers":
+        mode_perf_peers(tool, sys.argv[3])
     else:
         print(__doc__, file=sys.stderr)
         return 2
