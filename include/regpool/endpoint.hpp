@@ -63,6 +63,7 @@ class Endpoint;
 // Backend-side types, defined in regpool/endpoint_backend.hpp.
 struct BackendOp;
 struct ExposureInfo;
+struct WaitBell;
 namespace detail {
 // Shared between an endpoint and its exposures (defined in the library).
 struct ExposureLink;
@@ -288,6 +289,10 @@ struct EndpointStats {
   std::uint64_t unknown_source = 0;
   // Times a waiting call slept (WaitMode sleep/adaptive) instead of polling.
   std::uint64_t sleeps = 0;
+  // Of those, sleeps on the backend's doorbell (shm) that its ring ended
+  // (a peer's post, or another thread of this process) rather than their
+  // time bound.
+  std::uint64_t bell_wakes = 0;
   // Operations whose slot (and LDO reference) was taken back from the
   // backend without a completion from the provider: failed (peer gone,
   // timeout) and proven inert (Endpoint::do_abandon).
@@ -538,6 +543,7 @@ class REGPOOL_API Endpoint {
   // Sleeping waits (WaitMode sleep/adaptive); see endpoint_backend.hpp.
   virtual int do_wait_fd() const noexcept { return -1; }
   virtual bool do_arm(std::chrono::microseconds& /*max_sleep*/) noexcept { return true; }
+  virtual WaitBell do_wait_bell() const noexcept;
 
  private:
   friend class Exposure;
@@ -597,8 +603,17 @@ class REGPOOL_API Endpoint {
     // clock for it.
     Clock::time_point since{};
     std::uint32_t naps = 0;                  // consecutive sleeps (naps grow)
+    std::uint32_t idle_rounds = 0;           // idle() calls without work since the last work
+    // WaitMode::adaptive: the last kGaps idle gaps (last work to next work,
+    // microseconds, saturating), a ring; see spin_window().
+    static constexpr std::size_t kGaps = 8;
+    std::uint32_t gaps[kGaps] = {};
+    std::uint32_t gap_count = 0;  // gaps recorded (ring index = count % kGaps)
   };
   void idle(std::size_t work, Clock::time_point until, std::uint64_t seen, IdleState& st) noexcept;
+  // WaitMode::adaptive: how long to keep polling after the last work
+  // (EndpointConfig::wait_spin, or the learned window: see WaitMode).
+  Clock::duration spin_window(const IdleState& st) const noexcept;
   std::uint64_t activity() const noexcept;
   // Under the mutex: something a sleeper may wait for happened.
   void wake_sleepers_locked() noexcept;
@@ -707,6 +722,11 @@ class REGPOOL_API Endpoint {
   // (all under the mutex) so no wake-up between a look and a sleep is lost.
   int wake_fd_ = -1;
   std::uint32_t sleepers_ = 0;
+  // The backend's doorbell (do_wait_bell(), read once by start()); sleepers
+  // then sleep on its futex word instead of wake_fd_.
+  std::atomic<std::uint32_t>* bell_seq_ = nullptr;
+  std::atomic<std::uint32_t>* bell_sleepers_ = nullptr;
+  std::atomic<std::uint64_t> bell_wakes_{0};
   std::uint64_t activity_ = 0;
   std::atomic<std::uint64_t> sleeps_{0};
   std::atomic<std::uint64_t> unknown_source_{0};
