@@ -165,11 +165,20 @@ struct ExposureStats {
 //    shutdown began) until there is work. Providers without a wait object
 //    (libfabric shm 1.17 refuses FI_WAIT_FD) nap instead: short timed sleeps
 //    growing from 16 us to the provider's cap (1 ms), still woken at once
-//    by the eventfd. Every sleep is bounded (10 ms at most) so operation
-//    deadlines are noticed within that much;
-//  - adaptive: spin for EndpointConfig::wait_spin after the last activity,
-//    then sleep: spinning latency for traffic that keeps coming, a sleeping
-//    process when it pauses.
+//    by the eventfd. On shm the nap is a futex wait on a doorbell that
+//    peers ring after posting to this endpoint, so a message ends it at
+//    once (docs/progress.md, "How shm sleeps"). Every sleep is bounded
+//    (10 ms at most) so operation deadlines are noticed within that much;
+//  - adaptive: spin for a window after the last activity, then sleep:
+//    spinning latency for traffic that keeps coming, a sleeping process
+//    when it pauses. The window is EndpointConfig::wait_spin, or longer
+//    when the waiting loop has seen short gaps: it remembers the last 8
+//    idle gaps (last work to next work) and spins 2x the longest of them,
+//    at most 1 ms, when that longest gap is at most 1 ms and no more
+//    processes are runnable than this process has CPUs (/proc/loadavg,
+//    read every 10 ms at most); otherwise wait_spin. So a request/response
+//    peer that thinks for 100 us between requests finds the server
+//    awake on a free core, and 8 clients on 2 cores do not burn them.
 // The endpoint's mutex is never held while sleeping or napping.
 enum class WaitMode : std::uint8_t { spin, sleep, adaptive };
 REGPOOL_API const char* to_string(WaitMode m) noexcept;
@@ -216,8 +225,9 @@ struct EndpointConfig {
   // How wait(), quiesce(), progress_for() and the progress thread pass the
   // time when a poll finds nothing (see WaitMode and docs/progress.md).
   WaitMode wait_mode = WaitMode::spin;
-  // WaitMode::adaptive: keep polling this long after the last activity
-  // before sleeping, so a ping-pong keeps spinning latency on a free core.
+  // WaitMode::adaptive: keep polling at least this long after the last
+  // activity before sleeping, so a ping-pong keeps spinning latency on a
+  // free core (longer when recent gaps were short: see WaitMode).
   std::chrono::microseconds wait_spin{50};
   // Completions reaped per backend poll.
   std::size_t poll_batch = 32;
@@ -394,9 +404,11 @@ class REGPOOL_API Endpoint {
   // providers).
   void progress_for(std::chrono::milliseconds duration) noexcept;
   // One progress round; when it found nothing to do, wait up to `max` for
-  // work as config().wait_mode says (spin: return at once; sleep and
-  // adaptive: sleep on the provider). For waits layered above the endpoint
-  // (Messenger::wait), which decide themselves when to stop spinning.
+  // work as config().wait_mode says (spin: return at once; sleep: sleep on
+  // the provider; adaptive: return at once inside the spin window after
+  // the last round that found work, sleep after it). Its idle state (the
+  // window's gaps, the naps) carries over from call to call, for loops
+  // layered above the endpoint (a server's loop, Messenger::wait).
   std::size_t progress_or_idle(std::chrono::milliseconds max) noexcept;
 
   // --- health ---

@@ -55,9 +55,15 @@
 //    cannot map as fi_addr 0, which would otherwise name the first peer.
 //    Unknown senders are kAnyPeer (docs/progress.md).
 //  - Sleeping waits (EndpointConfig::wait_mode sleep/adaptive): the CQs are
-//    opened with FI_WAIT_FD where the provider has it (tcp;ofi_rxm; shm
-//    refuses it and the base naps instead), their descriptors share one
-//    epoll set (do_wait_fd), and fi_trywait arms it (do_arm).
+//    opened with FI_WAIT_FD where the provider has it (tcp;ofi_rxm), their
+//    descriptors share one epoll set (do_wait_fd), and fi_trywait arms it
+//    (do_arm). shm refuses FI_WAIT_FD: a sleeping shm endpoint makes a
+//    doorbell instead, /dev/shm/regpool-bell.<region> (do_wait_bell, see
+//    transport/fabric_shm.hpp), which every endpoint that inserted it maps
+//    at insert_peer (checked: a regular file of our euid, exact size,
+//    magic; anything else means no bell) and rings after each post to it.
+//    The file is removed at close; a killed process leaves it (4 KiB), and
+//    the next endpoint given the same region name replaces it.
 //  - shm and dead peers (libfabric 1.17 spins for ever on a region lock a
 //    killed peer held): the endpoint tries each such lock before the
 //    provider call that takes it and skips the call while it is held,
