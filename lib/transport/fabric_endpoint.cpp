@@ -585,9 +585,18 @@ Status FabricEndpoint::do_post(const BackendOp& op) noexcept {
     case OpKind::fetch_add:
     case OpKind::compare_swap: st = do_atomic(op); break;
   }
-  // Every kind gives a manual-progress target work (a message to read, an
-  // RMA or atomic to answer or acknowledge): a sleeping one must wake.
-  if (st == Status::ok && shm_) ring_peer(op.peer_handle);
+  // Ring the target's bell when it has work to do for this op: a message to
+  // read, an atomic to apply. shm 1.17 moves puts and gets between
+  // processes that may use CMA by the initiator's own process_vm_writev/
+  // readv, without the target (measured: a put to a napping target
+  // completes as fast as to a spinning one), so those ring only without
+  // CMA; a futex wake costs the initiator about 1.4 us (bench/RESULTS.md).
+  if (st == Status::ok && shm_) {
+    const bool target_works = op.kind == OpKind::send || op.kind == OpKind::fetch_add ||
+                              op.kind == OpKind::compare_swap ||
+                              (op.peer_handle < peers_.size() && !peers_[op.peer_handle].cma);
+    if (target_works) ring_peer(op.peer_handle);
+  }
   return st;
 }
 
