@@ -63,6 +63,7 @@ class Endpoint;
 // Backend-side types, defined in regpool/endpoint_backend.hpp.
 struct BackendOp;
 struct ExposureInfo;
+struct WaitBell;
 namespace detail {
 // Shared between an endpoint and its exposures (defined in the library).
 struct ExposureLink;
@@ -164,11 +165,20 @@ struct ExposureStats {
 //    shutdown began) until there is work. Providers without a wait object
 //    (libfabric shm 1.17 refuses FI_WAIT_FD) nap instead: short timed sleeps
 //    growing from 16 us to the provider's cap (1 ms), still woken at once
-//    by the eventfd. Every sleep is bounded (10 ms at most) so operation
-//    deadlines are noticed within that much;
-//  - adaptive: spin for EndpointConfig::wait_spin after the last activity,
-//    then sleep: spinning latency for traffic that keeps coming, a sleeping
-//    process when it pauses.
+//    by the eventfd. On shm the nap is a futex wait on a doorbell that
+//    peers ring after posting to this endpoint, so a message ends it at
+//    once (docs/progress.md, "How shm sleeps"). Every sleep is bounded
+//    (10 ms at most) so operation deadlines are noticed within that much;
+//  - adaptive: spin for a window after the last activity, then sleep:
+//    spinning latency for traffic that keeps coming, a sleeping process
+//    when it pauses. The window is EndpointConfig::wait_spin, or longer
+//    when the waiting loop has seen short gaps: it remembers the last 8
+//    idle gaps (last work to next work) and spins 2x the longest of them,
+//    at most 1 ms, when that longest gap is at most 1 ms and no more
+//    processes are runnable than this process has CPUs (/proc/loadavg,
+//    read every 10 ms at most); otherwise wait_spin. So a request/response
+//    peer that thinks for 100 us between requests finds the server
+//    awake on a free core, and 8 clients on 2 cores do not burn them.
 // The endpoint's mutex is never held while sleeping or napping.
 enum class WaitMode : std::uint8_t { spin, sleep, adaptive };
 REGPOOL_API const char* to_string(WaitMode m) noexcept;
@@ -215,8 +225,9 @@ struct EndpointConfig {
   // How wait(), quiesce(), progress_for() and the progress thread pass the
   // time when a poll finds nothing (see WaitMode and docs/progress.md).
   WaitMode wait_mode = WaitMode::spin;
-  // WaitMode::adaptive: keep polling this long after the last activity
-  // before sleeping, so a ping-pong keeps spinning latency on a free core.
+  // WaitMode::adaptive: keep polling at least this long after the last
+  // activity before sleeping, so a ping-pong keeps spinning latency on a
+  // free core (longer when recent gaps were short: see WaitMode).
   std::chrono::microseconds wait_spin{50};
   // Completions reaped per backend poll.
   std::size_t poll_batch = 32;
@@ -288,6 +299,10 @@ struct EndpointStats {
   std::uint64_t unknown_source = 0;
   // Times a waiting call slept (WaitMode sleep/adaptive) instead of polling.
   std::uint64_t sleeps = 0;
+  // Of those, sleeps on the backend's doorbell (shm) that its ring ended
+  // (a peer's post, or another thread of this process) rather than their
+  // time bound.
+  std::uint64_t bell_wakes = 0;
   // Operations whose slot (and LDO reference) was taken back from the
   // backend without a completion from the provider: failed (peer gone,
   // timeout) and proven inert (Endpoint::do_abandon).
@@ -389,9 +404,11 @@ class REGPOOL_API Endpoint {
   // providers).
   void progress_for(std::chrono::milliseconds duration) noexcept;
   // One progress round; when it found nothing to do, wait up to `max` for
-  // work as config().wait_mode says (spin: return at once; sleep and
-  // adaptive: sleep on the provider). For waits layered above the endpoint
-  // (Messenger::wait), which decide themselves when to stop spinning.
+  // work as config().wait_mode says (spin: return at once; sleep: sleep on
+  // the provider; adaptive: return at once inside the spin window after
+  // the last round that found work, sleep after it). Its idle state (the
+  // window's gaps, the naps) carries over from call to call, for loops
+  // layered above the endpoint (a server's loop, Messenger::wait).
   std::size_t progress_or_idle(std::chrono::milliseconds max) noexcept;
 
   // --- health ---
@@ -538,6 +555,7 @@ class REGPOOL_API Endpoint {
   // Sleeping waits (WaitMode sleep/adaptive); see endpoint_backend.hpp.
   virtual int do_wait_fd() const noexcept { return -1; }
   virtual bool do_arm(std::chrono::microseconds& /*max_sleep*/) noexcept { return true; }
+  virtual WaitBell do_wait_bell() const noexcept;
 
  private:
   friend class Exposure;
@@ -597,8 +615,17 @@ class REGPOOL_API Endpoint {
     // clock for it.
     Clock::time_point since{};
     std::uint32_t naps = 0;                  // consecutive sleeps (naps grow)
+    std::uint32_t idle_rounds = 0;           // idle() calls without work since the last work
+    // WaitMode::adaptive: the last kGaps idle gaps (last work to next work,
+    // microseconds, saturating), a ring; see spin_window().
+    static constexpr std::size_t kGaps = 8;
+    std::uint32_t gaps[kGaps] = {};
+    std::uint32_t gap_count = 0;  // gaps recorded (ring index = count % kGaps)
   };
   void idle(std::size_t work, Clock::time_point until, std::uint64_t seen, IdleState& st) noexcept;
+  // WaitMode::adaptive: how long to keep polling after the last work
+  // (EndpointConfig::wait_spin, or the learned window: see WaitMode).
+  Clock::duration spin_window(const IdleState& st) const noexcept;
   std::uint64_t activity() const noexcept;
   // Under the mutex: something a sleeper may wait for happened.
   void wake_sleepers_locked() noexcept;
@@ -711,6 +738,11 @@ class REGPOOL_API Endpoint {
   // (all under the mutex) so no wake-up between a look and a sleep is lost.
   int wake_fd_ = -1;
   std::uint32_t sleepers_ = 0;
+  // The backend's doorbell (do_wait_bell(), read once by start()); sleepers
+  // then sleep on its futex word instead of wake_fd_.
+  std::atomic<std::uint32_t>* bell_seq_ = nullptr;
+  std::atomic<std::uint32_t>* bell_sleepers_ = nullptr;
+  std::atomic<std::uint64_t> bell_wakes_{0};
   std::uint64_t activity_ = 0;
   std::atomic<std::uint64_t> sleeps_{0};
   std::atomic<std::uint64_t> unknown_source_{0};

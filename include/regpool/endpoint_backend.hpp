@@ -105,6 +105,33 @@
 //                                           max_sleep when something needs
 //                                           progress by time, not by event.
 //                                           Never blocks.
+//   WaitBell do_wait_bell() const           optional: a doorbell, for a
+//                                           backend whose provider has no
+//                                           wait object but whose peers can
+//                                           ring it (shm: a futex word in a
+//                                           file peers map). When seq is
+//                                           non-null the base sleeps on it
+//                                           instead of naps and do_wait_fd():
+//                                           sleepers++ (seq_cst), read seq,
+//                                           poll once more, then futex-wait
+//                                           on that value (bounded like every
+//                                           sleep), sleepers--. A peer that
+//                                           gives the endpoint work (its
+//                                           post, then a seq_cst fence) and
+//                                           finds sleepers non-zero bumps
+//                                           seq and wakes the futex, so a
+//                                           message posted before the
+//                                           increment is seen by the last
+//                                           poll and one posted after it
+//                                           ends the sleep. The base's own
+//                                           wake-ups (another thread's post
+//                                           or completion, shutdown) bump
+//                                           and wake it too. The words may
+//                                           be in memory peers can write:
+//                                           any value there can only cause
+//                                           a spurious or a missed wake-up.
+//                                           Fixed once the endpoint is
+//                                           constructed.
 //   void do_cancel(const BackendOp&)           best effort abort of a timed-out
 //                                           op. The user already got
 //                                           Status::timeout; the slot (and
@@ -197,6 +224,7 @@
 
 // ---------------------------------------------------------------------------
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -223,6 +251,13 @@ struct BackendOp {
   // index_of_tag() then recognises a completion that arrives after the base
   // took the slot back (do_abandon) and it was reused.
   std::uint64_t tag = 0;
+};
+
+// A doorbell a backend offers (do_wait_bell): two 32-bit words, both
+// possibly shared with other processes. Null when there is none.
+struct WaitBell {
+  std::atomic<std::uint32_t>* seq = nullptr;       // futex word, bumped by every ring
+  std::atomic<std::uint32_t>* sleepers = nullptr;  // threads about to sleep or asleep on seq
 };
 
 // What a backend returns when it exposes a slice to one peer (do_expose).

@@ -55,9 +55,15 @@
 //    cannot map as fi_addr 0, which would otherwise name the first peer.
 //    Unknown senders are kAnyPeer (docs/progress.md).
 //  - Sleeping waits (EndpointConfig::wait_mode sleep/adaptive): the CQs are
-//    opened with FI_WAIT_FD where the provider has it (tcp;ofi_rxm; shm
-//    refuses it and the base naps instead), their descriptors share one
-//    epoll set (do_wait_fd), and fi_trywait arms it (do_arm).
+//    opened with FI_WAIT_FD where the provider has it (tcp;ofi_rxm), their
+//    descriptors share one epoll set (do_wait_fd), and fi_trywait arms it
+//    (do_arm). shm refuses FI_WAIT_FD: a sleeping shm endpoint makes a
+//    doorbell instead, /dev/shm/regpool-bell.<region> (do_wait_bell, see
+//    transport/fabric_shm.hpp), which every endpoint that inserted it maps
+//    at insert_peer (checked: a regular file of our euid, exact size,
+//    magic; anything else means no bell) and rings after each post to it.
+//    The file is removed at close; a killed process leaves it (4 KiB), and
+//    the next endpoint given the same region name replaces it.
 //  - shm and dead peers (libfabric 1.17 spins for ever on a region lock a
 //    killed peer held): the endpoint tries each such lock before the
 //    provider call that takes it and skips the call while it is held,
@@ -99,6 +105,7 @@ struct AddrRules;
 struct CtrlMsg;
 }  // namespace fabric_wire
 namespace fabric_shm {
+class Bell;
 class RegionLock;
 }  // namespace fabric_shm
 
@@ -194,6 +201,13 @@ struct FabricShmStats {
   std::uint64_t lock_skips = 0;       // provider calls skipped because a region lock was held
   std::uint64_t lock_recoveries = 0;  // own region lock released after its holder was proven dead
   bool region_stuck = false;          // own region lock held past stuck_lock_patience, holder not proven dead
+  // The doorbell (docs/progress.md, "How shm sleeps"): this endpoint sleeps
+  // on one (wait_mode sleep or adaptive, and its file could be made); how
+  // many inserted peers' bells it has mapped now; and how many of its posts
+  // found a peer asleep and woke it.
+  bool doorbell = false;
+  std::uint64_t bell_peers = 0;
+  std::uint64_t bell_rings = 0;
 };
 
 // Emulated-atomics traffic seen by a target (relaxed snapshot).
@@ -254,6 +268,7 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   bool do_abandon(const BackendOp& op) noexcept override;
   Enforcement do_enforcement(ExposureMode mode, bool per_peer) const noexcept override;
   int do_wait_fd() const noexcept override { return wait_fd_; }
+  WaitBell do_wait_bell() const noexcept override;
   bool do_arm(std::chrono::microseconds& max_sleep) noexcept override;
 
  private:
@@ -275,6 +290,9 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
     std::chrono::steady_clock::time_point checked{};
     std::unique_ptr<fabric_shm::RegionLock> lock;
     std::unique_ptr<fabric_shm::RegionLock> ctrl_lock;
+    // Its doorbell, when it sleeps on one and the file passed the checks:
+    // rung after every post to it.
+    std::unique_ptr<fabric_shm::Bell> bell;
   };
   // One of this endpoint's own shm regions (data, control) and how long its
   // lock has been seen held.
@@ -412,6 +430,12 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   std::atomic<std::uint64_t> lock_skips_{0};
   std::atomic<std::uint64_t> lock_recoveries_{0};
   std::atomic<bool> region_stuck_{false};
+  // shm, sleeping wait modes: this endpoint's doorbell (null when none).
+  std::unique_ptr<fabric_shm::Bell> bell_;
+  std::atomic<std::uint64_t> bell_peers_{0};
+  std::atomic<std::uint64_t> bell_rings_{0};
+  // After a post to the peer behind `handle`: ring its bell (shm).
+  void ring_peer(std::uint64_t handle) noexcept;
 
   // tcp;ofi_rxm: where the excess of an oversized eager message goes, so
   // the provider never truncates one (which loses the connection's later

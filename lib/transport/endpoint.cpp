@@ -3,14 +3,18 @@
 #include "regpool/endpoint_backend.hpp"
 
 #include "platform/coarse_clock.hpp"
+#include "platform/futex.hpp"
 
 #include <poll.h>
+#include <sched.h>
+#include <fcntl.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -42,6 +46,49 @@ constexpr auto kRevokeConfirmWait = std::chrono::milliseconds(20);
 constexpr auto kMaxSleep = std::chrono::microseconds(10000);
 constexpr auto kNapMin = std::chrono::microseconds(16);
 constexpr auto kNapMax = std::chrono::microseconds(1000);
+// WaitMode::adaptive: the longest learned spin window, and how much longer
+// than the longest recent gap it spins (docs/progress.md, "Adaptive").
+constexpr auto kSpinCap = std::chrono::microseconds(1000);
+constexpr std::uint32_t kSpinGapFactor = 2;
+// How often the runnable-process count is read (one /proc/loadavg read).
+constexpr auto kLoadCheckInterval = std::chrono::milliseconds(10);
+
+// Whether more processes are runnable now than this process may use CPUs:
+// spinning then takes a core from someone who needs it. Read from
+// /proc/loadavg (field 4, "running/total") at most every
+// kLoadCheckInterval, process-wide; false when it cannot be read.
+bool cpus_oversubscribed(std::chrono::steady_clock::time_point now) noexcept {
+  static std::atomic<std::int64_t> next_check{0};
+  static std::atomic<bool> over{false};
+  static const long cpus = [] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (::sched_getaffinity(0, sizeof set, &set) == 0) return static_cast<long>(CPU_COUNT(&set));
+    return ::sysconf(_SC_NPROCESSORS_ONLN);
+  }();
+  const std::int64_t t = now.time_since_epoch().count();
+  std::int64_t due = next_check.load(std::memory_order_relaxed);
+  if (t < due || !next_check.compare_exchange_strong(
+                     due, t + std::chrono::duration_cast<std::chrono::steady_clock::duration>(kLoadCheckInterval).count(),
+                     std::memory_order_relaxed)) {
+    return over.load(std::memory_order_relaxed);
+  }
+  bool result = false;
+  const int fd = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    char buf[128];
+    const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+    ::close(fd);
+    if (n > 0) {
+      buf[n] = '\0';
+      double l1 = 0, l5 = 0, l15 = 0;
+      long running = 0;
+      if (std::sscanf(buf, "%lf %lf %lf %ld/", &l1, &l5, &l15, &running) == 4) result = cpus > 0 && running > cpus;
+    }
+  }
+  over.store(result, std::memory_order_relaxed);
+  return result;
+}
 
 bool needs_peer(OpKind k) noexcept { return k != OpKind::recv; }
 
@@ -138,6 +185,9 @@ struct Endpoint::Slot {
 // quarantine) reach it: the post path never follows impl_.
 struct Endpoint::Impl {
   std::thread progress_thread;
+  // progress_or_idle()'s state between calls, and who is using it.
+  IdleState idle_state;
+  std::atomic_flag idle_busy = ATOMIC_FLAG_INIT;
   std::condition_variable done_cv;  // progress thread mode: wait() sleeps here
   // Scoped registrations (a slab with a free list). One is shared by the
   // exposures (live or quarantined) of the same bytes and rights when
@@ -329,7 +379,16 @@ Endpoint::~Endpoint() {
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
+WaitBell Endpoint::do_wait_bell() const noexcept { return {}; }
+
 void Endpoint::start() {
+  if (sleeps()) {
+    const WaitBell bell = do_wait_bell();
+    if (bell.seq && bell.sleepers) {
+      bell_seq_ = bell.seq;
+      bell_sleepers_ = bell.sleepers;
+    }
+  }
   // Providers write atomic results into local memory they must be able to
   // address (FI_MR_LOCAL descriptors, verbs lkeys): one registration for
   // every slot's words, made once. Emulated atomics need none.
@@ -1429,55 +1488,116 @@ std::uint64_t Endpoint::activity() const noexcept {
 }
 
 void Endpoint::wake_sleepers_locked() noexcept {
+  if (bell_seq_) {
+    // Sleepers are on the doorbell's futex, not on wake_fd_.
+    bell_seq_->fetch_add(1, std::memory_order_seq_cst);
+    platform::futex_wake_all(*bell_seq_);
+    return;
+  }
   if (wake_fd_ < 0) return;
   const std::uint64_t one = 1;
   // EAGAIN (the counter is saturated) still leaves the fd readable.
   if (::write(wake_fd_, &one, sizeof one) < 0) return;
 }
 
+Endpoint::Clock::duration Endpoint::spin_window(const IdleState& st) const noexcept {
+  const Clock::duration base = config_.wait_spin;
+  if (st.gap_count == 0) return base;
+  std::uint32_t longest = 0;
+  const std::size_t n = std::min<std::size_t>(st.gap_count, IdleState::kGaps);
+  for (std::size_t i = 0; i < n; ++i) longest = std::max(longest, st.gaps[i]);
+  // Long gaps (a pause, a slow peer): spinning through them would only burn
+  // the core. Short ones: spin a little longer than the longest, so the
+  // next message finds us awake - unless others are waiting for a CPU.
+  const auto longest_us = std::chrono::microseconds(longest);
+  if (longest_us > kSpinCap) return base;
+  const Clock::duration learned = std::min<Clock::duration>(kSpinCap, longest_us * kSpinGapFactor);
+  if (learned <= base) return base;
+  if (cpus_oversubscribed(Clock::now())) return base;
+  return learned;
+}
+
 void Endpoint::idle(std::size_t work, Clock::time_point until, std::uint64_t seen, IdleState& st) noexcept {
   if (!sleeps()) return;
   const auto now = Clock::now();
   if (st.since == Clock::time_point{}) st.since = now;  // the first idle round
-  if (work > 0) {
-    st.since = now;
+  auto note_work = [&st](Clock::time_point t) {
+    if (st.idle_rounds > 0) {
+      // An idle gap ended: remember how long it was (adaptive window).
+      const auto us = std::chrono::duration_cast<std::chrono::microseconds>(t - st.since).count();
+      st.gaps[st.gap_count % IdleState::kGaps] =
+          static_cast<std::uint32_t>(std::min<std::int64_t>(std::max<std::int64_t>(us, 0), 0xffffffff));
+      ++st.gap_count;
+    }
+    st.since = t;
     st.naps = 0;
+    st.idle_rounds = 0;
+  };
+  if (work > 0) {
+    note_work(now);
     return;
   }
-  if (config_.wait_mode == WaitMode::adaptive && now - st.since < config_.wait_spin) return;
+  if (st.idle_rounds < ~std::uint32_t{0}) ++st.idle_rounds;
+  if (config_.wait_mode == WaitMode::adaptive && now - st.since < spin_window(st)) return;
   if (now >= until) return;
   std::chrono::microseconds max_sleep = kMaxSleep;
   int fd = -1;
+  std::uint32_t bell_seen = 0;
   {
-    // Arming never completes anything, so nothing is released here.
-    const auto g = lock_fair();
+    // Lock, not a bare unique_lock: the doorbell's last poll below may
+    // complete operations, whose references go after the unlock.
+    Lock g(*this);
     if (stopping_.load(std::memory_order_relaxed) || activity_ != seen || ready_count_ > 0) return;
     if (!do_arm(max_sleep)) return;
-    fd = do_wait_fd();
-    if (sleepers_ == 0) {
-      // Wake-ups before this point are in the state the caller checks
-      // (activity_); only someone already asleep could still need one.
-      std::uint64_t drained = 0;
-      if (::read(wake_fd_, &drained, sizeof drained) < 0) drained = 0;
+    if (bell_seq_) {
+      // The doorbell protocol (endpoint_backend.hpp, do_wait_bell): count
+      // ourselves, read seq, then look once more. A peer that posted before
+      // the increment did not ring, and this poll sees its message; one
+      // that posts after it rings, and the futex sees seq move.
+      bell_sleepers_->fetch_add(1, std::memory_order_seq_cst);
+      bell_seen = bell_seq_->load(std::memory_order_seq_cst);
+      const std::size_t found = poll_locked();
+      if (found > 0 || activity_ != seen || ready_count_ > 0) {
+        bell_sleepers_->fetch_sub(1, std::memory_order_seq_cst);
+        if (found > 0) note_work(now);
+        return;
+      }
+    } else {
+      fd = do_wait_fd();
+      if (sleepers_ == 0) {
+        // Wake-ups before this point are in the state the caller checks
+        // (activity_); only someone already asleep could still need one.
+        std::uint64_t drained = 0;
+        if (::read(wake_fd_, &drained, sizeof drained) < 0) drained = 0;
+      }
     }
     ++sleepers_;
   }
   auto bound = max_sleep;
   if (fd < 0) {
-    // No wait object: a nap, growing while nothing happens.
+    // No wait object: a nap, growing while nothing happens. A doorbell cuts
+    // it short, but senders that cannot ring (one that never inserted us,
+    // or could not map the bell) are still heard within a nap.
     bound = std::min({bound, kNapMax, kNapMin * (1u << std::min<std::uint32_t>(st.naps, 6))});
   }
   const auto left = std::chrono::duration_cast<std::chrono::microseconds>(until - now);
   if (left < bound) bound = left;
   ++st.naps;
-  timespec ts{};
-  ts.tv_sec = static_cast<time_t>(bound.count() / 1000000);
-  ts.tv_nsec = static_cast<long>((bound.count() % 1000000) * 1000);
-  pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {fd, POLLIN, 0}};
-  (void)::ppoll(fds, fd >= 0 ? 2 : 1, &ts, nullptr);
+  if (bell_seq_) {
+    if (platform::futex_wait(*bell_seq_, bell_seen, bound)) bell_wakes_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    timespec ts{};
+    ts.tv_sec = static_cast<time_t>(bound.count() / 1000000);
+    ts.tv_nsec = static_cast<long>((bound.count() % 1000000) * 1000);
+    pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {fd, POLLIN, 0}};
+    (void)::ppoll(fds, fd >= 0 ? 2 : 1, &ts, nullptr);
+  }
   sleeps_.fetch_add(1, std::memory_order_relaxed);
-  const auto g = lock_fair();
-  --sleepers_;
+  {
+    const auto g = lock_fair();
+    --sleepers_;
+  }
+  if (bell_seq_) bell_sleepers_->fetch_sub(1, std::memory_order_seq_cst);
 }
 
 Completion Endpoint::wait(Token token, std::chrono::milliseconds timeout) noexcept {
@@ -1574,10 +1694,17 @@ std::size_t Endpoint::progress_or_idle(std::chrono::milliseconds max) noexcept {
   const std::uint64_t seen = sleeps() ? activity() : 0;
   std::size_t events = 0;
   const std::size_t delivered = progress_counting(events);
-  // Past any adaptive spin: the caller has already spun as long as it wants.
-  IdleState st;
-  st.since = Clock::now() - std::chrono::hours(1);
-  idle(delivered + events, Clock::now() + max, seen, st);
+  // One state across calls, so naps grow and the adaptive window learns
+  // the gaps between calls that found work (a server loop calls this
+  // between its own rounds). A second thread in here at the same time
+  // uses a fresh state, which only spins and naps less well.
+  if (!impl_->idle_busy.test_and_set(std::memory_order_acquire)) {
+    idle(delivered + events, Clock::now() + max, seen, impl_->idle_state);
+    impl_->idle_busy.clear(std::memory_order_release);
+  } else {
+    IdleState st;
+    idle(delivered + events, Clock::now() + max, seen, st);
+  }
   return delivered;
 }
 
@@ -1611,6 +1738,7 @@ EndpointStats Endpoint::stats() const noexcept {
   st.abandoned = abandoned_.load(std::memory_order_relaxed);
   st.stale_completions = stale_completions_.load(std::memory_order_relaxed);
   st.sleeps = sleeps_.load(std::memory_order_relaxed);
+  st.bell_wakes = bell_wakes_.load(std::memory_order_relaxed);
   const auto g = lock_fair();
   st.in_flight = backend_owned_;
   return st;

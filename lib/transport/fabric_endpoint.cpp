@@ -385,6 +385,9 @@ void FabricEndpoint::close_resources() noexcept {
   if (wait_fd_ >= 0) ::close(wait_fd_);
   wait_fd_ = -1;
   overflow_reg_.reset();
+  // Nobody sleeps on the bell any more (shutdown() woke and joined the
+  // sleepers): unmap it and remove its file. Peers' bells go with peers_.
+  bell_.reset();
 }
 
 void FabricEndpoint::close_control() noexcept {
@@ -535,6 +538,7 @@ void FabricEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
   fi_addr_t a = p.data;
   (void)fi_av_remove(av_, &a, 1, 0);
   if (a < handle_by_addr_.size()) handle_by_addr_[a] = kNoEntry;
+  if (p.bell) bell_peers_.fetch_sub(1, std::memory_order_relaxed);
   if (ctrl_av_ && !p.ctrl_name.empty()) {
     // Only a peer that serves atomics has a control address (p.ctrl).
     fi_addr_t c = p.ctrl;
@@ -572,16 +576,36 @@ Status FabricEndpoint::do_post(const BackendOp& op) noexcept {
     const PeerAddr& p = peers_[op.peer_handle];
     op_peer_[op.index] = OpPeer{p.incarnation, p.pid, p.cma};
   }
+  Status st = Status::invalid_argument;
   switch (op.kind) {
-    case OpKind::put: return do_put(op);
-    case OpKind::get: return do_get(op);
-    case OpKind::send: return do_send(op);
+    case OpKind::put: st = do_put(op); break;
+    case OpKind::get: st = do_get(op); break;
+    case OpKind::send: st = do_send(op); break;
     case OpKind::recv: return do_recv(op);
     case OpKind::fetch_add:
-    case OpKind::compare_swap: return do_atomic(op);
+    case OpKind::compare_swap: st = do_atomic(op); break;
   }
-  return Status::invalid_argument;
+  // Ring the target's bell when it has work to do for this op: a message to
+  // read, an atomic to apply. shm 1.17 moves puts and gets between
+  // processes that may use CMA by the initiator's own process_vm_writev/
+  // readv, without the target (measured: a put to a napping target
+  // completes as fast as to a spinning one), so those ring only without
+  // CMA; a futex wake costs the initiator about 1.4 us (bench/RESULTS.md).
+  if (st == Status::ok && shm_) {
+    const bool target_works = op.kind == OpKind::send || op.kind == OpKind::fetch_add ||
+                              op.kind == OpKind::compare_swap ||
+                              (op.peer_handle < peers_.size() && !peers_[op.peer_handle].cma);
+    if (target_works) ring_peer(op.peer_handle);
+  }
+  return st;
 }
+
+void FabricEndpoint::ring_peer(std::uint64_t handle) noexcept {
+  if (handle >= peers_.size() || !peers_[handle].bell) return;
+  if (peers_[handle].bell->ring()) bell_rings_.fetch_add(1, std::memory_order_relaxed);
+}
+
+WaitBell FabricEndpoint::do_wait_bell() const noexcept { return bell_ ? bell_->words() : WaitBell{}; }
 
 Status FabricEndpoint::do_put(const BackendOp& op) noexcept {
   if (shm_) {
@@ -1278,6 +1302,12 @@ void FabricEndpoint::do_cancel(const BackendOp& op) noexcept {
 void FabricEndpoint::open_shm_watch(const std::vector<std::byte>& data_name) {
   shm_ = domain_->provider_name() == "shm" && addr_kind_ == static_cast<std::uint8_t>(fabric_wire::AddrKind::string);
   if (!shm_) return;
+  if (config().wait_mode != WaitMode::spin) {
+    // No wait object on shm: a doorbell peers ring (fabric_shm.hpp). Without
+    // one (the file cannot be made) the endpoint naps as before.
+    auto bell = std::make_unique<fabric_shm::Bell>();
+    if (bell->create(fabric_shm::region_name(data_name, addr_scheme_))) bell_ = std::move(bell);
+  }
   // The lock layout is the one measured on 1.17; any other version gets the
   // pid checks only.
   const std::uint32_t v = fi_version();
@@ -1301,6 +1331,13 @@ void FabricEndpoint::shm_peer_insert(PeerAddr& p, std::span<const std::byte> dat
   p.cma = std::getenv("FI_SHM_DISABLE_CMA") == nullptr && fabric_shm::cross_memory_allowed(p.pid);
   p.checked = std::chrono::steady_clock::now();
   p.dead = !fabric_shm::process_alive(p.pid);
+  // Its doorbell, if it sleeps on one. Anything wrong with the file means
+  // no bell: the peer then naps as if we could not ring.
+  auto bell = std::make_unique<fabric_shm::Bell>();
+  if (bell->open(fabric_shm::region_name(data, addr_scheme_))) {
+    p.bell = std::move(bell);
+    bell_peers_.fetch_add(1, std::memory_order_relaxed);
+  }
   if (!own_data_.lock) return;  // layout unknown: pid checks only
   auto open = [&](std::span<const std::byte> addr) -> std::unique_ptr<fabric_shm::RegionLock> {
     if (addr.empty()) return nullptr;
@@ -1438,6 +1475,9 @@ FabricShmStats FabricEndpoint::shm_stats() const noexcept {
   st.lock_skips = lock_skips_.load(std::memory_order_relaxed);
   st.lock_recoveries = lock_recoveries_.load(std::memory_order_relaxed);
   st.region_stuck = region_stuck_.load(std::memory_order_relaxed);
+  st.doorbell = bell_ != nullptr;
+  st.bell_peers = bell_peers_.load(std::memory_order_relaxed);
+  st.bell_rings = bell_rings_.load(std::memory_order_relaxed);
   return st;
 }
 

@@ -1,5 +1,7 @@
 #include "transport/fabric_shm.hpp"
 
+#include "platform/futex.hpp"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -13,6 +15,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <new>
 
 namespace regpool::fabric_shm {
 namespace {
@@ -288,6 +291,131 @@ std::size_t remove_stale_regions(long pid, std::int64_t start) noexcept {
   }
   ::closedir(dir);
   return removed;
+}
+
+}  // namespace regpool::fabric_shm
+
+namespace regpool::fabric_shm {
+
+std::string bell_name(std::string_view region) {
+  // NAME_MAX: a longer name cannot be a file (open would fail anyway).
+  if (region.empty() || region.find('/') != std::string_view::npos || region.find('\0') != std::string_view::npos ||
+      kBellPrefix.size() + region.size() > 255) {
+    return {};
+  }
+  std::string out(kBellPrefix);
+  out.append(region);
+  return out;
+}
+
+bool bell_layout_ok(std::span<const std::byte> head) noexcept {
+  if (head.size() < sizeof kBellMagic) return false;
+  std::uint64_t magic = 0;
+  std::memcpy(&magic, head.data(), sizeof magic);
+  return magic == kBellMagic;
+}
+
+namespace {
+
+std::atomic<std::uint32_t>* bell_word(std::byte* base, std::size_t offset) noexcept {
+  // The mapping is page-aligned and the offsets are multiples of 64.
+  return std::launder(reinterpret_cast<std::atomic<std::uint32_t>*>(base + offset));
+}
+
+}  // namespace
+
+Bell::~Bell() { close(); }
+
+bool Bell::create(std::string_view region) noexcept {
+  close();
+  std::string path;
+  try {
+    const std::string name = bell_name(region);
+    if (name.empty()) return false;
+    path = "/dev/shm/" + name;
+  } catch (...) {
+    return false;
+  }
+  // Our pid is in the region's name: a file of this name was left by a
+  // dead process that had our pid (or by someone pretending): replace it.
+  (void)::unlink(path.c_str());
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  void* p = MAP_FAILED;
+  if (::ftruncate(fd, static_cast<off_t>(kBellBytes)) == 0) {
+    p = ::mmap(nullptr, kBellBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    (void)::unlink(path.c_str());
+    return false;
+  }
+  base_ = static_cast<std::byte*>(p);
+  // A fresh file is zero: seq 0, nobody asleep. The magic goes last, so a
+  // peer that opens the file early sees no bell rather than half of one.
+  new (base_ + kBellSeqOffset) std::atomic<std::uint32_t>(0);
+  new (base_ + kBellSleepersOffset) std::atomic<std::uint32_t>(0);
+  std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(base_)).store(kBellMagic, std::memory_order_release);
+  path_ = std::move(path);
+  return true;
+}
+
+bool Bell::open(std::string_view region) noexcept {
+  close();
+  char path[300];
+  try {
+    const std::string name = bell_name(region);
+    if (name.empty()) return false;
+    std::snprintf(path, sizeof path, "/dev/shm/%s", name.c_str());
+  } catch (...) {
+    return false;
+  }
+  // O_NONBLOCK: a FIFO planted under the name must not block the open.
+  const int fd = ::open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return false;
+  struct stat st {};
+  void* p = MAP_FAILED;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
+      static_cast<std::uint64_t>(st.st_size) == kBellBytes) {
+    p = ::mmap(nullptr, kBellBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  ::close(fd);
+  if (p == MAP_FAILED) return false;
+  auto* base = static_cast<std::byte*>(p);
+  std::byte head[sizeof kBellMagic];
+  const std::uint64_t magic =
+      std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(base)).load(std::memory_order_acquire);
+  std::memcpy(head, &magic, sizeof magic);
+  if (!bell_layout_ok(head)) {
+    ::munmap(p, kBellBytes);
+    return false;
+  }
+  base_ = base;
+  return true;
+}
+
+WaitBell Bell::words() const noexcept {
+  if (!base_) return {};
+  return WaitBell{bell_word(base_, kBellSeqOffset), bell_word(base_, kBellSleepersOffset)};
+}
+
+bool Bell::ring() noexcept {
+  if (!base_) return false;
+  // Orders the post before the look at sleepers (the owner's increment is
+  // a seq_cst read-modify-write before its last poll): either it sees our
+  // message or we see it about to sleep.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (bell_word(base_, kBellSleepersOffset)->load(std::memory_order_relaxed) == 0) return false;
+  bell_word(base_, kBellSeqOffset)->fetch_add(1, std::memory_order_seq_cst);
+  platform::futex_wake_all(*bell_word(base_, kBellSeqOffset));
+  return true;
+}
+
+void Bell::close() noexcept {
+  if (base_) ::munmap(base_, kBellBytes);
+  base_ = nullptr;
+  if (!path_.empty()) (void)::unlink(path_.c_str());
+  path_.clear();
 }
 
 }  // namespace regpool::fabric_shm

@@ -25,11 +25,14 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
+
+#include "regpool/endpoint_backend.hpp"
 
 namespace regpool::fabric_shm {
 
@@ -132,5 +135,67 @@ struct Mappers {
   bool complete = true;
 };
 Mappers region_mappers(const std::string& name) noexcept;
+
+// ---------------------------------------------------------------------------
+// The doorbell (docs/progress.md, "How shm sleeps"). libfabric 1.17 shm has
+// no wait object, so a sleeping endpoint could only nap. A sleeping shm
+// endpoint therefore creates a small file of its own,
+// /dev/shm/regpool-bell.<region name> (mode 0600), holding a futex word
+// `seq` and a count `sleepers` of its threads about to sleep or asleep.
+// A sender that has mapped the file rings it after every post: when
+// sleepers is non-zero it bumps seq and wakes the futex. The owner's
+// protocol (Endpoint::idle): sleepers++, read seq, poll the provider once
+// more, then futex-wait on the value read, bounded as every sleep is.
+//
+// The file of a peer is untrusted: its path is derived only from the
+// peer's address already checked by fabric_wire; it is opened without
+// following links, and used only when it is a regular file of our euid of
+// exactly kBellBytes whose first line holds kBellMagic. A peer writing into
+// its own bell causes at most spurious or missed wake-ups of itself.
+
+inline constexpr std::size_t kBellBytes = 4096;
+inline constexpr std::string_view kBellPrefix = "regpool-bell.";
+// "RPBELL01", little-endian, at offset 0.
+inline constexpr std::uint64_t kBellMagic = 0x31304c4c45424052ULL;
+inline constexpr std::size_t kBellSeqOffset = 64;
+inline constexpr std::size_t kBellSleepersOffset = 128;
+
+// The bell's file name under /dev/shm for a region name (region_name());
+// empty when there is none (no region name, or too long for a file name).
+std::string bell_name(std::string_view region);
+
+// Whether the first bytes of a mapped bell (at least kBellSeqOffset) carry
+// the layout's magic. A pure check, fuzzed with the address parsers.
+bool bell_layout_ok(std::span<const std::byte> head) noexcept;
+
+// One mapped bell: this endpoint's own (create) or a peer's (open). Not
+// thread-safe for open/close; ring() may race with anything (atomics).
+class Bell {
+ public:
+  Bell() = default;
+  Bell(const Bell&) = delete;
+  Bell& operator=(const Bell&) = delete;
+  ~Bell();
+
+  // Our own bell for the region `region` (our pid is in its name, so an
+  // existing file of that name is a dead process's: removed first). false
+  // when it cannot be made (then the endpoint naps as before).
+  bool create(std::string_view region) noexcept;
+  // A peer's bell, checked as above; false (nothing mapped) when absent or
+  // not acceptable.
+  bool open(std::string_view region) noexcept;
+  bool valid() const noexcept { return base_ != nullptr; }
+  // The words, for Endpoint::idle (own bell).
+  WaitBell words() const noexcept;
+  // A sender's ring, after a post that gives the owner work: true when a
+  // sleeper was there and was woken.
+  bool ring() noexcept;
+  // Unmaps; an own bell's file is also removed.
+  void close() noexcept;
+
+ private:
+  std::byte* base_ = nullptr;
+  std::string path_;  // own bell: the file to remove at close
+};
 
 }  // namespace regpool::fabric_shm

@@ -70,6 +70,15 @@ void check_shm_pid(std::span<const std::byte> a, const fw::AddrRules& r) {
   }
   const std::string name = regpool::fabric_shm::region_name(a, r.scheme);
   if (name.find('/') != std::string::npos) std::abort();
+  // The doorbell's file name (fabric_shm::bell_name): prefix + region, one
+  // path component, or nothing.
+  const std::string bell = regpool::fabric_shm::bell_name(name);
+  if (!bell.empty() && (bell.size() > 255 || bell.find('/') != std::string::npos ||
+                        bell.compare(0, regpool::fabric_shm::kBellPrefix.size(), regpool::fabric_shm::kBellPrefix) != 0 ||
+                        bell.compare(regpool::fabric_shm::kBellPrefix.size(), std::string::npos, name) != 0)) {
+    std::abort();
+  }
+  if (bell.empty() && !name.empty() && name.size() + regpool::fabric_shm::kBellPrefix.size() <= 255) std::abort();
   if (!name.empty() && (name.size() + r.scheme.size() + 1 != a.size() ||
                         std::memcmp(name.data(), a.data() + r.scheme.size(), name.size()) != 0)) {
     std::abort();
@@ -107,6 +116,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size < 1) return 0;
   const fw::AddrRules rules = rules_for(data[0]);
   const std::span<const std::byte> name(reinterpret_cast<const std::byte*>(data + 1), size - 1);
+  {
+    // A mapped bell's first bytes, as a peer may have written them.
+    std::uint64_t magic = 0;
+    if (name.size() >= sizeof magic) std::memcpy(&magic, name.data(), sizeof magic);
+    const bool want = name.size() >= sizeof magic && magic == regpool::fabric_shm::kBellMagic;
+    if (regpool::fabric_shm::bell_layout_ok(name) != want) std::abort();
+  }
   fw::ParsedName p;
   const char* why = fw::parse_name(name, rules, p);
   if (why != nullptr) {
