@@ -67,6 +67,44 @@ std::uint64_t word_at(std::span<const std::byte> b) {
   return w;
 }
 
+// The child of the flow-control cases: joins through the bootstrap on
+// `port`, sends `count` messages of `size` bytes (message i: first word i,
+// the rest rpt::fill(i)) with tag 5 to rank 0 without waiting, then waits
+// for every one of them. `stalled`: it must have met the receiver's credit
+// limit on the way.
+int send_stream(const std::string& prov, const MessengerConfig& mc, std::uint16_t port, std::uint64_t count,
+                std::uint64_t size, bool stalled) {
+  auto b = rpt::child_bootstrap(port);
+  Node n(prov, mc);
+  const PeerId rx = n.s.ep->insert_peer(b->allgather(n.s.ep->name(), 30s)[0]);
+  std::vector<regpool::MessageToken> t;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    Slice s = n.filled(size, i);
+    std::memcpy(s.address(), &i, 8);
+    auto r = n.m.send(rx, 5, s);
+    RPT_CHECK(r.ok());
+    t.push_back(*r);
+  }
+  for (auto x : t) RPT_CHECK(n.m.wait(x, 120s).status == Status::ok);
+  if (stalled) RPT_CHECK(n.m.stats().credit_stalls > 0);
+  b->barrier(120s);
+  return 0;
+}
+
+// The receiving side of send_stream: every message there, in order, intact.
+void receive_stream(Node& n, std::uint64_t count, std::uint64_t size) {
+  auto buf = n.s.alloc(size);
+  for (std::uint64_t i = 0; i < count; ++i) {
+    const MessageCompletion c = n.wait(n.m.recv(regpool::kAnyPeer, 5, 0, rpt::slice_or_die(Slice::data(buf))));
+    REQUIRE(c.status == Status::ok);
+    REQUIRE(c.received == size);
+    REQUIRE(word_at(buf.data()) == i);
+    std::vector<std::byte> expect(size);
+    rpt::fill(expect, i);
+    REQUIRE(std::memcmp(expect.data() + 8, buf.data().data() + 8, size - 8) == 0);
+  }
+}
+
 // The sender of the eager test: messages i = 0..kCount-1, tag 100 + i % 3,
 // size 16 + 8 * i, first word i.
 constexpr std::uint64_t kCount = 24;
@@ -216,25 +254,7 @@ TEST_CASE("budget exhausted: the sender is flow-controlled, nothing is lost", "[
   mc.unexpected_budget = 8 * 1024;  // a handful of bounce LDOs
   auto boot = rpt::root_bootstrap();
   const auto port = boot->port();
-  auto kid = rpt::spawn(
-      [&]() -> int {
-        auto b = rpt::child_bootstrap(port);
-        Node n(prov, mc);
-        const PeerId rx = n.s.ep->insert_peer(b->allgather(n.s.ep->name(), 30s)[0]);
-        std::vector<regpool::MessageToken> t;
-        for (std::uint64_t i = 0; i < kMessages; ++i) {
-          Slice s = n.filled(512, i);
-          std::memcpy(s.address(), &i, 8);
-          auto r = n.m.send(rx, 5, s);
-          RPT_CHECK(r.ok());
-          t.push_back(*r);
-        }
-        for (auto x : t) RPT_CHECK(n.m.wait(x, 120s).status == Status::ok);
-        RPT_CHECK(n.m.stats().credit_stalls > 0);
-        b->barrier(120s);
-        return 0;
-      },
-      300);
+  auto kid = rpt::spawn([&]() -> int { return send_stream(prov, mc, port, kMessages, 512, true); }, 300);
   Node n(prov, mc);
   (void)n.s.ep->insert_peer(boot->allgather(n.s.ep->name(), 30s)[1]);
   // Do not receive for a while: the sender must stall, not flood us.
@@ -252,15 +272,7 @@ TEST_CASE("budget exhausted: the sender is flow-controlled, nothing is lost", "[
   CHECK(most <= mc.unexpected_budget / bounce + 1 + mc.peer_credits);
   CHECK(most < kMessages);
   // Now receive everything: all there, in order, intact.
-  auto buf = n.s.alloc(512);
-  for (std::uint64_t i = 0; i < kMessages; ++i) {
-    const MessageCompletion c = n.wait(n.m.recv(regpool::kAnyPeer, 5, 0, rpt::slice_or_die(Slice::data(buf))));
-    REQUIRE(c.status == Status::ok);
-    REQUIRE(word_at(buf.data()) == i);
-    std::vector<std::byte> expect(512);
-    rpt::fill(expect, i);
-    REQUIRE(std::memcmp(expect.data() + 8, buf.data().data() + 8, 504) == 0);
-  }
+  receive_stream(n, kMessages, 512);
   boot->barrier(120s);
   CHECK(rpt::reap(kid, 60s) == 0);
 }
@@ -277,24 +289,7 @@ TEST_CASE("small unexpected messages are held as copies, within the unexpected t
   mc.max_unexpected = 16;  // the byte budget (8 MiB) never binds: the table must
   auto boot = rpt::root_bootstrap();
   const auto port = boot->port();
-  auto kid = rpt::spawn(
-      [&]() -> int {
-        auto b = rpt::child_bootstrap(port);
-        Node n(prov, mc);
-        const PeerId rx = n.s.ep->insert_peer(b->allgather(n.s.ep->name(), 30s)[0]);
-        std::vector<regpool::MessageToken> t;
-        for (std::uint64_t i = 0; i < kMessages; ++i) {
-          Slice s = n.filled(kSize, i);
-          std::memcpy(s.address(), &i, 8);
-          auto r = n.m.send(rx, 5, s);
-          RPT_CHECK(r.ok());
-          t.push_back(*r);
-        }
-        for (auto x : t) RPT_CHECK(n.m.wait(x, 120s).status == Status::ok);
-        b->barrier(120s);
-        return 0;
-      },
-      300);
+  auto kid = rpt::spawn([&]() -> int { return send_stream(prov, mc, port, kMessages, kSize, false); }, 300);
   Node n(prov, mc);
   (void)n.s.ep->insert_peer(boot->allgather(n.s.ep->name(), 30s)[1]);
   const auto until = std::chrono::steady_clock::now() + 1500ms;
@@ -317,16 +312,7 @@ TEST_CASE("small unexpected messages are held as copies, within the unexpected t
   // The bounce ring itself: receive_buffers objects of at least 64 + threshold.
   CHECK(st.receive_buffer_bytes >= mc.receive_buffers * bounce);
   CHECK(st.receive_buffer_bytes <= 2 * mc.receive_buffers * bounce);
-  auto buf = n.s.alloc(kSize);
-  for (std::uint64_t i = 0; i < kMessages; ++i) {
-    const MessageCompletion c = n.wait(n.m.recv(regpool::kAnyPeer, 5, 0, rpt::slice_or_die(Slice::data(buf))));
-    REQUIRE(c.status == Status::ok);
-    REQUIRE(c.received == kSize);
-    REQUIRE(word_at(buf.data()) == i);
-    std::vector<std::byte> expect(kSize);
-    rpt::fill(expect, i);
-    REQUIRE(std::memcmp(expect.data() + 8, buf.data().data() + 8, kSize - 8) == 0);
-  }
+  receive_stream(n, kMessages, kSize);
   CHECK(n.m.stats().rejected == 0);
   boot->barrier(120s);
   CHECK(rpt::reap(kid, 60s) == 0);
