@@ -326,8 +326,29 @@ std::atomic<std::uint32_t>* bell_word(std::byte* base, std::size_t offset) noexc
 
 Bell::~Bell() { close(); }
 
+std::size_t sweep_dead_bells(const char* dir) noexcept {
+  DIR* d = ::opendir(dir);
+  if (!d) return 0;
+  const int dfd = ::dirfd(d);
+  std::size_t removed = 0;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view name(e->d_name);
+    if (name.substr(0, kBellPrefix.size()) != kBellPrefix) continue;
+    const std::int64_t pid =
+        pid_from_address(std::as_bytes(std::span<const char>(name.data(), name.size())), kBellPrefix);
+    if (pid <= 0 || pid == ::getpid() || process_alive(pid)) continue;
+    struct stat st {};
+    if (::fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;
+    if (::unlinkat(dfd, e->d_name, 0) == 0) ++removed;
+  }
+  ::closedir(d);
+  return removed;
+}
+
 bool Bell::create(std::string_view region) noexcept {
   close();
+  (void)sweep_dead_bells("/dev/shm");
   std::string path;
   try {
     const std::string name = bell_name(region);

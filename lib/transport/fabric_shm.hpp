@@ -168,6 +168,14 @@ std::string bell_name(std::string_view region);
 // the layout's magic. A pure check, fuzzed with the address parsers.
 bool bell_layout_ok(std::span<const std::byte> head) noexcept;
 
+// Removes the bells under `dir` (/dev/shm) that processes killed before
+// closing their endpoints left behind: files named kBellPrefix<pid>:...
+// whose pid no longer exists, owned by our euid, regular files. Returns how
+// many it removed. Bell::create calls it, so a machine whose tests kill
+// peers does not collect them. A peer still mapping such a file keeps its
+// mapping (unlink leaves it valid) and rings nobody.
+std::size_t sweep_dead_bells(const char* dir) noexcept;
+
 // One mapped bell: this endpoint's own (create) or a peer's (open). Not
 // thread-safe for open/close; ring() may race with anything (atomics).
 class Bell {

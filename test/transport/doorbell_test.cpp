@@ -8,13 +8,16 @@
 //    endpoints and tcp make none;
 //  - a planted bell file (symlink, wrong size, wrong owner, FIFO, wrong
 //    magic) is refused and the peer is reached as before; one with the
-//    right layout and garbage words is used, and at worst rings in vain.
+//    right layout and garbage words is used, and at worst rings in vain;
+//  - bells left by killed processes are swept (only those: dead pid, our
+//    euid, regular file).
 // Counters only: no timing targets.
 
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -231,4 +234,48 @@ TEST_CASE("a planted or stale bell file of a peer is refused or harmless", "[fab
     round(1);
     CHECK(fabric(self).shm_stats().bell_rings > rings);
   }
+}
+
+TEST_CASE("bells of dead processes are swept, nothing else", "[fabric][doorbell]") {
+  char tmpl[] = "/tmp/regpool-bells.XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string dir = tmpl;
+  // A pid that existed and is gone: a reaped child.
+  const pid_t dead = ::fork();
+  REQUIRE(dead >= 0);
+  if (dead == 0) ::_exit(0);
+  int status = 0;
+  REQUIRE(::waitpid(dead, &status, 0) == dead);
+  const std::string d = std::to_string(dead);
+  auto make = [&](const std::string& name) {
+    const int fd = ::open((dir + "/" + name).c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+  };
+  make("regpool-bell." + d + ":0:1");                             // swept
+  make("regpool-bell." + std::to_string(::getpid()) + ":0:1");    // ours: kept
+  make("regpool-bell." + std::to_string(::getppid()) + ":0:1");   // alive: kept
+  make("regpool-bell.0" + d + ":0:1");                            // not a pid: kept
+  make("other." + d + ":0:1");                                    // not a bell: kept
+  REQUIRE(::symlink("/etc/passwd", (dir + "/regpool-bell." + d + ":0:2").c_str()) == 0);  // kept
+  REQUIRE(::mkdir((dir + "/regpool-bell." + d + ":0:3").c_str(), 0700) == 0);             // kept
+  CHECK(regpool::fabric_shm::sweep_dead_bells(dir.c_str()) == 1);
+  CHECK(regpool::fabric_shm::sweep_dead_bells(dir.c_str()) == 0);
+  std::size_t left = 0;
+  DIR* dd = ::opendir(dir.c_str());
+  REQUIRE(dd != nullptr);
+  while (const dirent* e = ::readdir(dd)) {
+    const std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    CHECK(name != "regpool-bell." + d + ":0:1");
+    ++left;
+    if (name == "regpool-bell." + d + ":0:3") {
+      (void)::rmdir((dir + "/" + name).c_str());
+    } else {
+      (void)::unlink((dir + "/" + name).c_str());
+    }
+  }
+  ::closedir(dd);
+  CHECK(left == 6);
+  (void)::rmdir(dir.c_str());
 }
