@@ -422,11 +422,13 @@ WaitBell Bell::words() const noexcept {
 
 bool Bell::ring() noexcept {
   if (!base_) return false;
-  // Orders the post before the look at sleepers (the owner's increment is
-  // a seq_cst read-modify-write before its last poll): either it sees our
-  // message or we see it about to sleep.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (bell_word(base_, kBellSleepersOffset)->load(std::memory_order_relaxed) == 0) return false;
+  // The look at sleepers is a read-modify-write (adding 0), not a fence and
+  // a load: both it and the owner's increment before its last poll are
+  // RMWs of the same word, so one comes first in that word's order. Ours
+  // first: the owner's increment reads from it and acquires our post, and
+  // its last poll sees the message. Its first: we read a sleeper and ring.
+  // (A fence would do the same; thread sanitizer cannot check fences.)
+  if (bell_word(base_, kBellSleepersOffset)->fetch_add(0, std::memory_order_seq_cst) == 0) return false;
   bell_word(base_, kBellSeqOffset)->fetch_add(1, std::memory_order_seq_cst);
   platform::futex_wake_all(*bell_word(base_, kBellSeqOffset));
   return true;
