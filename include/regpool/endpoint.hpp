@@ -625,7 +625,7 @@ class REGPOOL_API Endpoint {
   void idle(std::size_t work, Clock::time_point until, std::uint64_t seen, IdleState& st) noexcept;
   // WaitMode::adaptive: how long to keep polling after the last work
   // (EndpointConfig::wait_spin, or the learned window: see WaitMode).
-  Clock::duration spin_window(const IdleState& st) const noexcept;
+  Clock::duration spin_window(const IdleState& st, Clock::time_point now) const noexcept;
   std::uint64_t activity() const noexcept;
   // Under the mutex: something a sleeper may wait for happened.
   void wake_sleepers_locked() noexcept;

@@ -1500,7 +1500,7 @@ void Endpoint::wake_sleepers_locked() noexcept {
   if (::write(wake_fd_, &one, sizeof one) < 0) return;
 }
 
-Endpoint::Clock::duration Endpoint::spin_window(const IdleState& st) const noexcept {
+Endpoint::Clock::duration Endpoint::spin_window(const IdleState& st, Clock::time_point now) const noexcept {
   const Clock::duration base = config_.wait_spin;
   if (st.gap_count == 0) return base;
   std::uint32_t longest = 0;
@@ -1513,7 +1513,8 @@ Endpoint::Clock::duration Endpoint::spin_window(const IdleState& st) const noexc
   if (longest_us > kSpinCap) return base;
   const Clock::duration learned = std::min<Clock::duration>(kSpinCap, longest_us * kSpinGapFactor);
   if (learned <= base) return base;
-  if (cpus_oversubscribed(Clock::now())) return base;
+  // The caller's reading of the clock: a spin round reads it once.
+  if (cpus_oversubscribed(now)) return base;
   return learned;
 }
 
@@ -1538,7 +1539,7 @@ void Endpoint::idle(std::size_t work, Clock::time_point until, std::uint64_t see
     return;
   }
   if (st.idle_rounds < ~std::uint32_t{0}) ++st.idle_rounds;
-  if (config_.wait_mode == WaitMode::adaptive && now - st.since < spin_window(st)) return;
+  if (config_.wait_mode == WaitMode::adaptive && now - st.since < spin_window(st, now)) return;
   if (now >= until) return;
   std::chrono::microseconds max_sleep = kMaxSleep;
   int fd = -1;
