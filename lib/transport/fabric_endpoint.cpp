@@ -289,8 +289,12 @@ void FabricEndpoint::open_triplet(fid_av** av, fid_cq** cq, fid_ep** ep, const c
     throw Error(Status::transport_error, rc, std::string("fabric endpoint: fi_cq_open (") + what + "): " + fi_message(rc));
   }
   // A killed process's region under our pid would make fi_enable fail
-  // with -FI_EBUSY (fabric_shm.hpp).
-  if (prov == "shm") (void)fabric_shm::remove_stale_own_regions();
+  // with -FI_EBUSY, and every killed process's region holds memory until
+  // someone removes it (fabric_shm.hpp).
+  if (prov == "shm") {
+    (void)fabric_shm::remove_stale_own_regions();
+    (void)fabric_shm::sweep_dead_regions("/dev/shm");
+  }
   rc = fi_endpoint(dom, info, ep, nullptr);
   if (rc != 0) {
     *ep = nullptr;

@@ -266,7 +266,57 @@ std::int64_t own_start_ns() noexcept {
   return btime * 1'000'000'000LL + static_cast<std::int64_t>(start_ticks / static_cast<unsigned long long>(hz)) * 1'000'000'000LL;
 }
 
+// "<pid>:<domain>:<ep>", all three decimal, nothing else: libfabric 1.17
+// shm's own naming. The pid, or 0 for any other name.
+std::int64_t region_file_pid(std::string_view name) noexcept {
+  std::int64_t pid = 0;
+  int field = 0;
+  bool digits = false;
+  for (const char c : name) {
+    if (c == ':') {
+      if (!digits || ++field > 2) return 0;
+      digits = false;
+    } else if (c >= '0' && c <= '9') {
+      if (field == 0) {
+        if (pid > (std::int64_t{1} << 40)) return 0;
+        pid = pid * 10 + (c - '0');
+      }
+      digits = true;
+    } else {
+      return 0;
+    }
+  }
+  return field == 2 && digits ? pid : 0;
+}
+
 }  // namespace
+
+std::size_t sweep_dead_regions(const char* dir) noexcept {
+  DIR* d = ::opendir(dir);
+  if (!d) return 0;
+  const int dfd = ::dirfd(d);
+  std::size_t removed = 0;
+  while (const dirent* e = ::readdir(d)) {
+    const std::int64_t pid = region_file_pid(e->d_name);
+    if (pid <= 0 || pid == ::getpid() || process_alive(pid)) continue;
+    const int fd = ::openat(dfd, e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) continue;
+    struct stat st {};
+    std::uint8_t head[8] = {};
+    const bool ours = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
+                      ::pread(fd, head, sizeof head, 0) == static_cast<ssize_t>(sizeof head);
+    ::close(fd);
+    if (!ours || head[0] != kRegionVersion) continue;
+    std::int32_t owner = 0;
+    std::memcpy(&owner, head + kPidOffset, sizeof owner);
+    // Asked again just before the unlink: a process given the recycled pid
+    // since the first look would own a new region by that name.
+    if (owner != pid || process_alive(pid)) continue;
+    if (::unlinkat(dfd, e->d_name, 0) == 0) ++removed;
+  }
+  ::closedir(d);
+  return removed;
+}
 
 std::size_t remove_stale_own_regions() noexcept {
   const std::int64_t start = own_start_ns();
