@@ -266,8 +266,8 @@ std::int64_t own_start_ns() noexcept {
   return btime * 1'000'000'000LL + static_cast<std::int64_t>(start_ticks / static_cast<unsigned long long>(hz)) * 1'000'000'000LL;
 }
 
-// "<pid>:<domain>:<ep>", all three decimal, nothing else: libfabric 1.17
-// shm's own naming. The pid, or 0 for any other name.
+}  // namespace
+
 std::int64_t region_file_pid(std::string_view name) noexcept {
   std::int64_t pid = 0;
   int field = 0;
@@ -278,8 +278,8 @@ std::int64_t region_file_pid(std::string_view name) noexcept {
       digits = false;
     } else if (c >= '0' && c <= '9') {
       if (field == 0) {
-        if (pid > (std::int64_t{1} << 40)) return 0;
         pid = pid * 10 + (c - '0');
+        if (pid > 0x7fffffff) return 0;  // pids are positive ints
       }
       digits = true;
     } else {
@@ -288,8 +288,6 @@ std::int64_t region_file_pid(std::string_view name) noexcept {
   }
   return field == 2 && digits ? pid : 0;
 }
-
-}  // namespace
 
 std::size_t sweep_dead_regions(const char* dir) noexcept {
   DIR* d = ::opendir(dir);

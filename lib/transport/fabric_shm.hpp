@@ -103,6 +103,10 @@ std::size_t remove_stale_regions(long pid, std::int64_t start_ns) noexcept;
 // region keeps a valid mapping (unlink leaves it alive). Returns how many
 // were removed.
 std::size_t sweep_dead_regions(const char* dir) noexcept;
+// The pid in a file name of libfabric shm's exact shape
+// "<pid>:<domain>:<ep>" (three decimal fields, nothing else, the pid at
+// most INT32_MAX), or 0 for any other name. File names under /dev/shm are anyone's bytes: fuzzed.
+std::int64_t region_file_pid(std::string_view name) noexcept;
 
 // The provider's spin lock of one shm region, through our own mapping of
 // the region's first page. Not thread-safe (used under the endpoint's mutex).

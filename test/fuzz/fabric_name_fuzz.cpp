@@ -123,6 +123,26 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const bool want = name.size() >= sizeof magic && magic == regpool::fabric_shm::kBellMagic;
     if (regpool::fabric_shm::bell_layout_ok(name) != want) std::abort();
   }
+  {
+    // A file name under /dev/shm (anyone's), as the dead-region sweep reads
+    // it: a pid only for "<digits>:<digits>:<digits>", and then the first
+    // field's value.
+    const std::string_view file(reinterpret_cast<const char*>(data + 1), size - 1);
+    const std::int64_t pid = regpool::fabric_shm::region_file_pid(file);
+    if (pid < 0 || pid > 0x7fffffff) std::abort();
+    if (pid > 0) {
+      const std::size_t c1 = file.find(':');
+      const std::size_t c2 = c1 == std::string_view::npos ? c1 : file.find(':', c1 + 1);
+      if (c1 == 0 || c2 == std::string_view::npos || c2 == c1 + 1 || c2 + 1 >= file.size() ||
+          file.find(':', c2 + 1) != std::string_view::npos ||
+          file.find_first_not_of("0123456789:") != std::string_view::npos) {
+        std::abort();
+      }
+      std::string_view first = file.substr(0, c1);
+      while (first.size() > 1 && first.front() == '0') first.remove_prefix(1);
+      if (std::to_string(pid) != first) std::abort();
+    }
+  }
   fw::ParsedName p;
   const char* why = fw::parse_name(name, rules, p);
   if (why != nullptr) {
