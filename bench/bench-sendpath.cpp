@@ -3,7 +3,7 @@
 // and the cost of one round of a spin-wait (Endpoint::progress() against an
 // empty fi_cq_read), on one thread, in thread CPU time.
 //
-//   bench-sendpath [--provider shm|tcp] [--iters N] [--reps R] [--sizes LIST] [--tagged] [--contend N] [--json]
+//   bench-sendpath [--provider shm|tcp|net] [--iters N] [--reps R] [--sizes LIST] [--tagged] [--contend N] [--json]
 //
 // --tagged adds the tagged rows: the same message through libfabric's
 // native matching (fi_trecv/fi_tsend, tag 1, on an endpoint opened with
@@ -83,7 +83,7 @@ class Direct {
     hints->mode = FI_CONTEXT | FI_CONTEXT2;
     hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
     hints->fabric_attr->prov_name = ::strdup(provider == "tcp" ? "tcp;ofi_rxm" : provider.c_str());
-    const char* node = provider == "tcp" ? "127.0.0.1" : nullptr;
+    const char* node = provider != "shm" ? "127.0.0.1" : nullptr;
     const int rc = fi_getinfo(FI_VERSION(1, 17), node, nullptr, node ? FI_SOURCE : 0, hints, &info_);
     fi_freeinfo(hints);
     if (rc != 0) {
@@ -198,7 +198,7 @@ class Regpool {
   Regpool(const std::string& provider, std::size_t size, bool tagged) {
     regpool::FabricConfig fc;
     fc.provider = provider;
-    if (provider == "tcp") fc.node = "127.0.0.1";
+    if (provider != "shm") fc.node = "127.0.0.1";
     domain_ = regpool::FabricDomain::open(fc);
     regpool::PoolConfig pc;
     pc.name = "bench-sendpath";
@@ -437,7 +437,7 @@ int main(int argc, char** argv) {
   bool json = false, tagged = false;
   std::uint64_t contend = 2000;
   const char* usage =
-      "usage: bench-sendpath [--provider shm|tcp] [--iters N] [--reps R] [--sizes LIST] [--tagged] [--contend N] [--json]\n";
+      "usage: bench-sendpath [--provider shm|tcp|net] [--iters N] [--reps R] [--sizes LIST] [--tagged] [--contend N] [--json]\n";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -467,12 +467,12 @@ int main(int argc, char** argv) {
     }
   }
   const std::size_t max_size = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
-  if ((provider != "shm" && provider != "tcp") || iters == 0 || reps < 1 || sizes.empty() ||
+  if ((provider != "shm" && provider != "tcp" && provider != "net") || iters == 0 || reps < 1 || sizes.empty() ||
       *std::min_element(sizes.begin(), sizes.end()) == 0 || max_size > (std::size_t{1} << 20)) {
-    std::fprintf(stderr, "bench-sendpath: --provider shm|tcp, --iters >= 1, --reps >= 1, --sizes 1..1M (K suffix)\n");
+    std::fprintf(stderr, "bench-sendpath: --provider shm|tcp|net, --iters >= 1, --reps >= 1, --sizes 1..1M (K suffix)\n");
     return 2;
   }
-  if (provider == "tcp") ::setenv("FI_TCP_IFACE", "lo", 0);
+  if (provider != "shm") ::setenv("FI_TCP_IFACE", "lo", 0);
   Direct direct(provider, max_size, tagged);
   Regpool rp(provider, max_size, tagged);
   if (json) {
