@@ -723,6 +723,10 @@ void PoolCore::retire_cache(ThreadCache* tc) noexcept {
 
 ControlBlock* PoolCore::take_central_span(ThreadCache* tc, std::uint64_t total) noexcept {
   if (span_central_bytes_.load(std::memory_order_relaxed) == 0) return nullptr;
+  // Closed (only Ldo::clone() allocates then): the lists still hold spans,
+  // but an object handed out now would escape close()'s count of the live
+  // ones; allocate_slow says Status::closed.
+  if (detached_.load(std::memory_order_acquire)) return nullptr;
   const std::uint64_t capacity = platform::round_up(total, kPage);
   if (capacity > kSpanCacheMaxObject) return nullptr;
   auto fits = [capacity](const ControlBlock* s) {
