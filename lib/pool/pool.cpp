@@ -409,8 +409,11 @@ Result<ControlBlock*> PoolCore::allocate_slow_path(const LdoShape& shape) noexce
   // contents: all of a span from the thread's span cache.
   std::uint64_t dirty = UINT64_MAX;
   ControlBlock* cb = nullptr;
-  if (!small)
-    if (ThreadCache* tc = thread_cache()) cb = take_cached_span(tc, total);
+  if (!small) {
+    ThreadCache* tc = thread_cache();
+    if (tc) cb = take_cached_span(tc, total);
+    if (!cb) cb = take_central_span(tc, total);
+  }
   if (!cb) {
     auto r = allocate_slow(total, &dirty);
     if (!r) {
@@ -469,6 +472,10 @@ Result<ControlBlock*> PoolCore::allocate_slow(std::uint64_t total, std::uint64_t
     return total <= kMaxSmallObject ? allocate_small(class_of(total)) : allocate_large(total, dirty);
   };
   auto r = attempt();
+  // Spans parked on the central lists count against max_bytes: give them
+  // back to their arenas and try again.
+  if (!r && r.status() == Status::pool_exhausted && flush_central_spans()) [[unlikely]]
+    r = attempt();
   // Idle arenas are released here, after the allocation (which may reuse
   // one instead of registering a new arena) and with no lock held. At the
   // cap, releasing them may make room: try once more.
@@ -644,17 +651,16 @@ void PoolCore::free_busy(ControlBlock* cb, ThreadCache* tc) noexcept {
   } else if (cb->capacity <= kSpanCacheMaxObject && !cb->arena->dedicated()) {
     tc->counters.large_frees.add(1);
     tc->counters.large_bytes_free.add(cb->capacity);
-    if (tc->span_count < kSpanCacheEntries) {
-      tc->spans[tc->span_count++] = cb;
-    } else {
-      // Full: keep the newest, return the oldest to its arena.
-      ControlBlock* evict = tc->spans[0];
-      std::copy(tc->spans.begin() + 1, tc->spans.end(), tc->spans.begin());
-      tc->spans.back() = cb;
-      // The evicted span was already counted as freed when it was cached.
-      std::lock_guard g(mutex_);
-      free_span_locked(evict->arena, evict->span_page);
+    if (tc->span_count == kSpanCacheEntries) {
+      // Full: the oldest half goes to the central lists, where the thread
+      // that allocates this size (often another one) finds it without the
+      // pool mutex. Those spans were counted as freed when they were cached.
+      constexpr std::uint32_t kOut = kSpanCacheEntries / 2;
+      push_central_spans(tc->spans.data(), kOut);
+      std::copy(tc->spans.begin() + kOut, tc->spans.end(), tc->spans.begin());
+      tc->span_count -= kOut;
     }
+    tc->spans[tc->span_count++] = cb;
   } else {
     std::lock_guard g(mutex_);
     free_large_locked(cb);
@@ -715,8 +721,104 @@ void PoolCore::retire_cache(ThreadCache* tc) noexcept {
   tc->core = nullptr;
 }
 
+ControlBlock* PoolCore::take_central_span(ThreadCache* tc, std::uint64_t total) noexcept {
+  if (span_central_bytes_.load(std::memory_order_relaxed) == 0) return nullptr;
+  // Closed (only Ldo::clone() allocates then): the lists still hold spans,
+  // but an object handed out now would escape close()'s count of the live
+  // ones; allocate_slow says Status::closed.
+  if (detached_.load(std::memory_order_acquire)) return nullptr;
+  const std::uint64_t capacity = platform::round_up(total, kPage);
+  if (capacity > kSpanCacheMaxObject) return nullptr;
+  auto fits = [capacity](const ControlBlock* s) {
+    return s->capacity >= capacity && s->capacity - capacity <= capacity / 4;
+  };
+  // A fitting span has at most 25% more pages: its own bucket or the next two.
+  const std::size_t first = span_bucket(capacity / kPage);
+  for (std::size_t b = first; b < std::min(first + 3, kSpanBuckets); ++b) {
+    SpanCentral& sc = span_central_[b];
+    ControlBlock* got = nullptr;
+    std::uint64_t bytes = 0;
+    {
+      std::lock_guard g(sc.mutex);
+      for (std::uint32_t i = sc.count; i-- > 0;) {
+        ControlBlock* s = sc.spans[i];
+        if (!fits(s)) continue;
+        if (!got) {
+          got = s;
+        } else if (tc && tc->span_count < kSpanCacheEntries) {
+          tc->spans[tc->span_count++] = s;
+        } else {
+          continue;
+        }
+        bytes += s->capacity;
+        sc.spans[i] = sc.spans[--sc.count];
+      }
+    }
+    if (!got) continue;
+    span_central_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+    // The spans moved into the cache are counted when they are allocated.
+    if (tc) {
+      tc->counters.large_allocs.add(1);
+      tc->counters.large_bytes_alloc.add(got->capacity);
+    } else {
+      shared_add(shared_counters_.large_allocs, 1);
+      shared_add(shared_counters_.large_bytes_alloc, got->capacity);
+    }
+    return got;
+  }
+  return nullptr;
+}
+
+void PoolCore::push_central_spans(ControlBlock* const* spans, std::uint32_t n) noexcept {
+  std::array<ControlBlock*, kSpanCacheEntries> rejected{};
+  std::uint32_t nrejected = 0;
+  for (std::uint32_t i = 0; i < n;) {
+    const std::size_t b = span_bucket(spans[i]->capacity / kPage);
+    SpanCentral& sc = span_central_[b];
+    std::lock_guard g(sc.mutex);
+    for (; i < n && span_bucket(spans[i]->capacity / kPage) == b; ++i) {
+      ControlBlock* s = spans[i];
+      // The byte budget is reserved before the span is published, so the
+      // lists never hold more than kCentralSpanBytes.
+      if (sc.count < kCentralSpanEntries &&
+          span_central_bytes_.fetch_add(s->capacity, std::memory_order_relaxed) + s->capacity <= kCentralSpanBytes) {
+        sc.spans[sc.count++] = s;
+        continue;
+      }
+      if (sc.count < kCentralSpanEntries) span_central_bytes_.fetch_sub(s->capacity, std::memory_order_relaxed);
+      if (nrejected < rejected.size()) rejected[nrejected++] = s;
+    }
+  }
+  if (!nrejected) return;
+  std::lock_guard g(mutex_);
+  for (std::uint32_t i = 0; i < nrejected; ++i) free_span_locked(rejected[i]->arena, rejected[i]->span_page);
+}
+
+bool PoolCore::flush_central_spans() noexcept {
+  bool any = false;
+  for (SpanCentral& sc : span_central_) {
+    std::array<ControlBlock*, kCentralSpanEntries> out{};
+    std::uint32_t n = 0;
+    std::uint64_t bytes = 0;
+    {
+      std::lock_guard g(sc.mutex);
+      n = sc.count;
+      std::copy_n(sc.spans.begin(), n, out.begin());
+      sc.count = 0;
+    }
+    if (!n) continue;
+    any = true;
+    for (std::uint32_t i = 0; i < n; ++i) bytes += out[i]->capacity;
+    span_central_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+    std::lock_guard g(mutex_);
+    for (std::uint32_t i = 0; i < n; ++i) free_span_locked(out[i]->arena, out[i]->span_page);
+  }
+  return any;
+}
+
 std::size_t PoolCore::trim() noexcept {
   if (ThreadCache* tc = thread_cache()) flush_cache(tc);
+  flush_central_spans();
   for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
     std::lock_guard gc(central_[c].mutex);
     std::lock_guard g(mutex_);

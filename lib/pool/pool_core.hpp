@@ -6,6 +6,8 @@
 //   central_[c].mutex (ascending c when several are held)
 //   mutex_            (arenas, spans, large objects)
 //   arenas_rw_        (arena list for address lookups; held briefly)
+// span_central_[b].mutex is a leaf: held only around a few array
+// operations, never together with another pool lock.
 // The fast path (thread cache hit) takes no lock at all.
 //
 // Arena release: an arena that goes idle is only noted (release_pending_);
@@ -64,6 +66,27 @@ class PoolCore;
 // allocates and drops the same large size never touches the pool lock.
 inline constexpr std::size_t kSpanCacheEntries = 4;
 inline constexpr std::uint64_t kSpanCacheMaxObject = std::uint64_t{16} << 20;
+
+// Central span lists: free spans (up to kSpanCacheMaxObject) that overflow
+// a thread's span cache wait here, by size bucket, for any thread's next
+// allocation of that size. This is what lets a span released on another
+// thread than the one that allocated it (the completion pattern) get back
+// to the allocating side without the pool mutex and the best-fit search.
+// Buckets are geometric in pages, four per power of two, like the slab
+// classes: a bucket's spans differ by less than 25%, the slack a cached
+// span may have.
+inline constexpr std::size_t kSpanBuckets = 4 * 13;  // up to 2^13 pages
+inline constexpr std::uint32_t kCentralSpanEntries = 32;
+// Bytes all buckets together may hold: bounds what sits unused (an arena
+// with a parked span is not idle, so auto-trim cannot release it; trim()
+// and an allocation that hits max_bytes empty the lists).
+inline constexpr std::uint64_t kCentralSpanBytes = std::uint64_t{64} << 20;
+constexpr std::size_t span_bucket(std::uint64_t pages) noexcept {
+  if (pages < 4) return static_cast<std::size_t>(pages);  // 1..3 pages: buckets 1..3
+  const auto k = static_cast<std::size_t>(63 - __builtin_clzll(pages));
+  return 4 * (k - 1) + static_cast<std::size_t>((pages >> (k - 2)) & 3);
+}
+static_assert(span_bucket(kSpanCacheMaxObject / platform::kPageSize) < kSpanBuckets);
 
 // Slots of all of a thread cache's bins together (each bin holds up to
 // cache_limit(c) pointers).
@@ -290,6 +313,12 @@ class PoolCore {
     std::mutex mutex;
     FreeList list;
   };
+  // One bucket of free spans, newest last (see kSpanBuckets).
+  struct alignas(64) SpanCentral {
+    std::mutex mutex;
+    std::uint32_t count = 0;
+    std::array<ControlBlock*, kCentralSpanEntries> spans{};
+  };
 
   // The start of a drop of `cb` (in arena `a`): this thread's cache for the
   // pool, marked busy, or nullptr when the thread has none in tls_fast and
@@ -330,6 +359,19 @@ class PoolCore {
     }
     return nullptr;
   }
+  // A span from the central lists that fits `total` bytes with at most 25%
+  // slack, or nullptr. With a cache, further fitting spans of the bucket
+  // move into its free span slots (one lock for several allocations).
+  ControlBlock* take_central_span(ThreadCache* tc, std::uint64_t total) noexcept;
+  // Puts the free spans spans[0..n), n <= kSpanCacheEntries (already
+  // counted as freed) on their central lists, one lock per run of the same
+  // bucket; spans that do not fit (bucket full, kCentralSpanBytes reached)
+  // go back to their arenas.
+  // Never holds a bucket's lock together with another pool lock.
+  void push_central_spans(ControlBlock* const* spans, std::uint32_t n) noexcept;
+  // Empties the central span lists into the arenas (trim, max_bytes
+  // reached). Returns whether there was anything. Caller holds no pool lock.
+  bool flush_central_spans() noexcept;
   // What every allocation does last: the control block's fields and the
   // wire header (a pool object's bytes start at arena base + its granule).
   static void init_object(ControlBlock* cb, std::uint64_t data, std::uint64_t meta, std::uint32_t type_id) noexcept {
@@ -400,6 +442,8 @@ class PoolCore {
 
   // mutable: stats() locks them to read slab occupancy.
   mutable std::array<Central, kNumSizeClasses> central_;
+  std::array<SpanCentral, kSpanBuckets> span_central_;
+  std::atomic<std::uint64_t> span_central_bytes_{0};  // capacity parked in span_central_
 
   mutable std::mutex mutex_;
   std::vector<Arena*> arenas_;  // guarded by mutex_ (writes also by arenas_rw_)

@@ -372,6 +372,13 @@ TEST_CASE("clone() of an object whose pool has closed is refused; the object sta
       (void)pool.allocate(100);
       (void)pool.allocate(100000);
     }
+    // And park spans of large's size on the central span lists: dropped on
+    // another thread, they overflow that thread's span cache.
+    {
+      std::vector<Ldo> v;
+      for (int i = 0; i < 12; ++i) v.push_back(*pool.allocate(100000));
+      std::thread([&] { v.clear(); }).join();
+    }
     std::memset(small.data().data(), 5, 100);
   }
   CHECK(small.clone().status() == Status::closed);
