@@ -23,11 +23,6 @@
 
 #include "messaging/messaging_wire.hpp"
 #include "regpool/messaging.hpp"
-#include "regpool_config.h"
-#if REGPOOL_HAVE_FABRIC
-#include "regpool/fabric_domain.hpp"
-#include "regpool/fabric_endpoint.hpp"
-#endif
 
 namespace regpool {
 
@@ -42,28 +37,9 @@ const char* to_string(MessageOp op) noexcept {
   return "unknown";
 }
 
-namespace {
-bool is_shm([[maybe_unused]] Endpoint& endpoint) noexcept {
-#if REGPOOL_HAVE_FABRIC
-  if (auto* f = dynamic_cast<FabricEndpoint*>(&endpoint)) return f->fabric_domain()->provider_name() == "shm";
-#endif
-  return false;
-}
-}  // namespace
-
 std::uint64_t default_eager_threshold(Endpoint& endpoint) noexcept {
-  // Copy-versus-rendezvous crossovers measured with regpool-perf --ops
-  // tagged --tagged-threshold (all eager, then all rendezvous) over 4 KiB
-  // .. 256 KiB (docs/messaging.md): shm, eager ahead up to 64 KiB, even
-  // at 128 KiB, behind at 256 KiB; tcp;ofi_rxm, even from 16 to 64 KiB,
-  // rendezvous ahead above. verbs was not measured (Soft-RoCE under
-  // emulation says little about a NIC): 16 KiB, the usual hardware figure.
-  if (endpoint.backend() == Backend::verbs) return 16 << 10;
-  if (is_shm(endpoint)) return 64 << 10;
-#if REGPOOL_HAVE_FABRIC
-  if (dynamic_cast<FabricEndpoint*>(&endpoint) != nullptr) return 32 << 10;
-#endif
-  return 16 << 10;
+  // The backend's measured copy-versus-rendezvous crossover (TransferTraits).
+  return endpoint.transfer_traits().copy_crossover;
 }
 
 namespace {
@@ -1031,7 +1007,9 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
   c.chunk = std::min(c.chunk, limit);
   if (cfg.rendezvous_gets != 0) {
     c.max_gets = cfg.rendezvous_gets;
-  } else if (is_shm(endpoint)) {
+  } else if (endpoint.transfer_traits().initiator_copies) {
+    // Gets issued together are copied back to back inside their posts, and
+    // every fin would wait for the last copy (docs/messaging.md): one at a time.
     c.max_gets = 1;
   }
   // Credits go back in batches (a quarter of the window), or riding on any
