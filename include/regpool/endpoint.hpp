@@ -142,6 +142,22 @@ struct Enforcement {
   bool read_rights = false;
 };
 
+// How a backend moves bytes (Endpoint::transfer_traits()), for protocols
+// built on an endpoint; fixed for the endpoint's life.
+//  initiator_copies: a get or put is a copy the initiator's CPU makes inside
+//    the post (libfabric shm: process_vm_readv/writev), not a transfer that
+//    proceeds while the initiator does other things. Gets issued together
+//    then run one after another anyway, and each completion is seen only
+//    after all of them.
+//  copy_crossover: the payload size (bytes) where sending a copy through
+//    the receiver's bounce buffers and a rendezvous (notice, get, fin) were
+//    measured to cost the same (docs/messaging.md): the default eager
+//    threshold of a Messenger on this endpoint.
+struct TransferTraits {
+  bool initiator_copies = false;
+  std::uint64_t copy_crossover = 16 << 10;
+};
+
 // Exposure counters of one endpoint (exposure_stats(); a consistent snapshot).
 struct ExposureStats {
   std::uint64_t created = 0;            // exposures made (both modes)
@@ -434,6 +450,9 @@ class REGPOOL_API Endpoint {
   EndpointStats stats() const noexcept;
   // Largest send/receive (and the chunk size layered protocols use for get).
   std::uint64_t message_size_limit() const noexcept { return max_message_size(); }
+  // How this backend moves bytes, for protocols built on the endpoint (the
+  // Messenger picks its eager threshold and rendezvous pacing from it).
+  TransferTraits transfer_traits() const noexcept { return do_transfer_traits(); }
 
   // --- receive-side ownership (regpool/messaging.hpp) ---
   // A Messenger owns the endpoint's receives (it posts and consumes them
@@ -519,6 +538,7 @@ class REGPOOL_API Endpoint {
   virtual std::uint64_t max_message_size() const noexcept = 0;
   virtual bool needs_target_progress() const noexcept = 0;
   virtual bool do_native_atomics() const noexcept = 0;
+  virtual TransferTraits do_transfer_traits() const noexcept = 0;
   virtual std::vector<std::byte> do_name() const = 0;
   virtual std::uint64_t do_insert_peer(std::span<const std::byte> name) = 0;
   virtual void do_remove_peer(std::uint64_t handle) noexcept = 0;

@@ -40,6 +40,15 @@
 //                                           progress() for operations aimed
 //                                           at it to complete (manual
 //                                           progress, emulated atomics).
+//   TransferTraits do_transfer_traits() const
+//                                           how the backend moves bytes
+//                                           (endpoint.hpp, TransferTraits):
+//                                           whether the initiator copies
+//                                           inside a get/put post, and the
+//                                           measured copy-versus-rendezvous
+//                                           crossover of its transport. The
+//                                           Messenger reads it; it never
+//                                           asks which provider runs below.
 //   std::vector<std::byte> do_name() const  address blob peers insert (setup:
 //                                           may throw Error).
 //   std::uint64_t do_insert_peer(bytes)     make a peer addressable; returns

@@ -258,6 +258,7 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   std::uint64_t max_message_size() const noexcept override { return max_msg_; }
   bool needs_target_progress() const noexcept override { return manual_progress_ || emulated_atomics_; }
   bool do_native_atomics() const noexcept override { return !emulated_atomics_; }
+  TransferTraits do_transfer_traits() const noexcept override { return transfer_traits_; }
   std::vector<std::byte> do_name() const override;
   std::uint64_t do_insert_peer(std::span<const std::byte> name) override;
   void do_remove_peer(std::uint64_t handle) noexcept override;
@@ -418,6 +419,8 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   // The target checks keys, registration ranges and rights (measured:
   // tcp;ofi_rxm; see do_enforcement).
   bool target_checks_keys_ = false;
+  // By provider, set in open_resources (do_transfer_traits).
+  TransferTraits transfer_traits_;
   bool shm_ = false;
   OwnRegion own_data_;
   OwnRegion own_ctrl_;

@@ -137,10 +137,11 @@ struct MessengerConfig {
   std::uint32_t rendezvous_depth = 4;
   // Rendezvous gets in flight at once across all messages this Messenger
   // receives; messages matched beyond it wait their turn, in match order.
-  // 0 = the provider's default: 1 on shm, where a get is a copy its
-  // initiator makes inside the post, so a second one issued before the
-  // first's completion is seen only holds back the first's fin (and with
-  // it the sender's window); no limit elsewhere (gets proceed in parallel).
+  // 0 = the backend's default: 1 where a get is a copy its initiator makes
+  // inside the post (TransferTraits::initiator_copies: libfabric shm), so a
+  // second one issued before the first's completion is seen only holds back
+  // the first's fin (and with it the sender's window); no limit elsewhere
+  // (gets proceed in parallel).
   std::uint32_t rendezvous_gets = 0;
   // A rendezvous sender waiting for the receiver's fin, a receive whose
   // gets stall, and a peer noticed dead: fail after this (scaled like
@@ -229,8 +230,9 @@ class REGPOOL_API Messenger {
   std::shared_ptr<detail::MessengerCore> core_;
 };
 
-// The measured default eager threshold for a provider ("shm", "tcp;ofi_rxm",
-// "verbs").
+// The measured default eager threshold of the endpoint's transport
+// (TransferTraits::copy_crossover: shm 64 KiB, tcp;ofi_rxm 32 KiB, verbs
+// 16 KiB).
 REGPOOL_API std::uint64_t default_eager_threshold(Endpoint& endpoint) noexcept;
 
 }  // namespace regpool

@@ -22,12 +22,8 @@
 #include <vector>
 
 #include "messaging/messaging_wire.hpp"
+#include "platform/coarse_clock.hpp"
 #include "regpool/messaging.hpp"
-#include "regpool_config.h"
-#if REGPOOL_HAVE_FABRIC
-#include "regpool/fabric_domain.hpp"
-#include "regpool/fabric_endpoint.hpp"
-#endif
 
 namespace regpool {
 
@@ -42,28 +38,9 @@ const char* to_string(MessageOp op) noexcept {
   return "unknown";
 }
 
-namespace {
-bool is_shm([[maybe_unused]] Endpoint& endpoint) noexcept {
-#if REGPOOL_HAVE_FABRIC
-  if (auto* f = dynamic_cast<FabricEndpoint*>(&endpoint)) return f->fabric_domain()->provider_name() == "shm";
-#endif
-  return false;
-}
-}  // namespace
-
 std::uint64_t default_eager_threshold(Endpoint& endpoint) noexcept {
-  // Copy-versus-rendezvous crossovers measured with regpool-perf --ops
-  // tagged --tagged-threshold (all eager, then all rendezvous) over 4 KiB
-  // .. 256 KiB (docs/messaging.md): shm, eager ahead up to 64 KiB, even
-  // at 128 KiB, behind at 256 KiB; tcp;ofi_rxm, even from 16 to 64 KiB,
-  // rendezvous ahead above. verbs was not measured (Soft-RoCE under
-  // emulation says little about a NIC): 16 KiB, the usual hardware figure.
-  if (endpoint.backend() == Backend::verbs) return 16 << 10;
-  if (is_shm(endpoint)) return 64 << 10;
-#if REGPOOL_HAVE_FABRIC
-  if (dynamic_cast<FabricEndpoint*>(&endpoint) != nullptr) return 32 << 10;
-#endif
-  return 16 << 10;
+  // The backend's measured copy-versus-rendezvous crossover (TransferTraits).
+  return endpoint.transfer_traits().copy_crossover;
 }
 
 namespace {
@@ -757,7 +734,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
 
   void on_recv(std::uint32_t b, const Completion& c) noexcept {
     {
-      std::lock_guard<std::mutex> g(mu);
+      std::unique_lock<std::mutex> g(mu);
       if (closed || c.status == Status::closed || c.status == Status::canceled) return;
       if (c.status == Status::ok) {
         Ldo& ldo = bounces[b];
@@ -777,8 +754,8 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
         lazy.push_back(b);
         if (lazy.size() >= lazy_limit) repost_lazy_locked();
       }
+      drain(g);
     }
-    run_posts();
   }
 
   void repost_lazy_locked() noexcept {
@@ -788,7 +765,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
 
   void on_sent(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
     {
-      std::lock_guard<std::mutex> g(mu);
+      std::unique_lock<std::mutex> g(mu);
       if (closed || i == kNone || i >= ops.size() || ops[i].gen != gen) return;
       Op& o = ops[i];
       if (o.state != State::active) return;
@@ -801,13 +778,13 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
         o.result.length = c.bytes >= mw::kHeaderSize ? c.bytes - mw::kHeaderSize : 0;
         complete(i, c.status);
       }
+      drain(g);
     }
-    run_posts();
   }
 
   void on_got(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
     {
-      std::lock_guard<std::mutex> g(mu);
+      std::unique_lock<std::mutex> g(mu);
       if (i >= ops.size() || ops[i].gen != gen) return;
       Op& o = ops[i];
       if (o.gets > 0) {
@@ -819,14 +796,22 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       o.done += c.status == Status::ok ? c.bytes : 0;
       issue_gets(i);  // its next chunk first: the earliest matched message finishes first
       pump_fetches();
+      drain(g);
     }
-    run_posts();
   }
 
   // ---------- posting (no mutex) ----------
   void run_posts() noexcept {
     std::unique_lock<std::mutex> g(mu);
-    if (draining) return;
+    drain(g);
+  }
+  // Makes the queued posts (and revokes) unless another thread is at it;
+  // called and returning with `g` holding the mutex, released around each
+  // post. Callers that just queued under the mutex call it before letting
+  // go: the same lock round, not a second one (a small message's path
+  // takes the mutex a handful of times; each round trip counts).
+  void drain(std::unique_lock<std::mutex>& g) noexcept {
+    if (draining || (post_count == 0 && graveyard.empty())) return;
     draining = true;
     while (post_count > 0 || !graveyard.empty()) {
       if (!graveyard.empty()) {
@@ -1031,7 +1016,9 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
   c.chunk = std::min(c.chunk, limit);
   if (cfg.rendezvous_gets != 0) {
     c.max_gets = cfg.rendezvous_gets;
-  } else if (is_shm(endpoint)) {
+  } else if (endpoint.transfer_traits().initiator_copies) {
+    // Gets issued together are copied back to back inside their posts, and
+    // every fin would wait for the last copy (docs/messaging.md): one at a time.
     c.max_gets = 1;
   }
   // Credits go back in batches (a quarter of the window), or riding on any
@@ -1103,7 +1090,7 @@ Result<MessageToken> Messenger::send(PeerId peer, std::uint64_t tag, const Slice
   if (!data || data.length() == 0 || data.length() > mw::kMaxLength) return Status::invalid_argument;
   MessageToken t;
   {
-    std::lock_guard<std::mutex> g(c.mu);
+    std::unique_lock<std::mutex> g(c.mu);
     if (peer >= c.peers.size()) return Status::invalid_argument;
     if (!c.ep.usable(peer)) return Status::peer_unreachable;
     auto r = c.claim_op(Core::Kind::send);
@@ -1128,8 +1115,8 @@ Result<MessageToken> Messenger::send(PeerId peer, std::uint64_t tag, const Slice
     } else {
       c.dispatch_send(*r);
     }
+    c.drain(g);
   }
-  c.run_posts();
   return t;
 }
 
@@ -1139,7 +1126,7 @@ Result<MessageToken> post_receive(Core& c, PeerId source, std::uint64_t tag, std
   MessageToken t;
   Ldo spare;  // a bounce handed over: dropped after the unlock
   {
-    std::lock_guard<std::mutex> g(c.mu);
+    std::unique_lock<std::mutex> g(c.mu);
     if (source != kAnyPeer && source >= c.peers.size()) return Status::invalid_argument;
     auto r = c.claim_op(Core::Kind::recv);
     if (!r) return r.status();
@@ -1170,8 +1157,8 @@ Result<MessageToken> post_receive(Core& c, PeerId source, std::uint64_t tag, std
       break;
     }
     if (!matched) c.link_posted(i);
+    c.drain(g);
   }
-  c.run_posts();
   return t;
 }
 }  // namespace
@@ -1210,7 +1197,7 @@ Result<MessageToken> Messenger::request(PeerId peer, std::uint64_t tag, const Sl
   if (!data || data.length() == 0 || data.length() > mw::kMaxLength) return Status::invalid_argument;
   MessageToken t;
   {
-    std::lock_guard<std::mutex> g(c.mu);
+    std::unique_lock<std::mutex> g(c.mu);
     if (peer >= c.peers.size()) return Status::invalid_argument;
     if (!c.ep.usable(peer)) return Status::peer_unreachable;
     if (c.free_ops.size() < 2) return c.closed ? Status::closed : Status::would_block;
@@ -1242,8 +1229,8 @@ Result<MessageToken> Messenger::request(PeerId peer, std::uint64_t tag, const Sl
     } else {
       c.dispatch_send(s);
     }
+    c.drain(g);
   }
-  c.run_posts();
   return t;
 }
 
@@ -1255,7 +1242,7 @@ Result<MessageToken> Messenger::reply(PeerId peer, std::uint64_t request_id, con
   }
   MessageToken t;
   {
-    std::lock_guard<std::mutex> g(c.mu);
+    std::unique_lock<std::mutex> g(c.mu);
     if (peer >= c.peers.size()) return Status::invalid_argument;
     if (!c.ep.usable(peer)) return Status::peer_unreachable;
     auto r = c.claim_op(Core::Kind::send);
@@ -1280,8 +1267,8 @@ Result<MessageToken> Messenger::reply(PeerId peer, std::uint64_t request_id, con
     } else {
       c.dispatch_send(*r);
     }
+    c.drain(g);
   }
-  c.run_posts();
   return t;
 }
 
@@ -1317,11 +1304,14 @@ std::size_t Messenger::progress() noexcept {
   Core& c = *core_;
   const bool idle = c.ep.progress() == 0;
   {
-    std::lock_guard<std::mutex> g(c.mu);
+    std::unique_lock<std::mutex> g(c.mu);
     // Nothing arrived this round: the time to repost emptied bounces.
     if (idle && !c.lazy.empty() && !c.closed) c.repost_lazy_locked();
-    const auto now = Clock::now();
-    if (now >= c.next_scan && !c.closed) {
+    // The scan's rate limit on the coarse clock (a precise reading costs
+    // about 100 ns on this kind of VM, and this runs every spin round); the
+    // scan itself, once per millisecond or so, takes a precise one.
+    if (platform::CoarseClock::now() >= c.next_scan && !c.closed) {
+      const auto now = Clock::now();
       c.next_scan = now + std::chrono::milliseconds{1};
       c.scan_locked(now);
     }
@@ -1329,8 +1319,8 @@ std::size_t Messenger::progress() noexcept {
     // lock round trip instead of three (whoever queues a post later drains
     // it itself).
     if (c.post_count == 0 && c.graveyard.empty() && c.ready_count == 0) return 0;
+    c.drain(g);
   }
-  c.run_posts();
   std::size_t delivered = 0;
   for (;;) {
     MessageCompletion done;
@@ -1354,15 +1344,18 @@ std::size_t Messenger::progress() noexcept {
 
 MessageCompletion Messenger::wait(MessageToken token, std::chrono::milliseconds timeout) noexcept {
   Core& c = *core_;
-  const auto until = Clock::now() + timeout;
+  // Clock reads are kept off the spin: the deadline is checked on the
+  // coarse clock (platform::wait_deadline), and only a waiter that may
+  // sleep notes when work last happened.
+  const auto until = platform::wait_deadline(timeout);
   // Spin as the endpoint's wait_mode says: spin for ever, adaptive for
   // wait_spin after the last activity, sleep at once; then sleep on the
   // provider (bounded by 10 ms so deadlines are noticed).
   const WaitMode mode = c.ep.config().wait_mode;
   const auto spin = mode == WaitMode::adaptive ? Clock::duration(c.ep.config().wait_spin) : Clock::duration::zero();
-  auto last_work = Clock::now();
+  auto last_work = mode == WaitMode::spin ? Clock::time_point{} : Clock::now();
   for (;;) {
-    if (progress() > 0) last_work = Clock::now();
+    if (progress() > 0 && mode != WaitMode::spin) last_work = Clock::now();
     {
       std::lock_guard<std::mutex> g(c.mu);
       Core::Op* o = c.find(token);
@@ -1378,7 +1371,7 @@ MessageCompletion Messenger::wait(MessageToken token, std::chrono::milliseconds 
         return done;
       }
     }
-    if (Clock::now() >= until) {
+    if (platform::CoarseClock::reached(until)) {
       MessageCompletion pending;
       pending.token = token;
       pending.status = Status::in_progress;

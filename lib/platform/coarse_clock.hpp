@@ -24,6 +24,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 
 namespace regpool::platform {
@@ -75,5 +76,20 @@ class CoarseClock {
     return t;
   }
 };
+
+// The end of a wait of `timeout` starting now (saturating; a negative
+// timeout is a wait that has already ended), for CoarseClock::reached().
+// Waits of at least kCoarseWaitMin start from the coarse clock (up to one
+// tick late, never early: under 0.4 % of the wait with a 4 ms tick);
+// shorter ones pay for a precise reading.
+inline constexpr std::chrono::seconds kCoarseWaitMin{1};
+inline std::chrono::steady_clock::time_point wait_deadline(std::chrono::milliseconds timeout) noexcept {
+  if (timeout.count() <= 0) return std::chrono::steady_clock::now();
+  // Clamped so the conversion to the clock's nanoseconds cannot overflow.
+  constexpr std::chrono::milliseconds kForever = std::chrono::hours(24 * 365 * 100);
+  const CoarseClock::Duration span = std::min(timeout, kForever);
+  if (timeout >= kCoarseWaitMin) return CoarseClock::after(CoarseClock::now() + CoarseClock::tick(), span);
+  return CoarseClock::after(std::chrono::steady_clock::now(), span);
+}
 
 }  // namespace regpool::platform

@@ -92,22 +92,7 @@ bool cpus_oversubscribed(std::chrono::steady_clock::time_point now) noexcept {
 
 bool needs_peer(OpKind k) noexcept { return k != OpKind::recv; }
 
-// Waits of at least this long start their deadline from the coarse clock
-// (up to one tick late, never early: under 0.4 % of the wait with a 4 ms
-// tick); shorter ones pay for a precise reading.
-constexpr auto kCoarseWaitMin = std::chrono::seconds(1);
-
-// The end of a wait of `timeout` starting now (saturating; a negative
-// timeout is a wait that has already ended).
-std::chrono::steady_clock::time_point wait_deadline(std::chrono::milliseconds timeout) noexcept {
-  using platform::CoarseClock;
-  if (timeout.count() <= 0) return std::chrono::steady_clock::now();
-  // Clamped so the conversion to the clock's nanoseconds cannot overflow.
-  constexpr std::chrono::milliseconds kForever = std::chrono::hours(24 * 365 * 100);
-  const CoarseClock::Duration span = std::min(timeout, kForever);
-  if (timeout >= kCoarseWaitMin) return CoarseClock::after(CoarseClock::now() + CoarseClock::tick(), span);
-  return CoarseClock::after(std::chrono::steady_clock::now(), span);
-}
+using platform::wait_deadline;
 
 // Between retries with the mutex released: let the thread that holds or
 // wants it run first, then sleep briefly (growing to 1 ms) so a long wait

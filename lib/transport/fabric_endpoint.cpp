@@ -155,6 +155,17 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   if (max_msg_ == 0) max_msg_ = ~std::uint64_t{0};
   manual_progress_ = info->domain_attr->data_progress != FI_PROGRESS_AUTO ||
                      info->domain_attr->control_progress != FI_PROGRESS_AUTO;
+  // Copy-versus-rendezvous crossovers measured with regpool-perf --ops
+  // tagged --tagged-threshold (all eager, then all rendezvous) over 4 KiB
+  // .. 256 KiB (docs/messaging.md): shm, eager ahead up to 64 KiB, even at
+  // 128 KiB, behind at 256 KiB; tcp;ofi_rxm, even from 16 to 64 KiB,
+  // rendezvous ahead above. Other providers: tcp's figure. shm's RMA is CMA
+  // (process_vm_readv/writev) made by the initiator inside fi_read/fi_write.
+  if (prov == "shm") {
+    transfer_traits_ = TransferTraits{true, 64 << 10};
+  } else {
+    transfer_traits_ = TransferTraits{false, 32 << 10};
+  }
   switch (options.delivery_complete) {
     case FabricEndpointOptions::DeliveryComplete::on: delivery_complete_ = true; break;
     case FabricEndpointOptions::DeliveryComplete::off: delivery_complete_ = false; break;
