@@ -177,7 +177,7 @@ void usage(std::FILE* to) {
       "                   (default: the provider's measured default)\n"
       "  --expose-mode M  standard or scoped: the ExposureMode the expose test uses\n"
       "                   (default standard)\n"
-      "  --perftest       latency only, with perftest's definitions (docs/tools.md):\n"
+      "  --perftest       latency only, with perftest's definitions (tools/README.md):\n"
       "                   put: half round trip of a write ping-pong, each side polling\n"
       "                   its own memory for the peer's write (ib_write_lat); get: one\n"
       "                   read and its completion (ib_read_lat); send: half round trip\n"
@@ -723,7 +723,7 @@ void check_peer_alive(const std::string& what) {
 }
 
 // Every wait for the peer: wait() (spinning or sleeping as --wait says, so
-// the process keeps progressing) in slices of 100 ms, between which the
+// the process keeps progressing) in slices of 1 s, between which the
 // peer's liveness is checked; bounded by kPhaseTimeout.
 // Slices of 1 s: Endpoint::wait starts a wait of 1 s or more from the
 // coarse clock, a shorter one reads the precise clock, which in the
@@ -1035,6 +1035,11 @@ class ProgressLine {
 // sample), and the counts are converted with the counter's rate measured
 // against steady_clock over the whole test; elsewhere marks read
 // steady_clock.
+// The counter's rate of the last test (reported in the JSON: perftest
+// converts its counts with /proc/cpuinfo's MHz instead, which under qemu TCG
+// need not be the counter's rate).
+double g_ticks_per_us = 0;
+
 class SampleTimer {
  public:
   explicit SampleTimer(std::uint64_t n) { raw_.reserve(n); }
@@ -1052,6 +1057,7 @@ class SampleTimer {
   std::vector<double> samples_us(double div) const {
     const double us = std::chrono::duration<double, std::micro>(Clock::now() - c0_).count();
     const double per_us = us > 0 ? static_cast<double>(ticks() - t0_) / us : 1.0;
+    g_ticks_per_us = per_us;
     std::vector<double> v;
     v.reserve(raw_.size());
     for (const auto r : raw_) v.push_back(static_cast<double>(r) / per_us / div);
@@ -1996,6 +2002,7 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     s += ",\"wait\":" + json_escape(regpool::to_string(c.wait));
     s += ",\"emulated_atomics\":" + std::string(emulated_atomics ? "true" : "false");
     s += ",\"latency_definitions\":" + json_escape(c.perftest ? "perftest" : "regpool");
+    s += ",\"sample_ticks_per_us\":" + (g_ticks_per_us > 0 ? json_number(g_ticks_per_us) : std::string("null"));
     s += ",\"expose_mode\":" + json_escape(regpool::to_string(c.expose_mode));
     s += ",\"buffers\":" + json_escape(c.cold_bytes != 0 ? "cold" : "hot") +
          ",\"cold_bytes\":" + (c.cold_bytes != 0 ? std::to_string(c.cold_bytes) : std::string("null"));
