@@ -45,6 +45,9 @@
 // reported per op and size.
 
 #include <signal.h>
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -119,6 +122,8 @@ constexpr std::uint64_t kMinColdBytes = std::uint64_t{256} << 20;
 std::uint64_t seed_of(char op, std::uint64_t size) { return (static_cast<std::uint64_t>(op) << 40) ^ size; }
 constexpr std::uint64_t kStaleSeed = 0x5757;
 constexpr int kWarmupOps = 8;
+// Bound on --verbs-inline (rxe grants up to 240 bytes; hardware up to ~1 KiB).
+constexpr std::int64_t kMaxVerbsInline = 4096;
 constexpr auto kPhaseTimeout = 600s;  // bound on any one wait for the peer
 
 void usage(std::FILE* to) {
@@ -172,6 +177,15 @@ void usage(std::FILE* to) {
       "                   (default: the provider's measured default)\n"
       "  --expose-mode M  standard or scoped: the ExposureMode the expose test uses\n"
       "                   (default standard)\n"
+      "  --perftest       latency only, with perftest's definitions (tools/README.md):\n"
+      "                   put: half round trip of a write ping-pong, each side polling\n"
+      "                   its own memory for the peer's write (ib_write_lat); get: one\n"
+      "                   read and its completion (ib_read_lat); send: half round trip\n"
+      "                   of a send ping-pong (ib_send_lat); medians of --iters samples\n"
+      "  --verbs-inline N verbs: inline puts/sends up to N bytes (0: never; default 64,\n"
+      "                   the device may grant less)\n"
+      "  --verbs-signal S verbs: selective (default: only every 16th small inline op\n"
+      "                   behind others in flight is signalled) or all\n"
       "  --wait MODE      how both sides wait for completions: spin (default), sleep\n"
       "                   (block on the provider's wait object) or adaptive (spin\n"
       "                   briefly, then sleep); see docs/progress.md\n"
@@ -217,13 +231,21 @@ struct Config {
   regpool::ExposureMode expose_mode = regpool::ExposureMode::standard;
   // How both sides wait for completions (EndpointConfig::wait_mode).
   regpool::WaitMode wait = regpool::WaitMode::spin;
+  // --perftest: latency only, with perftest's definitions (see the header).
+  bool perftest = false;
+  // Verbs only (VerbsEndpointOptions): max_inline (-1: the default) and
+  // selective signalling, so both can be compared on and off in one boot.
+  std::int64_t verbs_inline = -1;
+  bool verbs_signal_all = false;
 
   // Serialised for the server: "key=value\n" lines.
   std::string encode() const {
     std::ostringstream o;
     o << "provider=" << provider << "\nwait=" << regpool::to_string(wait) << "\niters=" << iters << "\nwindow=" << window << "\nops=" << (put ? "put," : "")
       << (get ? "get," : "") << (send ? "send," : "") << (atomic ? "atomic," : "") << (expose ? "expose," : "")
-      << (tagged ? "tagged," : "") << (memcpy ? "memcpy," : "") << "\ncold_bytes=" << cold_bytes << "\ntagged_threshold=" << tagged_threshold << "\nexpose_mode=" << regpool::to_string(expose_mode) << "\nsizes=";
+      << (tagged ? "tagged," : "") << (memcpy ? "memcpy," : "") << "\ncold_bytes=" << cold_bytes << "\ntagged_threshold=" << tagged_threshold << "\nexpose_mode=" << regpool::to_string(expose_mode)
+      << "\nperftest=" << (perftest ? 1 : 0) << "\nverbs_inline=" << verbs_inline
+      << "\nverbs_signal=" << (verbs_signal_all ? "all" : "selective") << "\nsizes=";
     for (std::size_t i = 0; i < sizes.size(); ++i) o << (i ? "," : "") << sizes[i];
     o << "\n";
     return o.str();
@@ -255,6 +277,9 @@ struct Config {
       }
       if (k == "cold_bytes") c.cold_bytes = std::strtoull(v.c_str(), nullptr, 10);
       if (k == "tagged_threshold") c.tagged_threshold = std::strtoull(v.c_str(), nullptr, 10);
+      if (k == "perftest") c.perftest = v == "1";
+      if (k == "verbs_inline") c.verbs_inline = std::strtoll(v.c_str(), nullptr, 10);
+      if (k == "verbs_signal") c.verbs_signal_all = v == "all";
       if (k == "expose_mode") {
         if (v == "scoped") {
           c.expose_mode = regpool::ExposureMode::scoped;
@@ -268,7 +293,7 @@ struct Config {
       }
     }
     if (c.provider.empty() || c.iters == 0 || c.window == 0 || c.window > kMaxWindow || c.sizes.empty() ||
-        c.cold_bytes > kMaxColdBytes) {
+        c.cold_bytes > kMaxColdBytes || c.verbs_inline < -1 || c.verbs_inline > kMaxVerbsInline) {
       throw regpool::Error(Status::malformed, 0, "bad configuration from the client");
     }
     return c;
@@ -423,6 +448,19 @@ Options parse_args(int argc, char** argv, bool& help) {
         throw UsageError("--cold-bytes: between 1 byte and " + format_size(kMaxColdBytes));
       }
       client_only_option = true;
+    } else if (a == "--perftest") {
+      not_for_peers = a;
+      o.config.perftest = true;
+      client_only_option = true;
+    } else if (is_option(a, "--verbs-inline")) {
+      o.config.verbs_inline = static_cast<std::int64_t>(regpool_tools::parse_uint(
+          option_value(argc, argv, i, "--verbs-inline"), "--verbs-inline", 0, kMaxVerbsInline));
+      client_only_option = true;
+    } else if (is_option(a, "--verbs-signal")) {
+      const std::string v = option_value(argc, argv, i, "--verbs-signal");
+      if (v != "all" && v != "selective") throw UsageError("--verbs-signal takes all or selective (got '" + v + "')");
+      o.config.verbs_signal_all = v == "all";
+      client_only_option = true;
     } else if (a == "--json") {
       o.json = true;
     } else if (a == "--progress") {
@@ -463,6 +501,22 @@ struct Side {
   std::unique_ptr<regpool::Pool> pool;
   std::unique_ptr<regpool::Endpoint> ep;
   std::string provider;           // as the backend names itself
+#if PERF_HAVE_VERBS
+  regpool::VerbsEndpoint* verbs = nullptr;  // ep, when it is a verbs endpoint
+  regpool::VerbsEndpointOptions verbs_options;
+#endif
+  // Verbs: inline and signalling in force (what the QP granted is known
+  // once a connection exists); empty for libfabric.
+  std::string transport_note() const {
+#if PERF_HAVE_VERBS
+    if (verbs) {
+      return "inline up to " + std::to_string(verbs_options.max_inline) + " B (the QP grants " +
+             std::to_string(verbs->max_inline_data()) + "), signalling " +
+             (verbs_options.selective_signaling ? "selective" : "all");
+    }
+#endif
+    return {};
+  }
   bool emulated_atomics = false;
 
   // serve_atomics: open the control endpoint that serves emulated atomics
@@ -485,7 +539,13 @@ struct Side {
       provider = vd->name();
       domain = vd;
       make_pool(c, name);
-      ep = regpool::VerbsEndpoint::open(vd, ec);
+      regpool::VerbsEndpointOptions vo;
+      if (c.verbs_inline >= 0) vo.max_inline = static_cast<std::uint32_t>(c.verbs_inline);
+      vo.selective_signaling = !c.verbs_signal_all;
+      auto vep = regpool::VerbsEndpoint::open(vd, ec, vo);
+      verbs = vep.get();
+      verbs_options = vo;
+      ep = std::move(vep);
       return;
 #else
       throw regpool::Error(Status::unsupported, 0, "this regpool is built without the verbs transport");
@@ -663,15 +723,21 @@ void check_peer_alive(const std::string& what) {
 }
 
 // Every wait for the peer: wait() (spinning or sleeping as --wait says, so
-// the process keeps progressing) in slices of 100 ms, between which the
+// the process keeps progressing) in slices of 1 s, between which the
 // peer's liveness is checked; bounded by kPhaseTimeout.
+// Slices of 1 s: Endpoint::wait starts a wait of 1 s or more from the
+// coarse clock, a shorter one reads the precise clock, which in the
+// Soft-RoCE guest (clocksource hpet) is a system call of about 1.5 us per
+// operation. The phase deadline is read only once a slice has run out.
 regpool::Completion wait_watching(Side& s, regpool::Token t, const std::string& what) {
-  const auto deadline = Clock::now() + kPhaseTimeout;
+  Clock::time_point deadline{};
   for (;;) {
-    const auto c = s.ep->wait(t, 100ms);
+    const auto c = s.ep->wait(t, 1s);
     if (c.status != Status::in_progress) return c;
     check_peer_alive(what);
-    if (Clock::now() > deadline) throw regpool::Error(Status::timeout, 0, what + ": " + g_peer_label + " silent");
+    const auto now = Clock::now();
+    if (deadline == Clock::time_point{}) deadline = now + kPhaseTimeout;
+    if (now > deadline) throw regpool::Error(Status::timeout, 0, what + ": " + g_peer_label + " silent");
   }
 }
 
@@ -814,6 +880,23 @@ std::string bad_payload(const std::string& op, std::uint64_t size, std::uint64_t
          where + " does not hold the bytes sent";
 }
 
+// The server's half of the send ping-pong: `n` pings answered with pongs.
+// The receive for the next ping is posted before the pong goes out, so the
+// client's next ping never finds the receive queue empty (on RC that is an
+// RNR NAK and a retry after the RNR timer: on rxe one or more 4 ms ticks;
+// the median of a run that raced it was 8 ms). ib_send_lat does the same.
+void serve_send_pingpong(Side& s, regpool::PeerId peer, const Slice& in, const Slice& out, std::uint64_t n) {
+  regpool::Token got = post_recv_or_throw(s, in);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    wait_serving(s, got, "send latency");
+    if (i + 1 < n) got = post_recv_or_throw(s, in);
+    (void)wait_ok(s, s.ep->send(peer, out), "send reply");
+  }
+}
+
+int serve_perftest(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpool::PeerId peer, const Slice& target,
+                   const Slice& rx_all, const Slice& ctrl_slice);
+
 // Serves one client run, then returns.
 int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
   // Step 1: the client's configuration. A standalone server waits up to an
@@ -842,6 +925,7 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
   const auto peer = s.ep->insert_peer(names[1]);
   const PeerWatch watch(*s.ep, peer);
   if (!json) std::fprintf(stderr, "regpool-perf server: provider %s, serving a client\n", s.provider.c_str());
+  if (c.perftest) return serve_perftest(s, boot, c, peer, must(Slice::data(target), "target slice"), rx_all, ctrl_slice);
 
   // One-sided phases: progress until the client's end-of-phase message.
   auto serve_one_sided = [&]() {
@@ -869,11 +953,7 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
       const Slice out = must(rx_all.select(0, size), "reply slice");
       // Latency: ping-pong, warm-up included.
       boot.barrier(kBootTimeout);
-      for (std::uint64_t i = 0; i < c.iters + kWarmupOps; ++i) {
-        const regpool::Token got = post_recv_or_throw(s, in);
-        wait_serving(s, got, "send latency");
-        (void)wait_ok(s, s.ep->send(peer, out), "send reply");
-      }
+      serve_send_pingpong(s, peer, in, out, c.iters + kWarmupOps);
       // Bandwidth: keep `window` receives posted (hot: into the same bytes;
       // --cold: rotating over the slots), acknowledge the whole stream, then
       // check what landed and send the verdict.
@@ -948,6 +1028,55 @@ class ProgressLine {
   Clock::time_point last_{};
 };
 
+// Back-to-back latency samples (each the time since the previous mark), as
+// perftest takes them. On x86-64 a mark reads the time-stamp counter (about
+// 12 ns even in the Soft-RoCE guest, where steady_clock::now() is a system
+// call reading an emulated HPET, about 1.5 us, which would be inside every
+// sample), and the counts are converted with the counter's rate measured
+// against steady_clock over the whole test; elsewhere marks read
+// steady_clock.
+// The counter's rate of the last test (reported in the JSON: perftest
+// converts its counts with /proc/cpuinfo's MHz instead, which under qemu TCG
+// need not be the counter's rate).
+double g_ticks_per_us = 0;
+
+class SampleTimer {
+ public:
+  explicit SampleTimer(std::uint64_t n) { raw_.reserve(n); }
+  // The start of the first sample (and of the rate's calibration).
+  void start() noexcept {
+    c0_ = Clock::now();
+    t0_ = prev_ = ticks();
+  }
+  void mark() {
+    const std::uint64_t t = ticks();
+    raw_.push_back(t - prev_);
+    prev_ = t;
+  }
+  // The samples in microseconds, each divided by `div` (2: half round trips).
+  std::vector<double> samples_us(double div) const {
+    const double us = std::chrono::duration<double, std::micro>(Clock::now() - c0_).count();
+    const double per_us = us > 0 ? static_cast<double>(ticks() - t0_) / us : 1.0;
+    g_ticks_per_us = per_us;
+    std::vector<double> v;
+    v.reserve(raw_.size());
+    for (const auto r : raw_) v.push_back(static_cast<double>(r) / per_us / div);
+    return v;
+  }
+
+ private:
+  static std::uint64_t ticks() noexcept {
+#if defined(__x86_64__)
+    return __rdtsc();
+#else
+    return static_cast<std::uint64_t>(Clock::now().time_since_epoch().count());
+#endif
+  }
+  Clock::time_point c0_{};
+  std::uint64_t t0_ = 0, prev_ = 0;
+  std::vector<std::uint64_t> raw_;
+};
+
 double us_since(Clock::time_point t0) { return std::chrono::duration<double, std::micro>(Clock::now() - t0).count(); }
 
 void set_latency(Row& r, std::vector<double> samples) {
@@ -988,6 +1117,28 @@ regpool::Token token_or_throw(regpool::Result<regpool::Token> t, const std::stri
   return *t;
 }
 
+// The client's half of the send ping-pong: kWarmupOps + iters iterations of
+// (post the pong's receive into `in`, send `out` and wait for its
+// completion, wait for the pong); returns the last `iters` iterations'
+// times, halved, taken back to back.
+std::vector<double> send_pingpong(Side& s, regpool::PeerId peer, const Slice& in, const Slice& out,
+                                  std::uint64_t iters, ProgressLine& pl, std::uint64_t size) {
+  SampleTimer timer(iters);
+  for (std::uint64_t i = 0; i < iters + kWarmupOps; ++i) {
+    if (i == static_cast<std::uint64_t>(kWarmupOps)) timer.start();
+    auto rt = token_or_throw(s.ep->post_recv(in), "post_recv");
+    (void)wait_ok(s, s.ep->send(peer, out), "send");
+    auto back = wait_watching(s, rt, "send pong");
+    if (back.status != Status::ok) op_failed(back.status, "send pong");
+    if (i >= static_cast<std::uint64_t>(kWarmupOps)) timer.mark();
+    pl.show("send", size, "lat", i + 1, iters + kWarmupOps);
+  }
+  return timer.samples_us(2);
+}
+
+std::vector<Row> run_perftest_client(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpool::PeerId peer,
+                                     const regpool::RemoteRef& ref, ProgressLine& pl);
+
 std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool loopback, ProgressLine& pl,
                             std::string& provider_out, bool& emulated_atomics) {
   (void)boot.allgather(to_bytes(c.encode()), kBootTimeout);
@@ -1005,6 +1156,11 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
   const auto peer = s.ep->insert_peer({blob.data() + regpool::RemoteRef::kEncodedSize,
                                        blob.size() - regpool::RemoteRef::kEncodedSize});
   const PeerWatch watch(*s.ep, peer);
+  if (c.perftest) {
+    auto rows = run_perftest_client(s, boot, c, peer, *ref, pl);
+    provider_out += s.transport_note().empty() ? "" : " (" + s.transport_note() + ")";
+    return rows;
+  }
   auto buf = s.alloc(c.span());
   const Slice all = must(Slice::data(buf), "local slice");
   // Where put's check reads the target's slots back.
@@ -1177,23 +1333,7 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       // tag_lat: their mean is the loop's time / 2 / iterations
       // (fi_pingpong's usec/xfer), their median ucx_perftest's 50%ile.
       boot.barrier(kBootTimeout);
-      std::vector<double> lat;
-      lat.reserve(c.iters);
-      auto t_prev = Clock::now();
-      for (std::uint64_t i = 0; i < c.iters + kWarmupOps; ++i) {
-        if (i == static_cast<std::uint64_t>(kWarmupOps)) t_prev = Clock::now();
-        auto rt = token_or_throw(s.ep->post_recv(out), "post_recv");
-        (void)wait_ok(s, s.ep->send(peer, out), "send");
-        auto back = wait_watching(s, rt, "send pong");
-        if (back.status != Status::ok) op_failed(back.status, "send pong");
-        if (i >= static_cast<std::uint64_t>(kWarmupOps)) {
-          const auto now = Clock::now();
-          lat.push_back(std::chrono::duration<double, std::micro>(now - t_prev).count() / 2);
-          t_prev = now;
-        }
-        pl.show("send", size, "lat", i + 1, c.iters + kWarmupOps);
-      }
-      set_latency(r, std::move(lat));
+      set_latency(r, send_pingpong(s, peer, out, out, c.iters, pl, size));
       // Bandwidth: a stream of the pattern (message k from slot k mod
       // slots, received into the server's slot of that number) closed by
       // the server's ack; then, untimed, the server's verdict on what landed
@@ -1303,6 +1443,193 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
         r.error = bad_payload("memcpy", size, bad, "the destination");
       }
       rows.push_back(std::move(r));
+    }
+  }
+  boot.barrier(kBootTimeout);
+  provider_out += s.transport_note().empty() ? "" : " (" + s.transport_note() + ")";
+  return rows;
+}
+
+// ----------------------------------------------------------- --perftest
+// Latency with perftest's definitions (ib_write_lat, ib_read_lat,
+// ib_send_lat; docs/tools.md), after a connection round (one put, which
+// on verbs also runs the RC handshake while the server progresses):
+//  put   a write ping-pong: the client writes `size` bytes into the server's
+//        object and waits for the write's completion, the server sees the
+//        last byte change in its own memory (polling memory, not a
+//        completion queue), writes back into the client's object, and the
+//        client sees its last byte change; a sample is half of one
+//        iteration, iterations back to back.
+//  get   one read and its completion, not halved (ib_read_lat).
+//  send  a send ping-pong (send_pingpong / serve_send_pingpong), halved.
+// Every test runs kWarmupOps untimed iterations, then --iters timed ones.
+// A memory poll checks the peer's liveness every kMemPollCheck rounds; it
+// progresses the endpoint only where the provider needs the target's
+// progress for a write to land (libfabric); on verbs the device writes the
+// memory by itself, as perftest relies on.
+constexpr std::uint64_t kMemPollCheck = std::uint64_t{1} << 16;
+
+// The value iteration i writes into the last byte (never 0, the initial
+// value, and never the previous iteration's).
+std::uint8_t pingpong_mark(std::uint64_t i) { return static_cast<std::uint8_t>(i % 255 + 1); }
+
+void poll_memory(Side& s, const std::byte* at, std::uint8_t want, bool progress, const char* what) {
+  Clock::time_point deadline{};  // read only on the slow path (see wait_watching)
+  for (std::uint64_t n = 1;; ++n) {
+    if (static_cast<std::uint8_t>(*static_cast<const volatile std::byte*>(at)) == want) break;
+    if (progress) (void)s.ep->progress();
+    if (n % kMemPollCheck == 0) {
+      check_peer_alive(what);
+      const auto now = Clock::now();
+      if (deadline == Clock::time_point{}) deadline = now + kPhaseTimeout;
+      if (now > deadline) throw regpool::Error(Status::timeout, 0, std::string(what) + ": " + g_peer_label + " silent");
+    }
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);  // the bytes before the last one
+}
+
+// One side of the write ping-pong. The client (first = true) writes first.
+std::vector<double> write_pingpong(Side& s, regpool::PeerId peer, const regpool::RemoteRef& ref, const Slice& out,
+                                   const Slice& in, bool first, std::uint64_t iters, bool progress,
+                                   ProgressLine* pl) {
+  const std::uint64_t size = out.length();
+  std::byte* const mark_out = out.bytes().data() + size - 1;
+  const std::byte* const mark_in = in.bytes().data() + size - 1;
+  SampleTimer timer(iters);
+  for (std::uint64_t i = 0; i < iters + kWarmupOps; ++i) {
+    if (!first) poll_memory(s, mark_in, pingpong_mark(i), progress, "write ping-pong");
+    if (first && i == static_cast<std::uint64_t>(kWarmupOps)) timer.start();
+    *mark_out = static_cast<std::byte>(pingpong_mark(i));
+    (void)wait_ok(s, s.ep->put(out, peer, ref, 0), "write ping-pong put");
+    if (!first) continue;
+    poll_memory(s, mark_in, pingpong_mark(i), progress, "write ping-pong");
+    if (i >= static_cast<std::uint64_t>(kWarmupOps)) timer.mark();
+    if (pl) pl->show("put", size, "lat", i + 1, iters + kWarmupOps);
+  }
+  return timer.samples_us(2);
+}
+
+// Needs the target's progress for one-sided operations to land.
+bool target_must_progress(const Config& c) { return !is_verbs(c.provider); }
+
+// The server's side: the client's object for the write ping-pong comes
+// over the bootstrap. `target` is the exposed object the client writes
+// into and reads from; `rx_all` the object pongs and replies go from.
+int serve_perftest(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpool::PeerId peer, const Slice& target,
+                   const Slice& rx_all, const Slice& ctrl_slice) {
+  auto refs = boot.allgather({}, kBootTimeout);
+  auto client_ref = regpool::RemoteRef::decode(refs[1]);
+  if (!client_ref) throw regpool::Error(client_ref.status(), 0, "client reference");
+  const bool progress = target_must_progress(c);
+  // The connection round: progress until the client's end-of-phase send.
+  {
+    const regpool::Token done = post_recv_or_throw(s, ctrl_slice);
+    boot.barrier(kBootTimeout);
+    wait_serving(s, done, "connection round");
+  }
+  if (c.put) {
+    for (const auto size : c.sizes) {
+      const Slice in = must(target.select(0, size), "write ping-pong target");
+      const Slice out = must(rx_all.select(0, size), "write ping-pong source");
+      std::memset(in.bytes().data(), 0, size);
+      boot.barrier(kBootTimeout);
+      (void)write_pingpong(s, peer, *client_ref, out, in, false, c.iters, progress, nullptr);
+      boot.barrier(kBootTimeout);
+    }
+  }
+  if (c.get) {
+    for (std::size_t k = 0; k < c.sizes.size(); ++k) {
+      if (progress) {
+        const regpool::Token done = post_recv_or_throw(s, ctrl_slice);
+        boot.barrier(kBootTimeout);
+        wait_serving(s, done, "read latency");
+      } else {
+        // Verbs: reads need nothing from the target's CPU; wait in the
+        // bootstrap, as ib_read_lat's server waits on its socket.
+        boot.barrier(kBootTimeout);
+      }
+      boot.barrier(kBootTimeout);
+    }
+  }
+  if (c.send) {
+    for (const auto size : c.sizes) {
+      const Slice in = must(target.select(0, size), "receive slice");
+      const Slice out = must(rx_all.select(0, size), "reply slice");
+      boot.barrier(kBootTimeout);
+      serve_send_pingpong(s, peer, in, out, c.iters + kWarmupOps);
+      boot.barrier(kBootTimeout);
+    }
+  }
+  boot.barrier(kBootTimeout);
+  return 0;
+}
+
+std::vector<Row> run_perftest_client(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpool::PeerId peer,
+                                     const regpool::RemoteRef& ref, ProgressLine& pl) {
+  auto out_buf = s.alloc(c.max_size());
+  auto in_buf = s.alloc(c.max_size());
+  const Slice out_all = must(Slice::data(out_buf), "source slice");
+  const Slice in_all = must(Slice::data(in_buf), "pong slice");
+  auto mine = s.ep->expose(in_all, regpool::RemoteAccess::read_write);
+  if (!mine) throw regpool::Error(mine.status(), 0, "expose the pong object");
+  const auto my_ref = mine->encode();
+  (void)boot.allgather(std::vector<std::byte>(my_ref.begin(), my_ref.end()), kBootTimeout);
+  const bool progress = target_must_progress(c);
+  auto ctrl = s.alloc(kControlBytes);
+  const Slice ctrl_slice = must(Slice::data(ctrl), "control slice");
+  boot.barrier(kBootTimeout);
+  (void)wait_ok(s, s.ep->put(must(out_all.select(0, 8), "connection put"), peer, ref, 0), "connection put");
+  (void)wait_ok(s, s.ep->send(peer, ctrl_slice), "end of connection round");
+  std::vector<Row> rows;
+  auto row = [&](const char* op, std::uint64_t size, auto&& measure) {
+    Row r;
+    r.op = op;
+    r.size = size;
+    try {
+      set_latency(r, measure());
+    } catch (const std::exception& e) {
+      if (!peer_lost().empty()) throw;
+      r.error = e.what();
+    }
+    rows.push_back(std::move(r));
+  };
+  if (c.put) {
+    for (const auto size : c.sizes) {
+      const Slice out = must(out_all.select(0, size), "write ping-pong source");
+      const Slice in = must(in_all.select(0, size), "write ping-pong target");
+      std::memset(in.bytes().data(), 0, size);
+      boot.barrier(kBootTimeout);
+      row("put", size, [&] { return write_pingpong(s, peer, ref, out, in, true, c.iters, progress, &pl); });
+      boot.barrier(kBootTimeout);
+    }
+  }
+  if (c.get) {
+    for (const auto size : c.sizes) {
+      const Slice local = must(in_all.select(0, size), "read slice");
+      boot.barrier(kBootTimeout);
+      row("get", size, [&] {
+        // Back to back: the read, its completion and the loop's own cost,
+        // as ib_read_lat's samples (one counter read per iteration).
+        SampleTimer timer(c.iters);
+        for (std::uint64_t i = 0; i < c.iters + kWarmupOps; ++i) {
+          if (i == static_cast<std::uint64_t>(kWarmupOps)) timer.start();
+          (void)wait_ok(s, s.ep->get(peer, ref, 0, local), "get");
+          if (i >= static_cast<std::uint64_t>(kWarmupOps)) timer.mark();
+          pl.show("get", size, "lat", i + 1, c.iters + kWarmupOps);
+        }
+        return timer.samples_us(1);
+      });
+      if (progress) (void)wait_ok(s, s.ep->send(peer, ctrl_slice), "end of read latency");
+      boot.barrier(kBootTimeout);
+    }
+  }
+  if (c.send) {
+    for (const auto size : c.sizes) {
+      const Slice out = must(out_all.select(0, size), "send slice");
+      const Slice in = must(in_all.select(0, size), "pong slice");
+      boot.barrier(kBootTimeout);
+      row("send", size, [&] { return send_pingpong(s, peer, in, out, c.iters, pl, size); });
+      boot.barrier(kBootTimeout);
     }
   }
   boot.barrier(kBootTimeout);
@@ -1674,6 +2001,8 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     s += ",\"iters\":" + std::to_string(c.iters) + ",\"window\":" + std::to_string(c.window);
     s += ",\"wait\":" + json_escape(regpool::to_string(c.wait));
     s += ",\"emulated_atomics\":" + std::string(emulated_atomics ? "true" : "false");
+    s += ",\"latency_definitions\":" + json_escape(c.perftest ? "perftest" : "regpool");
+    s += ",\"sample_ticks_per_us\":" + (g_ticks_per_us > 0 ? json_number(g_ticks_per_us) : std::string("null"));
     s += ",\"expose_mode\":" + json_escape(regpool::to_string(c.expose_mode));
     s += ",\"buffers\":" + json_escape(c.cold_bytes != 0 ? "cold" : "hot") +
          ",\"cold_bytes\":" + (c.cold_bytes != 0 ? std::to_string(c.cold_bytes) : std::string("null"));
@@ -1706,6 +2035,10 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
   }
   const std::string buffers = c.cold_bytes != 0 ? "cold (rotating over " + format_size(c.cold_bytes) + " per side)"
                                                 : "hot (the same bytes every operation)";
+  if (c.perftest) {
+    std::printf("latency with perftest's definitions: put = half round trip of a write ping-pong polling memory,\n"
+                "get = one read and its completion, send = half round trip of a send ping-pong\n");
+  }
   std::printf("regpool-perf: provider %s, %s, %llu iterations, window %llu, wait %s, buffers %s%s\n",
               provider.c_str(),
               o.mode == Mode::loopback ? "two processes on this host (loopback)" : ("server " + o.host).c_str(),

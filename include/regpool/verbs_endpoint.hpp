@@ -58,7 +58,9 @@
 // the target). Puts and sends up to the QP's max_inline_data are posted with
 // IBV_SEND_INLINE, and of those only every kSignalInterval-th is signalled
 // (selective signalling): an RC send queue completes in order, so a signalled
-// completion also completes the unsignalled ones posted before it. An
+// completion also completes the unsignalled ones posted before it. An op
+// posted while nothing else is in flight on its QP is always signalled (a
+// lone op would otherwise wait for the fence below: a second round trip). An
 // unsignalled tail is closed by a signalled zero-length RDMA WRITE once the
 // CQ runs dry, so every op still gets its completion.
 //

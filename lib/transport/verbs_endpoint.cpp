@@ -1,5 +1,6 @@
 #include "regpool/verbs_endpoint.hpp"
 
+#include "platform/coarse_clock.hpp"
 #include "transport/verbs_wire.hpp"
 
 #include <fcntl.h>
@@ -860,8 +861,15 @@ Status VerbsEndpoint::post_rc(const BackendOp& op) noexcept {
   if (c.wr_seq - c.retired_seq + chunks + 2 > m.sq_depth) return Status::would_block;
 
   const bool small_inline = !atomic && op.kind != OpKind::get && op.length <= max_inline_;
+  // An op alone on the QP (everything before it retired) is signalled even
+  // when it could go unsignalled: nothing behind it would close the tail,
+  // so it would wait for a fence WR (a second round trip) once the CQ runs
+  // dry. Only ops posted behind others in flight skip their completion.
   bool signaled = true;
-  if (small_inline && options_.selective_signaling && c.unsignaled_run + 1 < kSignalInterval) signaled = false;
+  if (small_inline && options_.selective_signaling && c.unsignaled_run + 1 < kSignalInterval &&
+      c.wr_seq != c.retired_seq) {
+    signaled = false;
+  }
 
   wr.sg_list = &sge;
   wr.num_sge = 1;
@@ -1059,7 +1067,12 @@ std::size_t VerbsEndpoint::poll_cq(std::size_t max) noexcept {
 
 void VerbsEndpoint::housekeeping() noexcept {
   Impl& m = *impl_;
-  const auto now = MonoClock::now();
+  // Runs after every poll that found the CQ dry, i.e. on every round of a
+  // spin-wait. The coarse clock (vDSO, no clocksource read) is enough for
+  // 50 ms retransmits and a 2 s reset bound: they fire up to one tick late,
+  // never early. The precise clock cost a system call and an emulated HPET
+  // read per round in the Soft-RoCE guest (clocksource hpet).
+  const auto now = platform::CoarseClock::now();
   for (std::uint32_t ci = 0; ci < m.conns.size(); ++ci) {
     Conn& c = m.conns[ci];
     if (!c.used) continue;

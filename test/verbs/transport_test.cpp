@@ -113,7 +113,9 @@ TEST_CASE("reconnect with unsignalled ops outstanding answers every op and retur
   auto s8 = rpt::slice_or_die(Slice::data(src, 0, 8));
   REQUIRE(rpt::wait_ok(*a.ep, a.ep->put(s8, pb, e->ref(), 0)).status == Status::ok);  // connected
   std::vector<regpool::Token> tokens;
-  for (int i = 0; i < 5; ++i) {  // fewer than kSignalInterval: all unsignalled, no fence yet
+  // Fewer than kSignalInterval: the first goes signalled (it is alone on the
+  // QP), the four behind it unsignalled, and no fence yet.
+  for (int i = 0; i < 5; ++i) {
     auto t = a.ep->put(s8, pb, e->ref(), 8 * i);
     REQUIRE(t.ok());
     tokens.push_back(*t);
