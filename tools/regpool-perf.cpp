@@ -1333,6 +1333,7 @@ struct PeersRow {
   std::int64_t endpoint_memory_bytes = 0;   // server RSS growth over the round
   bool has_endpoint_memory = false;
   double server_cpu_seconds = 0;            // the server's user + system time in the timed loop
+  std::int64_t queue_pairs = -1;            // verbs: the server's RC queue pairs at the end (-1: not verbs)
   std::string error;
 };
 
@@ -1388,7 +1389,7 @@ std::chrono::milliseconds peers_setup_timeout(std::uint64_t n) {
 }
 
 // Rank 0. Writes one line per size to `out`: "row SIZE MESSAGES NS RECVMEM
-// BOUNCES UNEXPECTED RSSDELTA".
+// BOUNCES UNEXPECTED RSSDELTA CPUNS QPS" (QPS: verbs RC queue pairs, else -1).
 void peers_server(const Config& c, regpool::TcpBootstrap& boot, std::FILE* out) {
   const std::uint64_t n = static_cast<std::uint64_t>(boot.size() - 1);
   Side s(c, true, "perf-peers-server", false);
@@ -1436,11 +1437,18 @@ void peers_server(const Config& c, regpool::TcpBootstrap& boot, std::FILE* out) 
     sample();
     boot.barrier(kPeersBoot);  // every client's sends completed
     const std::int64_t rss1 = resident_bytes();
-    std::fprintf(out, "row %llu %llu %lld %llu %llu %llu %lld %lld\n", static_cast<unsigned long long>(size),
+    long long qps = -1;
+#if PERF_HAVE_VERBS
+    // Made on first use: one per client that sent, none per peer merely inserted.
+    if (const auto* v = dynamic_cast<const regpool::VerbsEndpoint*>(s.ep.get())) {
+      qps = static_cast<long long>(v->connection_stats().queue_pairs);
+    }
+#endif
+    std::fprintf(out, "row %llu %llu %lld %llu %llu %llu %lld %lld %lld\n", static_cast<unsigned long long>(size),
                  static_cast<unsigned long long>(total), static_cast<long long>(ns),
                  static_cast<unsigned long long>(peak), static_cast<unsigned long long>(peak_bounces),
                  static_cast<unsigned long long>(peak_unexpected),
-                 static_cast<long long>(rss0 >= 0 && rss1 >= 0 ? rss1 - rss0 : INT64_MIN), cpu_ns);
+                 static_cast<long long>(rss0 >= 0 && rss1 >= 0 ? rss1 - rss0 : INT64_MIN), cpu_ns, qps);
     std::fflush(out);
   }
   boot.barrier(kPeersBoot);  // nobody tears down while another still sends
@@ -1545,9 +1553,9 @@ std::vector<PeersRow> peers_round(const Config& c, std::uint64_t n) {
     }
     while (std::fgets(line, sizeof line, in)) {
       unsigned long long sz = 0, msgs = 0, peak = 0, bounces = 0, unexp = 0;
-      long long ns = 0, rss = 0, cpu_ns = 0;
-      if (std::sscanf(line, "row %llu %llu %lld %llu %llu %llu %lld %lld", &sz, &msgs, &ns, &peak, &bounces, &unexp,
-                      &rss, &cpu_ns) != 8) {
+      long long ns = 0, rss = 0, cpu_ns = 0, qps = -1;
+      if (std::sscanf(line, "row %llu %llu %lld %llu %llu %llu %lld %lld %lld", &sz, &msgs, &ns, &peak, &bounces,
+                      &unexp, &rss, &cpu_ns, &qps) != 9) {
         continue;
       }
       PeersRow row;
@@ -1561,6 +1569,7 @@ std::vector<PeersRow> peers_round(const Config& c, std::uint64_t n) {
       row.has_endpoint_memory = rss != INT64_MIN;
       row.endpoint_memory_bytes = rss;
       row.server_cpu_seconds = static_cast<double>(cpu_ns) / 1e9;
+      row.queue_pairs = qps;
       rows.push_back(row);
     }
   }
@@ -1638,6 +1647,7 @@ int peers_main(const Options& o) {
       s += ",\"unexpected_peak_bytes\":" + std::to_string(r.unexpected_peak_bytes);
       s += ",\"endpoint_memory_bytes\":" +
            (r.has_endpoint_memory ? std::to_string(r.endpoint_memory_bytes) : std::string("null"));
+      s += ",\"queue_pairs\":" + (r.queue_pairs >= 0 ? std::to_string(r.queue_pairs) : std::string("null"));
       s += ",\"error\":" + (r.error.empty() ? std::string("null") : json_escape(r.error)) + "}";
     }
     s += "]}\n";
