@@ -458,6 +458,10 @@ Options parse_args(int argc, char** argv, bool& help) {
 // is a libfabric provider name.
 bool is_verbs(const std::string& provider) { return provider == "verbs" || provider.rfind("verbs:", 0) == 0; }
 
+// --peers: bound on one wait of a round (no message for that long), and on
+// one post (a client's first message connects on verbs).
+constexpr auto kPeersTimeout = 60s;
+
 struct Side {
   std::shared_ptr<regpool::Domain> domain;
   std::unique_ptr<regpool::Pool> pool;
@@ -476,6 +480,12 @@ struct Side {
     // answers that for ever to a dead peer, so this bounds how long a post
     // to a killed peer can hold the run before the liveness checks run.
     ec.post_timeout = 5s;
+    // --peers (no atomics served): on verbs a client's first message makes
+    // its queue pair (made on first use), answered by a server that shares
+    // the cores with every other client: under emulation (Soft-RoCE guest,
+    // 33 processes on 2 vCPUs) that took longer than 5 s. Liveness is still
+    // checked between posts (peers_wait).
+    if (!serve_atomics) ec.post_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(kPeersTimeout);
     ec.wait_mode = c.wait;
     if (is_verbs(c.provider)) {
 #if PERF_HAVE_VERBS
@@ -1322,7 +1332,6 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
 // growth). The parent process only forks and collects: it never opens
 // libfabric, so every round starts from fresh processes.
 constexpr std::uint64_t kPeersServerRecvs = 64;
-constexpr auto kPeersTimeout = 60s;  // bound on one wait of a round (no message for that long)
 
 struct PeersRow {
   std::uint64_t peers = 0, size = 0, messages = 0;
