@@ -547,14 +547,13 @@ void VerbsEndpoint::release_qp(std::uint32_t ci) noexcept {
 }
 
 Status VerbsEndpoint::connect_on_demand(std::uint32_t ci) noexcept {
-  Impl& m = *impl_;
-  Conn& c = m.conns[ci];
   const int rc = open_qp(ci);
   if (rc != 0) return rc == ENOMEM ? Status::out_of_memory : Status::transport_error;
+  Conn& c = impl_->conns[ci];
   c.state = Conn::State::connecting;
   c.next_req = MonoClock::now() + kRetransmit;
   send_ctrl(c, kReq, c.epoch);
-  (void)m;
+  // The caller retries (the base, progressing) until the REP arrives.
   return Status::would_block;
 }
 
