@@ -496,6 +496,10 @@ Options parse_args(int argc, char** argv, bool& help) {
 // is a libfabric provider name.
 bool is_verbs(const std::string& provider) { return provider == "verbs" || provider.rfind("verbs:", 0) == 0; }
 
+// --peers: bound on one wait of a round (no message for that long), and on
+// one post (a client's first message connects on verbs).
+constexpr auto kPeersTimeout = 60s;
+
 struct Side {
   std::shared_ptr<regpool::Domain> domain;
   std::unique_ptr<regpool::Pool> pool;
@@ -530,6 +534,12 @@ struct Side {
     // answers that for ever to a dead peer, so this bounds how long a post
     // to a killed peer can hold the run before the liveness checks run.
     ec.post_timeout = 5s;
+    // --peers (no atomics served): on verbs a client's first message makes
+    // its queue pair (made on first use), answered by a server that shares
+    // the cores with every other client: under emulation (Soft-RoCE guest,
+    // 33 processes on 2 vCPUs) that took longer than 5 s. Liveness is still
+    // checked between posts (peers_wait).
+    if (!serve_atomics) ec.post_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(kPeersTimeout);
     ec.wait_mode = c.wait;
     if (is_verbs(c.provider)) {
 #if PERF_HAVE_VERBS
@@ -1649,7 +1659,6 @@ std::vector<Row> run_perftest_client(Side& s, regpool::TcpBootstrap& boot, const
 // growth). The parent process only forks and collects: it never opens
 // libfabric, so every round starts from fresh processes.
 constexpr std::uint64_t kPeersServerRecvs = 64;
-constexpr auto kPeersTimeout = 60s;  // bound on one wait of a round (no message for that long)
 
 struct PeersRow {
   std::uint64_t peers = 0, size = 0, messages = 0;
@@ -1660,6 +1669,7 @@ struct PeersRow {
   std::int64_t endpoint_memory_bytes = 0;   // server RSS growth over the round
   bool has_endpoint_memory = false;
   double server_cpu_seconds = 0;            // the server's user + system time in the timed loop
+  std::int64_t queue_pairs = -1;            // verbs: the server's RC queue pairs at the end (-1: not verbs)
   std::string error;
 };
 
@@ -1715,7 +1725,7 @@ std::chrono::milliseconds peers_setup_timeout(std::uint64_t n) {
 }
 
 // Rank 0. Writes one line per size to `out`: "row SIZE MESSAGES NS RECVMEM
-// BOUNCES UNEXPECTED RSSDELTA".
+// BOUNCES UNEXPECTED RSSDELTA CPUNS QPS" (QPS: verbs RC queue pairs, else -1).
 void peers_server(const Config& c, regpool::TcpBootstrap& boot, std::FILE* out) {
   const std::uint64_t n = static_cast<std::uint64_t>(boot.size() - 1);
   Side s(c, true, "perf-peers-server", false);
@@ -1763,11 +1773,18 @@ void peers_server(const Config& c, regpool::TcpBootstrap& boot, std::FILE* out) 
     sample();
     boot.barrier(kPeersBoot);  // every client's sends completed
     const std::int64_t rss1 = resident_bytes();
-    std::fprintf(out, "row %llu %llu %lld %llu %llu %llu %lld %lld\n", static_cast<unsigned long long>(size),
+    long long qps = -1;
+#if PERF_HAVE_VERBS
+    // Made on first use: one per client that sent, none per peer merely inserted.
+    if (const auto* v = dynamic_cast<const regpool::VerbsEndpoint*>(s.ep.get())) {
+      qps = static_cast<long long>(v->connection_stats().queue_pairs);
+    }
+#endif
+    std::fprintf(out, "row %llu %llu %lld %llu %llu %llu %lld %lld %lld\n", static_cast<unsigned long long>(size),
                  static_cast<unsigned long long>(total), static_cast<long long>(ns),
                  static_cast<unsigned long long>(peak), static_cast<unsigned long long>(peak_bounces),
                  static_cast<unsigned long long>(peak_unexpected),
-                 static_cast<long long>(rss0 >= 0 && rss1 >= 0 ? rss1 - rss0 : INT64_MIN), cpu_ns);
+                 static_cast<long long>(rss0 >= 0 && rss1 >= 0 ? rss1 - rss0 : INT64_MIN), cpu_ns, qps);
     std::fflush(out);
   }
   boot.barrier(kPeersBoot);  // nobody tears down while another still sends
@@ -1872,9 +1889,9 @@ std::vector<PeersRow> peers_round(const Config& c, std::uint64_t n) {
     }
     while (std::fgets(line, sizeof line, in)) {
       unsigned long long sz = 0, msgs = 0, peak = 0, bounces = 0, unexp = 0;
-      long long ns = 0, rss = 0, cpu_ns = 0;
-      if (std::sscanf(line, "row %llu %llu %lld %llu %llu %llu %lld %lld", &sz, &msgs, &ns, &peak, &bounces, &unexp,
-                      &rss, &cpu_ns) != 8) {
+      long long ns = 0, rss = 0, cpu_ns = 0, qps = -1;
+      if (std::sscanf(line, "row %llu %llu %lld %llu %llu %llu %lld %lld %lld", &sz, &msgs, &ns, &peak, &bounces,
+                      &unexp, &rss, &cpu_ns, &qps) != 9) {
         continue;
       }
       PeersRow row;
@@ -1888,6 +1905,7 @@ std::vector<PeersRow> peers_round(const Config& c, std::uint64_t n) {
       row.has_endpoint_memory = rss != INT64_MIN;
       row.endpoint_memory_bytes = rss;
       row.server_cpu_seconds = static_cast<double>(cpu_ns) / 1e9;
+      row.queue_pairs = qps;
       rows.push_back(row);
     }
   }
@@ -1965,6 +1983,7 @@ int peers_main(const Options& o) {
       s += ",\"unexpected_peak_bytes\":" + std::to_string(r.unexpected_peak_bytes);
       s += ",\"endpoint_memory_bytes\":" +
            (r.has_endpoint_memory ? std::to_string(r.endpoint_memory_bytes) : std::string("null"));
+      s += ",\"queue_pairs\":" + (r.queue_pairs >= 0 ? std::to_string(r.queue_pairs) : std::string("null"));
       s += ",\"error\":" + (r.error.empty() ? std::string("null") : json_escape(r.error)) + "}";
     }
     s += "]}\n";

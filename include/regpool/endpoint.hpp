@@ -257,6 +257,13 @@ struct EndpointConfig {
   // the same address. Released by progress() or the next expose/revoke once
   // due, and at endpoint close without waiting. 0 = no quarantine.
   std::chrono::milliseconds revoke_quarantine{1000};
+  // Backends with a connection per peer (verbs: an RC queue pair) make it
+  // on the first operation to or from the peer and give it back once both
+  // sides have left it unused this long, with nothing in flight and no
+  // window bound on it; the next operation makes a new one (docs/scale.md,
+  // "Connections on demand"). 0 = keep connections until remove_peer.
+  // libfabric endpoints ignore it (the provider owns its connections).
+  std::chrono::milliseconds idle_release{60000};
 };
 
 // A slice made reachable by peers. Holds the Slice (so the LDO stays alive

@@ -38,6 +38,11 @@
 // endpoint progresses: keep calling peek() (or run the endpoint's progress
 // thread) while waiting for records; likewise the consumer's credits land
 // only while the producer calls progress().
+// Setup on verbs: each side exposes to the other through a window on their
+// queue pair, which is made on first use (docs/scale.md); the side that is
+// not constructing must keep its endpoint progressing (progress thread, or
+// progress() from another thread) while it waits for the other's setup
+// bytes, or the construction waits out post_timeout.
 //
 // A dead peer: while waiting (the consumer for records, the producer for
 // credits) each side rewrites its control word every RingConfig::keepalive;

@@ -4,8 +4,11 @@
 //
 // Connection setup (no rdma_cm needed): every endpoint has one UD queue pair
 // for control messages. Its name() is {GID, LID, port, UD QPN, random
-// endpoint id}. insert_peer(name) creates an RC QP, moves it RESET -> INIT and
-// sends a REQ (our RC QPN, a random PSN, an epoch) to the peer's UD QP; the
+// endpoint id}. insert_peer(name) only records the peer (and an address
+// handle to its UD QP): the RC QP is made on first use. The first operation
+// to the peer (or a window exposed to it) creates an RC QP, moves it
+// RESET -> INIT and sends a REQ (our RC QPN, a random PSN, an epoch) to the
+// peer's UD QP; the
 // peer, inside its progress(), creates (or finds) its own RC QP for us, moves
 // it INIT -> RTR (our QPN/PSN/GID) -> RTS and answers with a REP carrying its
 // QPN and PSN; our progress then moves ours INIT -> RTR -> RTS. So a target
@@ -16,6 +19,19 @@
 // REQs are retransmitted every kRetransmit until answered (UD is unreliable).
 // When both sides insert each other at once, each QP is connected to the
 // other's single QP; nothing is duplicated.
+//
+// Idle release (EndpointConfig::idle_release, 0 = never): a connection
+// neither side has used for that long, with nothing in flight and no window
+// bound on it, is given back. The side idle for the full time sends REL
+// (naming the pair of QPs); the peer grants with REL_ACK when it has nothing
+// in flight and has been idle for half the time (both destroy their QP), or
+// refuses with REL_NAK. Both asking at once: each grants the other. The
+// peer's agreement is needed because its one-sided operations into our
+// memory never pass our CPU. While the answer is out (at most 1 s, or half
+// post_timeout) posts to the peer answer would_block; an unanswered REL
+// keeps the connection. The next use makes a new QP (a new REQ); a REQ from
+// a new QP of a peer whose release we asked ends ours too. The control
+// messages are parsed by verbs_wire::parse_ctrl (fuzzed).
 //
 // Errors and recovery: a failed operation puts its RC QP into the ERROR state
 // (remote access errors take the target's QP there too). The failed op
@@ -178,6 +194,15 @@ struct VerbsWindowStats {
   std::uint64_t cached = 0;       // windows on the per-peer free lists now
 };
 
+// RC queue pairs of one endpoint (relaxed snapshot, any thread). A queue
+// pair is made on the first operation to or from a peer and released after
+// EndpointConfig::idle_release without use on either side.
+struct VerbsConnectionStats {
+  std::uint64_t queue_pairs = 0;  // RC queue pairs that exist now
+  std::uint64_t created = 0;      // made so far (first use, use after a release)
+  std::uint64_t released = 0;     // given back when idle
+};
+
 class REGPOOL_API VerbsEndpoint final : public Endpoint {
  public:
   static constexpr std::uint32_t kSignalInterval = 16;
@@ -197,6 +222,8 @@ class REGPOOL_API VerbsEndpoint final : public Endpoint {
   std::uint32_t max_inline_data() const noexcept { return max_inline_; }
   // Window allocation, binding and recycling counters.
   VerbsWindowStats window_stats() const noexcept;
+  // RC queue pairs: made on first use, released when idle.
+  VerbsConnectionStats connection_stats() const noexcept;
 
  protected:
   Backend backend_kind() const noexcept override { return Backend::verbs; }
@@ -232,8 +259,17 @@ class REGPOOL_API VerbsEndpoint final : public Endpoint {
 
   void open_resources();
   void close_resources() noexcept;
-  // Connections: index into Impl::conns. new_conn throws (setup).
+  // Connections: index into Impl::conns. new_conn throws (setup); it makes
+  // no QP: open_qp does, on first use (connect_on_demand, or a peer's REQ),
+  // and release_qp gives it back once idle (see connection_stats).
   std::uint32_t new_conn(const void* remote_name);
+  int open_qp(std::uint32_t ci) noexcept;
+  void release_qp(std::uint32_t ci) noexcept;
+  void forget_released_qpn(std::uint32_t ci) noexcept;
+  Status connect_on_demand(std::uint32_t ci) noexcept;
+  // Operations, fences or window work in flight, or a window bound on it.
+  bool conn_busy(std::uint32_t ci) const noexcept;
+  void handle_release(std::uint32_t ci, std::uint8_t type, std::uint32_t qpn, std::uint32_t dst_qpn) noexcept;
   int qp_to_init(Conn& c) noexcept;
   int qp_to_rts(Conn& c) noexcept;
   // A reset never waits (the endpoint's mutex is held): begin_reset moves
@@ -243,6 +279,8 @@ class REGPOOL_API VerbsEndpoint final : public Endpoint {
   void begin_reset(std::uint32_t ci, int after) noexcept;
   void finish_reset(std::uint32_t ci) noexcept;
   void send_ctrl(Conn& c, std::uint8_t type, std::uint32_t epoch) noexcept;
+  void send_ctrl_to(Conn& c, std::uint8_t type, std::uint32_t epoch, std::uint32_t qpn,
+                    std::uint32_t dst_qpn) noexcept;
   std::uint32_t conn_by_id(std::uint64_t endpoint_id) const noexcept;
   std::uint32_t conn_by_qpn(std::uint32_t qpn) const noexcept;
   // Data path.

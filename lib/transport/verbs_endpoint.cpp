@@ -1,6 +1,7 @@
 #include "regpool/verbs_endpoint.hpp"
 
 #include "platform/coarse_clock.hpp"
+#include "transport/idle_release.hpp"
 #include "transport/verbs_wire.hpp"
 
 #include <fcntl.h>
@@ -30,22 +31,14 @@ using verbs_wire::kNameSize;
 using verbs_wire::kNameVersion;
 using verbs_wire::WireName;
 
-// ---- control messages over UD ----
-constexpr std::uint32_t kCtrlMagic = 0x43565052;  // "RPVC"
-constexpr std::uint8_t kReq = 1;
-constexpr std::uint8_t kRep = 2;
-struct CtrlMsg {
-  std::uint32_t magic;
-  std::uint8_t type;
-  std::uint8_t reserved[3];
-  std::uint32_t qpn;    // sender's RC QP for this pair
-  std::uint32_t psn;    // sender's initial send PSN
-  std::uint32_t epoch;  // REQ: sender's epoch; REP: the epoch answered
-  std::uint32_t reserved2;
-  std::uint64_t dst_id;  // endpoint id the message is for
-  WireName src;          // the sender, so a target can answer unknown peers
-};
-constexpr std::size_t kCtrlSize = sizeof(CtrlMsg);
+// ---- control messages over UD: transport/verbs_wire.hpp ----
+using verbs_wire::CtrlMsg;
+using verbs_wire::kCtrlSize;
+using verbs_wire::kRel;
+using verbs_wire::kRelAck;
+using verbs_wire::kRelNak;
+using verbs_wire::kRep;
+using verbs_wire::kReq;
 constexpr std::size_t kGrh = 40;  // UD receives start with a GRH
 constexpr std::size_t kCtrlSlot = 128;
 static_assert(kGrh + kCtrlSize <= kCtrlSlot);
@@ -53,6 +46,10 @@ constexpr std::size_t kCtrlRecvs = 32;
 constexpr std::size_t kCtrlSends = 32;
 constexpr std::uint32_t kQkey = 0x11111111;
 constexpr auto kRetransmit = std::chrono::milliseconds(50);
+// An idle release the peer does not answer (it is not progressing) is given
+// up after this long (at most half of post_timeout) and the connection kept:
+// posts to the peer answer would_block meanwhile.
+constexpr auto kReleaseBound = std::chrono::milliseconds(1000);
 // A connection being reset (see begin_reset) normally ends as soon as
 // progress reaps the flushed completions of its old WRs; if some never come
 // back (a marker could not be posted behind an unsignalled tail), the reset
@@ -115,7 +112,11 @@ std::uint32_t random_psn(std::mt19937_64& rng) noexcept { return static_cast<std
 struct VerbsEndpoint::Conn {
   // resetting: the QP is in ERROR and its old WRs are still coming back
   // flushed (begin_reset); nothing new is posted until finish_reset.
-  enum class State : std::uint8_t { init, connecting, connected, error, resetting };
+  // released: no QP (not used yet, or given back when idle); the first
+  // operation to or from the peer makes one. releasing: connected and idle,
+  // a release asked of the peer (kRel); nothing new is posted until it
+  // answers or kReleaseBound passes.
+  enum class State : std::uint8_t { init, connecting, connected, error, resetting, released, releasing };
   // What finish_reset does once the old WRs are back: stay in INIT (or
   // answer a stashed REQ), connect anew (reconnect), or destroy the QP
   // (remove_peer). Ordered: a later request only ever escalates.
@@ -123,9 +124,16 @@ struct VerbsEndpoint::Conn {
   bool used = false;
   bool inserted = false;  // the user inserted this peer (else accepted from a REQ)
   WireName remote{};
-  ibv_qp* qp = nullptr;
-  ibv_ah* ah = nullptr;  // to the peer's UD QP
-  State state = State::init;
+  ibv_qp* qp = nullptr;   // null while released
+  ibv_ah* ah = nullptr;  // to the peer's UD QP (kept while released)
+  State state = State::released;
+  // Uses of the connection, for idle release (transport/idle_release.hpp).
+  idle::IdleTimer idle;
+  // The number of the QP last released (0 = none): kept in conn_of_qpn so a
+  // receive that the peer completed just before the release, and that is
+  // still queued in the CQ, is credited to the right peer.
+  std::uint32_t released_qpn = 0;
+  MonoClock::time_point release_deadline{};  // State::releasing
   std::uint32_t local_psn = 0;
   std::uint32_t remote_qpn = 0;
   std::uint32_t remote_psn = 0;
@@ -221,6 +229,12 @@ struct VerbsEndpoint::Impl {
   std::atomic<std::uint64_t> mw_reused{0};
   std::atomic<std::uint64_t> mw_cached{0};
   std::uint64_t incarnations = 0;  // source of Conn::incarnation
+  idle::Policy idle_policy;
+  MonoClock::duration release_bound{};
+  // VerbsConnectionStats (read from any thread).
+  std::atomic<std::uint64_t> rc_qps{0};
+  std::atomic<std::uint64_t> qps_created{0};
+  std::atomic<std::uint64_t> qps_released{0};
 
   // A free (or new) entry of `exposed`, reset. May throw bad_alloc.
   std::size_t claim_exposure_slot() {
@@ -301,6 +315,8 @@ void VerbsEndpoint::open_resources() {
   m.sq_depth = options_.send_queue_depth ? options_.send_queue_depth : static_cast<std::uint32_t>(n + 8);
   m.sq_depth = std::min(m.sq_depth, domain_->max_qp_wr());
   m.conns.reserve(16);
+  m.idle_policy.after = config().idle_release;
+  m.release_bound = std::min<MonoClock::duration>(kReleaseBound, config().post_timeout / 2);
 
   // One CQ for everything: user ops (one CQE each; a flushed put/get split
   // into chunks gives one per chunk), SRQ receives (counted in
@@ -385,7 +401,10 @@ void VerbsEndpoint::close_resources() noexcept {
   }
   for (std::uint32_t ci = 0; ci < m.conns.size(); ++ci) drop_window_cache(ci);
   for (Conn& c : m.conns) {
-    if (c.qp) (void)ibv_destroy_qp(c.qp);
+    if (c.qp) {
+      (void)ibv_destroy_qp(c.qp);
+      m.rc_qps.fetch_sub(1, std::memory_order_relaxed);
+    }
     if (c.ah) (void)ibv_destroy_ah(c.ah);
     c = Conn{};
   }
@@ -430,9 +449,34 @@ std::uint32_t VerbsEndpoint::new_conn(const void* remote_name) {
       break;
     }
   }
+  // No queue pair yet (open_qp, on first use): only the address handle to
+  // the peer's UD QP, for the connection exchange.
   Conn c;
   c.remote = r;
-  c.ring.resize(m.sq_depth);
+  ibv_ah_attr aa = ah_attr_for(domain_->port_info(), r);
+  c.ah = ibv_create_ah(domain_->native_pd(), &aa);
+  if (!c.ah) {
+    const int err = errno;
+    throw Error(Status::peer_unreachable, err, "verbs endpoint: ibv_create_ah for a peer: " + errno_text(err));
+  }
+  c.state = Conn::State::released;
+  c.used = true;
+  try {
+    if (ci == m.conns.size()) {
+      m.conns.push_back(std::move(c));
+    } else {
+      m.conns[ci] = std::move(c);
+    }
+  } catch (...) {
+    (void)ibv_destroy_ah(c.ah);
+    throw;
+  }
+  return ci;
+}
+
+int VerbsEndpoint::open_qp(std::uint32_t ci) noexcept {
+  Impl& m = *impl_;
+  Conn& c = m.conns[ci];
   ibv_qp_init_attr qa{};
   qa.send_cq = m.cq;
   qa.recv_cq = m.cq;
@@ -444,50 +488,102 @@ std::uint32_t VerbsEndpoint::new_conn(const void* remote_name) {
   qa.cap.max_inline_data = options_.max_inline;
   qa.qp_type = IBV_QPT_RC;
   qa.sq_sig_all = 0;  // selective signalling
-  c.qp = ibv_create_qp(domain_->native_pd(), &qa);
-  if (!c.qp && options_.max_inline > 0) {
+  ibv_qp* qp = ibv_create_qp(domain_->native_pd(), &qa);
+  if (!qp && options_.max_inline > 0) {
     // Some devices refuse any inline size they cannot do; go without.
     qa.cap.max_inline_data = 0;
-    c.qp = ibv_create_qp(domain_->native_pd(), &qa);
+    qp = ibv_create_qp(domain_->native_pd(), &qa);
   }
-  if (!c.qp) {
-    const int err = errno;
-    throw Error(Status::transport_error, err, "verbs endpoint: ibv_create_qp(RC): " + errno_text(err));
+  if (!qp) return errno != 0 ? errno : ENOMEM;
+  try {
+    if (c.ring.size() != m.sq_depth) c.ring.assign(m.sq_depth, {});
+    m.conn_of_qpn[qp->qp_num] = ci;
+  } catch (...) {
+    (void)ibv_destroy_qp(qp);
+    return ENOMEM;
   }
+  c.qp = qp;
+  m.rc_qps.fetch_add(1, std::memory_order_relaxed);
+  m.qps_created.fetch_add(1, std::memory_order_relaxed);
   // ibv_create_qp writes back what the device granted.
   max_inline_ = std::min<std::uint32_t>(options_.max_inline, qa.cap.max_inline_data);
-  ibv_ah_attr aa = ah_attr_for(domain_->port_info(), r);
-  c.ah = ibv_create_ah(domain_->native_pd(), &aa);
-  if (!c.ah) {
-    const int err = errno;
-    (void)ibv_destroy_qp(c.qp);
-    throw Error(Status::peer_unreachable, err, "verbs endpoint: ibv_create_ah for a peer: " + errno_text(err));
-  }
+  // A fresh send queue: sequence bookkeeping starts over past everything
+  // the previous QP (if any) ever posted.
+  c.retired_seq = c.wr_seq;
+  c.first_seq = c.wr_seq + 1;
+  c.last_signaled_seq = c.wr_seq;
+  c.ring_head = 0;
+  c.ring_count = 0;
+  c.unsignaled_run = 0;
+  c.fence_outstanding = false;
+  c.req_stashed = false;
+  c.remote_qpn = 0;
+  c.remote_epoch = 0;
+  c.local_psn = random_psn(m.rng);
+  ++c.epoch;
+  c.incarnation = ++m.incarnations;
+  c.idle.restart(MonoClock::now());
   const int rc = qp_to_init(c);
   if (rc != 0) {
-    (void)ibv_destroy_qp(c.qp);
-    (void)ibv_destroy_ah(c.ah);
-    throw Error(Status::transport_error, rc, "verbs endpoint: RC QP to INIT: " + errno_text(rc));
+    release_qp(ci);
+    return rc;
   }
-  c.local_psn = random_psn(m.rng);
-  c.epoch = 1;
-  c.incarnation = ++m.incarnations;
-  c.used = true;
-  const std::uint32_t qpn = c.qp->qp_num;
-  try {
-    m.conn_of_qpn[qpn] = ci;
-    if (ci == m.conns.size()) {
-      m.conns.push_back(std::move(c));
-    } else {
-      m.conns[ci] = std::move(c);
-    }
-  } catch (...) {
-    m.conn_of_qpn.erase(qpn);
-    (void)ibv_destroy_qp(c.qp);
-    (void)ibv_destroy_ah(c.ah);
-    throw;
+  return 0;
+}
+
+void VerbsEndpoint::release_qp(std::uint32_t ci) noexcept {
+  Impl& m = *impl_;
+  Conn& c = m.conns[ci];
+  if (!c.qp) return;
+  // Callers guarantee nothing is in flight on it (see conn_busy) and no
+  // window is bound on it; unbound cached windows go with it.
+  drop_window_cache(ci);
+  forget_released_qpn(ci);
+  c.released_qpn = c.qp->qp_num;
+  (void)ibv_destroy_qp(c.qp);
+  c.qp = nullptr;
+  c.state = Conn::State::released;
+  m.rc_qps.fetch_sub(1, std::memory_order_relaxed);
+  m.qps_released.fetch_add(1, std::memory_order_relaxed);
+}
+
+Status VerbsEndpoint::connect_on_demand(std::uint32_t ci) noexcept {
+  const int rc = open_qp(ci);
+  if (rc != 0) return rc == ENOMEM ? Status::out_of_memory : Status::transport_error;
+  Conn& c = impl_->conns[ci];
+  c.state = Conn::State::connecting;
+  c.next_req = MonoClock::now() + kRetransmit;
+  send_ctrl(c, kReq, c.epoch);
+  // The caller retries (the base, progressing) until the REP arrives.
+  return Status::would_block;
+}
+
+bool VerbsEndpoint::conn_busy(std::uint32_t ci) const noexcept {
+  const Impl& m = *impl_;
+  const Conn& c = m.conns[ci];
+  if (c.wr_seq != c.retired_seq || c.ring_count > 0 || c.fence_outstanding) return true;
+  for (const Exposed& x : m.exposed) {
+    if (x.conn == ci && (x.live || x.pending != Exposed::Pending::none)) return true;
   }
-  return ci;
+  return false;
+}
+
+void VerbsEndpoint::forget_released_qpn(std::uint32_t ci) noexcept {
+  Impl& m = *impl_;
+  Conn& c = m.conns[ci];
+  if (c.released_qpn == 0) return;
+  const auto it = m.conn_of_qpn.find(c.released_qpn);
+  if (it != m.conn_of_qpn.end() && it->second == ci) m.conn_of_qpn.erase(it);
+  c.released_qpn = 0;
+}
+
+VerbsConnectionStats VerbsEndpoint::connection_stats() const noexcept {
+  const Impl& m = *impl_;
+  VerbsConnectionStats st;
+  st.queue_pairs = m.rc_qps.load(std::memory_order_relaxed);
+  st.created = m.qps_created.load(std::memory_order_relaxed);
+  st.released = m.qps_released.load(std::memory_order_relaxed);
+  return st;
 }
 
 int VerbsEndpoint::qp_to_init(Conn& c) noexcept {
@@ -602,8 +698,10 @@ void VerbsEndpoint::finish_reset(std::uint32_t ci) noexcept {
     }
   }
   if (close) {
+    forget_released_qpn(ci);
     m.conn_of_qpn.erase(c.qp->qp_num);
     (void)ibv_destroy_qp(c.qp);
+    m.rc_qps.fetch_sub(1, std::memory_order_relaxed);
     (void)ibv_destroy_ah(c.ah);
     c = Conn{};
     return;
@@ -649,6 +747,11 @@ void VerbsEndpoint::finish_reset(std::uint32_t ci) noexcept {
 }
 
 void VerbsEndpoint::send_ctrl(Conn& c, std::uint8_t type, std::uint32_t epoch) noexcept {
+  send_ctrl_to(c, type, epoch, c.qp->qp_num, 0);
+}
+
+void VerbsEndpoint::send_ctrl_to(Conn& c, std::uint8_t type, std::uint32_t epoch, std::uint32_t qpn,
+                                 std::uint32_t dst_qpn) noexcept {
   Impl& m = *impl_;
   std::uint32_t k = kNone;
   for (std::uint32_t i = 0; i < kCtrlSends; ++i) {
@@ -659,11 +762,13 @@ void VerbsEndpoint::send_ctrl(Conn& c, std::uint8_t type, std::uint32_t epoch) n
   }
   if (k == kNone) return;  // all in flight: REQs are retransmitted, REPs re-sent on the next REQ
   CtrlMsg msg{};
-  msg.magic = kCtrlMagic;
+  msg.magic = verbs_wire::kCtrlMagic;
   msg.type = type;
-  msg.qpn = c.qp->qp_num;
-  msg.psn = c.local_psn;
-  msg.epoch = epoch;
+  msg.qpn = qpn;
+  const bool connect = type == kReq || type == kRep;
+  msg.psn = connect ? c.local_psn : 0;
+  msg.epoch = connect ? epoch : 0;
+  msg.dst_qpn = dst_qpn;
   msg.dst_id = c.remote.endpoint_id;
   const std::vector<std::byte> me = do_name();
   std::memcpy(&msg.src, me.data(), kNameSize);
@@ -707,14 +812,9 @@ std::uint64_t VerbsEndpoint::do_insert_peer(std::span<const std::byte> name) {
     throw Error(Status::invalid_argument, 0, "verbs endpoint: inserting its own name (loopback QPs are not supported)");
   }
   // A peer that connected to us first already has a connection: adopt it.
+  // Otherwise the queue pair is made on first use (connect_on_demand).
   std::uint32_t ci = conn_by_id(w.endpoint_id);
-  if (ci == kNone) {
-    ci = new_conn(&w);
-    Conn& c = impl_->conns[ci];
-    c.state = Conn::State::connecting;
-    c.next_req = MonoClock::now() + kRetransmit;
-    send_ctrl(c, kReq, c.epoch);
-  }
+  if (ci == kNone) ci = new_conn(&w);
   impl_->conns[ci].inserted = true;
   return ci;
 }
@@ -723,6 +823,13 @@ void VerbsEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
   Impl& m = *impl_;
   if (handle >= m.conns.size() || !m.conns[handle].used || m.conns[handle].closing()) return;
   const auto ci = static_cast<std::uint32_t>(handle);
+  if (m.conns[ci].qp == nullptr) {
+    // Released (or never used): nothing on the wire, only the address handle.
+    forget_released_qpn(ci);
+    (void)ibv_destroy_ah(m.conns[ci].ah);
+    m.conns[ci] = Conn{};
+    return;
+  }
   // Windows bound on the QP without a bind or invalidate in flight go now
   // (deallocating revokes); the others end when that WR comes back flushed.
   for (std::size_t slot = 0; slot < m.exposed.size(); ++slot) {
@@ -742,6 +849,8 @@ Result<std::uint64_t> VerbsEndpoint::do_reconnect(PeerId /*peer*/, std::uint64_t
     return Status::invalid_argument;
   }
   const auto ci = static_cast<std::uint32_t>(handle);
+  // Released: the next use connects afresh anyway.
+  if (m.conns[ci].qp == nullptr) return handle;
   // ERROR now; RESET -> INIT and a REQ with a new epoch once the old WRs
   // are back (finish_reset, from progress). Until then posts answer
   // would_block, which the base retries while progressing.
@@ -754,8 +863,11 @@ void VerbsEndpoint::handle_ctrl(std::uint32_t k, std::uint32_t byte_len) noexcep
   Impl& m = *impl_;
   std::byte* buf = m.ctrl.data() + k * kCtrlSlot;
   CtrlMsg msg{};
-  const bool sane = byte_len >= kGrh + kCtrlSize;
-  if (sane) std::memcpy(&msg, buf + kGrh, kCtrlSize);
+  const char* bad_field = "ctrl length (short)";
+  if (byte_len >= kGrh + kCtrlSize) {
+    bad_field = verbs_wire::parse_ctrl(std::span<const std::byte>(buf + kGrh, byte_len - kGrh),
+                                       domain_->port_info().ethernet, m.endpoint_id, msg);
+  }
   // Give the buffer back first: the message is copied out.
   ibv_sge sge{reinterpret_cast<std::uintptr_t>(buf), kCtrlSlot, m.ctrl_reg.local_key()};
   ibv_recv_wr wr{};
@@ -764,10 +876,13 @@ void VerbsEndpoint::handle_ctrl(std::uint32_t k, std::uint32_t byte_len) noexcep
   wr.sg_list = &sge;
   wr.num_sge = 1;
   (void)ibv_post_recv(m.ud, &wr, &bad);
-  if (!sane || msg.magic != kCtrlMagic || msg.dst_id != m.endpoint_id) return;
-  if (verbs_wire::check_name(msg.src, domain_->port_info().ethernet) != nullptr) return;
+  if (bad_field != nullptr) return;  // not for us, or malformed: dropped
 
   std::uint32_t ci = conn_by_id(msg.src.endpoint_id);
+  if (msg.type == kRel || msg.type == kRelAck || msg.type == kRelNak) {
+    if (ci != kNone) handle_release(ci, msg.type, msg.qpn, msg.dst_qpn);
+    return;
+  }
   if (msg.type == kReq) {
     if (ci == kNone) {
       try {
@@ -777,6 +892,17 @@ void VerbsEndpoint::handle_ctrl(std::uint32_t k, std::uint32_t byte_len) noexcep
       }
     }
     Conn& c = m.conns[ci];
+    if (c.state == Conn::State::releasing && (c.remote_qpn != msg.qpn || c.remote_epoch != msg.epoch)) {
+      // A REQ from another QP of the peer: it gave its side of ours up
+      // (our release was granted, the REL_ACK is late or lost) and connects
+      // afresh. Ours is idle (nothing in flight while releasing): go too.
+      release_qp(ci);
+    }
+    if (c.state == Conn::State::released) {
+      // The peer's first operation (or its first after an idle release):
+      // the QP is made now.
+      if (open_qp(ci) != 0) return;  // no resources now; the peer retransmits
+    }
     const auto stash = [&] {
       c.req_stashed = true;
       c.stash_qpn = msg.qpn;
@@ -788,7 +914,7 @@ void VerbsEndpoint::handle_ctrl(std::uint32_t k, std::uint32_t byte_len) noexcep
       return;
     }
     const bool fresh = c.state != Conn::State::connected || c.remote_epoch != msg.epoch || c.remote_qpn != msg.qpn;
-    if (fresh) {
+    if (fresh && c.state != Conn::State::releasing) {
       // A new epoch from a connected peer means it reset its QP: reset ours
       // (our in-flight ops to it fail with peer_unreachable) and follow once
       // our old WRs are back (finish_reset answers the stashed REQ).
@@ -804,6 +930,7 @@ void VerbsEndpoint::handle_ctrl(std::uint32_t k, std::uint32_t byte_len) noexcep
         c.state = Conn::State::error;
         return;
       }
+      c.idle.restart(MonoClock::now());
     }
     send_ctrl(c, kRep, msg.epoch);
   } else if (msg.type == kRep) {
@@ -812,7 +939,44 @@ void VerbsEndpoint::handle_ctrl(std::uint32_t k, std::uint32_t byte_len) noexcep
     if (c.state != Conn::State::connecting || msg.epoch != c.epoch) return;  // late or duplicate
     c.remote_qpn = msg.qpn;
     c.remote_psn = msg.psn;
-    if (qp_to_rts(c) != 0) c.state = Conn::State::error;
+    if (qp_to_rts(c) != 0) {
+      c.state = Conn::State::error;
+      return;
+    }
+    c.idle.restart(MonoClock::now());
+  }
+}
+
+void VerbsEndpoint::handle_release(std::uint32_t ci, std::uint8_t type, std::uint32_t qpn,
+                                   std::uint32_t dst_qpn) noexcept {
+  Impl& m = *impl_;
+  Conn& c = m.conns[ci];
+  // The pair the message is about: the sender's QP `qpn` and our `dst_qpn`.
+  const bool ours = c.qp != nullptr && c.qp->qp_num == dst_qpn && c.remote_qpn == qpn;
+  if (type == kRel) {
+    if (!ours) {
+      // No QP of ours is paired with the sender's `qpn` any more (released,
+      // replaced, or reset and connected anew): the peer's side is useless,
+      // grant. Answered with the pair as the peer named it.
+      send_ctrl_to(c, kRelAck, 0, dst_qpn, qpn);
+      return;
+    }
+    const auto now = MonoClock::now();
+    c.idle.observe(now);
+    // Both asking at once: each grants the other (both are idle).
+    const bool grant = c.state == Conn::State::releasing ||
+                       (c.state == Conn::State::connected && m.idle_policy.grant(c.idle, conn_busy(ci), now));
+    send_ctrl_to(c, grant ? kRelAck : kRelNak, 0, dst_qpn, qpn);
+    if (grant) release_qp(ci);
+    return;
+  }
+  if (!ours || c.state != Conn::State::releasing) return;  // late or duplicate
+  if (type == kRelAck) {
+    release_qp(ci);
+  } else {
+    // Refused: the peer still uses it. Ask again after another full period.
+    c.state = Conn::State::connected;
+    c.idle.restart(MonoClock::now());
   }
 }
 
@@ -827,7 +991,9 @@ Status VerbsEndpoint::post_rc(const BackendOp& op) noexcept {
     mark_peer_broken(op.peer);
     return Status::peer_unreachable;
   }
-  // Handshake or reset still running.
+  // First use, or first since an idle release: make the QP and ask.
+  if (c.state == Conn::State::released) return connect_on_demand(ci);
+  // Handshake, reset or release still running.
   if (c.state != Conn::State::connected) return Status::would_block;
   if (op.remote && op.remote->key > 0xffffffffu) return Status::invalid_argument;
 
@@ -905,6 +1071,7 @@ Status VerbsEndpoint::post_rc(const BackendOp& op) noexcept {
     }
   }
   c.wr_seq = seq;
+  c.idle.touch();
   s.post_seq = first;  // first WR of the op (its range is [post_seq, qp_seq])
   s.qp_seq = seq;
   s.conn = ci;
@@ -999,6 +1166,7 @@ void VerbsEndpoint::handle_wc(const ibv_wc& wc) noexcept {
       s.live = false;
       const Status st = status_from_wc(wc.status);
       const std::uint32_t ci = conn_by_qpn(wc.qp_num);
+      if (ci != kNone) m.conns[ci].idle.touch();
       const PeerId from = ci == kNone ? kAnyPeer : peer_for_handle(ci);
       complete(index, st, st == Status::ok ? wc.byte_len : 0, from);
       return;
@@ -1009,6 +1177,7 @@ void VerbsEndpoint::handle_wc(const ibv_wc& wc) noexcept {
   const std::uint32_t ci = conn_by_qpn(wc.qp_num);
   if (ci == kNone) return;
   Conn& c = m.conns[ci];
+  if (c.qp == nullptr || c.qp->qp_num != wc.qp_num) return;  // of a released QP: nothing was in flight
   // Expand the 36-bit sequence of the wr_id against the QP's counter.
   std::uint64_t seq = (c.wr_seq & ~kSeqMask) | seq_of(wc.wr_id);
   if (seq > c.wr_seq) {
@@ -1083,6 +1252,29 @@ void VerbsEndpoint::housekeeping() noexcept {
     if (c.state == Conn::State::connecting && now >= c.next_req) {
       c.next_req = now + kRetransmit;
       send_ctrl(c, kReq, c.epoch);
+    }
+    if (c.state == Conn::State::releasing) {
+      if (now >= c.release_deadline) {
+        // The peer did not answer (not progressing): keep the connection,
+        // ask again after another full period.
+        c.state = Conn::State::connected;
+        c.idle.restart(now);
+      } else if (now >= c.next_req) {
+        c.next_req = now + kRetransmit;  // UD is unreliable: ask again
+        send_ctrl_to(c, kRel, 0, c.qp->qp_num, c.remote_qpn);
+      }
+      continue;
+    }
+    if (c.state == Conn::State::connected && m.idle_policy.enabled()) {
+      c.idle.observe(now);
+      // The exposure scan in conn_busy runs only once the time is up.
+      if (m.idle_policy.propose(c.idle, false, now) && !conn_busy(ci)) {
+        c.state = Conn::State::releasing;
+        c.release_deadline = now + m.release_bound;
+        c.next_req = now + kRetransmit;
+        send_ctrl_to(c, kRel, 0, c.qp->qp_num, c.remote_qpn);
+        continue;
+      }
     }
     // An unsignalled tail with nothing signalled behind it would never
     // complete: close it with a signalled zero-length RDMA WRITE (a no-op at
@@ -1325,7 +1517,9 @@ Result<ExposureInfo> VerbsEndpoint::expose_window(const Slice& slice, RemoteAcce
   Impl& m = *impl_;
   // Binding needs the connection up; the base retries (progressing, without
   // the mutex) until post_timeout.
-  if (m.conns[ci].state == Conn::State::connecting || m.conns[ci].state == Conn::State::resetting) {
+  if (m.conns[ci].state == Conn::State::released) return connect_on_demand(ci);
+  if (m.conns[ci].state == Conn::State::connecting || m.conns[ci].state == Conn::State::resetting ||
+      m.conns[ci].state == Conn::State::releasing) {
     return Status::would_block;
   }
   Conn& c = m.conns[ci];
@@ -1388,6 +1582,7 @@ Result<ExposureInfo> VerbsEndpoint::expose_window(const Slice& slice, RemoteAcce
   }
   m.mw_binds.fetch_add(1, std::memory_order_relaxed);
   c.wr_seq = seq;
+  c.idle.touch();
   c.last_signaled_seq = seq;
   c.unsignaled_run = 0;
   // libibverbs does not update mw->rkey for WR binds; keep it for the next

@@ -8,6 +8,11 @@
 // check_name returns the name of the offending field (a static string) or
 // nullptr when the name is valid for a port whose link layer is
 // `local_ethernet`.
+//
+// Also the connection control messages (CtrlMsg), sent over the endpoints'
+// UD queue pairs: REQ/REP make an RC connection, REL/REL_ACK/REL_NAK release
+// an idle one (lib/transport/idle_release.hpp). parse_ctrl checks every
+// field of a received datagram the same way.
 
 #include <cstddef>
 #include <cstdint>
@@ -68,11 +73,61 @@ inline const char* check_name(const WireName& w, bool local_ethernet) noexcept {
   return nullptr;
 }
 
+// ---- control messages over UD ----
+constexpr std::uint32_t kCtrlMagic = 0x43565052;  // "RPVC"
+enum CtrlType : std::uint8_t {
+  kReq = 1,      // connect: qpn/psn of the sender's RC QP, its epoch
+  kRep = 2,      // answer to a REQ: qpn/psn, the epoch answered
+  kRel = 3,      // release: the pair (sender's qpn, receiver's dst_qpn) is idle here
+  kRelAck = 4,   // granted (or that QP is gone already): both sides destroy
+  kRelNak = 5,   // refused: still in use here
+};
+constexpr std::uint32_t kPsnMax = 0xFFFFFF;
+
+struct CtrlMsg {
+  std::uint32_t magic;
+  std::uint8_t type;
+  std::uint8_t reserved[3];
+  std::uint32_t qpn;      // sender's RC QP for this pair
+  std::uint32_t psn;      // REQ/REP: sender's initial send PSN (else 0)
+  std::uint32_t epoch;    // REQ: sender's epoch; REP: the epoch answered (else 0)
+  std::uint32_t dst_qpn;  // REL*: the receiver's RC QP of the pair (REQ/REP: 0)
+  std::uint64_t dst_id;   // endpoint id the message is for
+  WireName src;           // the sender, so a target can answer unknown peers
+};
+constexpr std::size_t kCtrlSize = sizeof(CtrlMsg);
+static_assert(kCtrlSize == 72);
+static_assert(std::is_trivially_copyable_v<CtrlMsg>);
+
 inline const char* parse_name(std::span<const std::byte> name, bool local_ethernet, WireName& out) noexcept {
   out = WireName{};
   if (name.size() != kNameSize) return "name length (not 40 bytes)";
   std::memcpy(&out, name.data(), kNameSize);
   return check_name(out, local_ethernet);
+}
+
+// A datagram's payload (after the GRH) as a control message for the
+// endpoint `self_id`; nullptr when every field is valid.
+inline const char* parse_ctrl(std::span<const std::byte> bytes, bool local_ethernet, std::uint64_t self_id,
+                              CtrlMsg& out) noexcept {
+  out = CtrlMsg{};
+  if (bytes.size() < kCtrlSize) return "ctrl length (short)";
+  std::memcpy(&out, bytes.data(), kCtrlSize);
+  if (out.magic != kCtrlMagic) return "ctrl magic";
+  if (out.type < kReq || out.type > kRelNak) return "ctrl type";
+  if (out.reserved[0] != 0 || out.reserved[1] != 0 || out.reserved[2] != 0) return "ctrl reserved";
+  if (out.dst_id != self_id) return "ctrl dst_id (not this endpoint)";
+  if (out.qpn < 2 || out.qpn > kQpnMax) return "ctrl qpn (outside 2..2^24-1)";
+  if (out.type == kReq || out.type == kRep) {
+    if (out.psn > kPsnMax) return "ctrl psn (above 24 bits)";
+    if (out.dst_qpn != 0) return "ctrl dst_qpn (set on a REQ/REP)";
+  } else {
+    if (out.psn != 0 || out.epoch != 0) return "ctrl psn/epoch (set on a release)";
+    if (out.dst_qpn < 2 || out.dst_qpn > kQpnMax) return "ctrl dst_qpn (outside 2..2^24-1)";
+  }
+  if (const char* why = check_name(out.src, local_ethernet)) return why;
+  if (out.src.endpoint_id == self_id) return "ctrl src (our own endpoint id)";
+  return nullptr;
 }
 
 }  // namespace regpool::verbs_wire

@@ -47,7 +47,8 @@ TEST_CASE("ring: records arrive once, in order and intact across many wrap-aroun
         auto b = rpt::child_bootstrap(port);
         rpt::Stack s(prov, quick_config());
         const auto peer = s.ep->insert_peer(b->allgather(s.ep->name(), 20s)[0]);
-        const auto blob = b->allgather({}, 20s)[0];
+        // The consumer exposes its ring to us meanwhile: connecting needs our progress.
+        const auto blob = rpt::allgather_progressing(*b, *s.ep, {}, 20s)[0];
         RingProducer p(*s.ep, *s.pool, peer, blob, cfg);
         (void)b->allgather(p.setup(), 20s);
         for (std::uint64_t i = 0; i < kRecords; ++i) {
@@ -249,7 +250,7 @@ TEST_CASE("ring: a killed producer is reported to the consumer in bounded time",
         auto b = rpt::child_bootstrap(port);
         rpt::Stack s(prov, quick_config());
         const auto peer = s.ep->insert_peer(b->allgather(s.ep->name(), 20s)[0]);
-        RingProducer p(*s.ep, *s.pool, peer, b->allgather({}, 20s)[0], cfg);
+        RingProducer p(*s.ep, *s.pool, peer, rpt::allgather_progressing(*b, *s.ep, {}, 20s)[0], cfg);
         (void)b->allgather(p.setup(), 20s);
         for (std::uint64_t i = 0;; ++i) {
           RPT_CHECK(p.push(make_record(i, 200), 20s) == Status::ok);
@@ -323,7 +324,7 @@ TEST_CASE("ring: a killed consumer is reported to the producer in bounded time",
       120);
   rpt::Stack s(prov, quick_config());
   const auto consumer = s.ep->insert_peer(boot->allgather(s.ep->name(), 20s)[1]);
-  RingProducer p(*s.ep, *s.pool, consumer, boot->allgather({}, 20s)[1], cfg);
+  RingProducer p(*s.ep, *s.pool, consumer, rpt::allgather_progressing(*boot, *s.ep, {}, 20s)[1], cfg);
   (void)boot->allgather(p.setup(), 20s);
   for (std::uint64_t i = 0; i < 2000; ++i) REQUIRE(p.push(make_record(i, 200), 20s) == Status::ok);
   ::kill(kid.pid, SIGKILL);

@@ -407,6 +407,7 @@ def mode_perf_peers(tool, provider):
               f"{what}: receive memory is at most the buffers' and the unexpected messages' peaks")
         check(r["endpoint_memory_bytes"] is None or isinstance(r["endpoint_memory_bytes"], int),
               f"{what}: endpoint memory an integer or null")
+        check(r["queue_pairs"] is None, f"{what}: queue pairs only on verbs ({r['queue_pairs']})")
     if len(rows) == 2 and all(r["error"] is None for r in rows):
         check(rows[1]["receive_memory_bytes"] <= 1.5 * rows[0]["receive_memory_bytes"],
               f"perf --peers: receive memory at 4 peers ({rows[1]['receive_memory_bytes']}) within 1.5x of 2 peers "

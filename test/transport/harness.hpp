@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -277,6 +278,28 @@ inline regpool::Completion wait_ok(regpool::Endpoint& ep, regpool::Result<regpoo
                                    std::chrono::milliseconds bound = 30s) {
   if (!t) return regpool::Completion{regpool::Token{}, regpool::OpKind::put, t.status(), regpool::kAnyPeer, 0, 0};
   return ep.wait(*t, bound);
+}
+
+// An allgather during which `ep` keeps progressing (on a helper thread).
+// Backends that connect on first use (verbs) need the peer's progress to
+// answer a connection request: a peer that exposes a window to us while we
+// wait here for its setup bytes connects through our progress.
+inline std::vector<std::vector<std::byte>> allgather_progressing(regpool::Bootstrap& b, regpool::Endpoint& ep,
+                                                                 std::span<const std::byte> mine,
+                                                                 std::chrono::milliseconds bound) {
+  std::atomic<bool> done{false};
+  std::thread helper([&] {
+    while (!done.load(std::memory_order_acquire)) ep.progress_for(std::chrono::milliseconds(2));
+  });
+  struct Join {
+    std::atomic<bool>& done;
+    std::thread& t;
+    ~Join() {
+      done.store(true, std::memory_order_release);
+      t.join();
+    }
+  } join{done, helper};
+  return b.allgather(mine, bound);
 }
 
 // An exposure's remote reference as the bytes a peer receives.
