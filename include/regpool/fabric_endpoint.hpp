@@ -416,8 +416,11 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   };
   std::vector<OpPeer> op_peer_;
   // The target checks keys, registration ranges and rights (measured:
-  // tcp;ofi_rxm; see do_enforcement).
+  // tcp;ofi_rxm and net; see do_enforcement).
   bool target_checks_keys_ = false;
+  // A refused RMA key cancels the op with the target's verdict and closes
+  // the connection (tcp;ofi_rxm; see the CQ error path).
+  bool key_refusal_closes_ = false;
   bool shm_ = false;
   OwnRegion own_data_;
   OwnRegion own_ctrl_;

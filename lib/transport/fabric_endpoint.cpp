@@ -1,6 +1,7 @@
 #include "regpool/fabric_endpoint.hpp"
 
 #include "platform/coarse_clock.hpp"
+#include "transport/fabric_provider.hpp"
 #include "transport/fabric_shm.hpp"
 #include "transport/fabric_wire.hpp"
 #include "transport/wire_le.hpp"
@@ -119,8 +120,6 @@ std::vector<std::byte> endpoint_name(fid_ep* ep) {
   return name;
 }
 
-bool is_layered(const std::string& provider) { return provider.find(';') != std::string::npos; }
-
 }  // namespace
 
 FabricEndpoint::FabricEndpoint(std::shared_ptr<FabricDomain> domain, const EndpointConfig& config,
@@ -148,6 +147,7 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   fi_info* info = domain_->native_info();
   fid_domain* dom = domain_->native_domain();
   const std::string& prov = domain_->provider_name();
+  const fabric_provider::Facts facts = fabric_provider::facts(prov);
   // Control slots also size the CQs (open_triplet), whether or not the
   // control endpoint ever opens.
   options_.control_slots = std::max<std::size_t>(options.control_slots, 1);
@@ -158,13 +158,14 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   switch (options.delivery_complete) {
     case FabricEndpointOptions::DeliveryComplete::on: delivery_complete_ = true; break;
     case FabricEndpointOptions::DeliveryComplete::off: delivery_complete_ = false; break;
-    case FabricEndpointOptions::DeliveryComplete::automatic: delivery_complete_ = is_layered(prov); break;
+    case FabricEndpointOptions::DeliveryComplete::automatic: delivery_complete_ = facts.completes_before_delivery; break;
   }
-  // Measured (exposures_test): tcp;ofi_rxm's target refuses a wrong key, a
-  // range outside the registration and missing rights; shm refuses none of
-  // them (its CMA path skips the key table). Other providers: not measured,
-  // nothing claimed.
-  target_checks_keys_ = prov.substr(0, prov.find(';')) == "tcp";
+  // Measured (exposures_test): tcp;ofi_rxm's and net's targets refuse a
+  // wrong key, a range outside the registration and missing rights; shm
+  // refuses none of them (its CMA path skips the key table). Other
+  // providers: not measured, nothing claimed.
+  target_checks_keys_ = facts.target_checks_keys;
+  key_refusal_closes_ = facts.key_refusal_closes_connection;
 
   // Native atomics need the provider's FI_ATOMIC and the two operations we
   // use on 64-bit words. A layered provider's atomics (rxm) are a software
@@ -175,7 +176,7 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
     fi_atomic_attr attr{};
     native = fi_query_atomic(dom, FI_UINT64, FI_SUM, &attr, FI_FETCH_ATOMIC) == 0 &&
              fi_query_atomic(dom, FI_UINT64, FI_CSWAP, &attr, FI_COMPARE_ATOMIC) == 0;
-    if (options.atomics == FabricEndpointOptions::Atomics::automatic && is_layered(prov)) native = false;
+    if (options.atomics == FabricEndpointOptions::Atomics::automatic && facts.software_atomics) native = false;
   }
   if (options.atomics == FabricEndpointOptions::Atomics::native && !native) {
     throw Error(Status::unsupported, -FI_EOPNOTSUPP,
@@ -188,7 +189,7 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   // completion cannot fake (measured mode: shm and tcp;ofi_rxm 1.17 ask for
   // neither FI_CONTEXT nor FI_CONTEXT2).
   tagged_contexts_ = (info->mode & (FI_CONTEXT | FI_CONTEXT2)) == 0;
-  probe_connections_ = prov == "tcp;ofi_rxm";
+  probe_connections_ = facts.probe_connections;
   op_peer_.assign(config().max_in_flight, OpPeer{});
   open_triplet(&av_, &cq_, &ep_, "data");
   const std::vector<std::byte> data_name = endpoint_name(ep_);
@@ -232,7 +233,7 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   peers_.reserve(16);
   // See do_recv: layered providers over tcp lose a connection's stream on
   // a truncated eager message. Any eager message fits slice + this area.
-  if (is_layered(prov) && prov.rfind("tcp", 0) == 0 && info->rx_attr && info->rx_attr->iov_limit >= 2) {
+  if (facts.truncation_wedges_stream && info->rx_attr && info->rx_attr->iov_limit >= 2) {
     overflow_.assign(kRecvOverflowBytes, std::byte{0});
     overflow_reg_ = domain_->register_memory(overflow_.data(), overflow_.size(), Access::local);
   }
@@ -291,7 +292,7 @@ void FabricEndpoint::open_triplet(fid_av** av, fid_cq** cq, fid_ep** ep, const c
   // A killed process's region under our pid would make fi_enable fail
   // with -FI_EBUSY, and every killed process's region holds memory until
   // someone removes it (fabric_shm.hpp).
-  if (prov == "shm") {
+  if (fabric_provider::facts(prov).shared_memory) {
     (void)fabric_shm::remove_stale_own_regions();
     (void)fabric_shm::sweep_dead_regions("/dev/shm");
   }
@@ -1086,7 +1087,7 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
         st = Status::peer_unreachable;
       }
       const bool rma = kind != OpKind::send && kind != OpKind::recv;
-      if (rma && err.err == FI_ECANCELED && is_layered(domain_->provider_name())) {
+      if (rma && err.err == FI_ECANCELED && key_refusal_closes_) {
         // tcp;ofi_rxm: a target that rejects an RMA key closes the
         // connection, and the initiator's op is cancelled with the
         // target's verdict in prov_errno (measured: ENOENT for an unknown
@@ -1304,7 +1305,7 @@ void FabricEndpoint::do_cancel(const BackendOp& op) noexcept {
 // proven dead.
 
 void FabricEndpoint::open_shm_watch(const std::vector<std::byte>& data_name) {
-  shm_ = domain_->provider_name() == "shm" && addr_kind_ == static_cast<std::uint8_t>(fabric_wire::AddrKind::string);
+  shm_ = fabric_provider::facts(domain_->provider_name()).shared_memory && addr_kind_ == static_cast<std::uint8_t>(fabric_wire::AddrKind::string);
   if (!shm_) return;
   if (config().wait_mode != WaitMode::spin) {
     // No wait object on shm: a doorbell peers ring (fabric_shm.hpp). Without

@@ -20,6 +20,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -129,12 +130,29 @@ inline ChildGuard spawn(const std::function<int()>& fn, unsigned alarm_s) {
     }                                                                                  \
   } while (0)
 
-// The backends this executable tests.
+// The backends this executable tests. REGPOOL_TEST_BACKENDS (a comma
+// list, e.g. "shm,tcp,net") overrides the default, so a provider that is
+// not in the default list (libfabric's net) runs the same suite on demand.
+inline std::vector<std::string> backends_from_env(std::vector<std::string> fallback) {
+  const char* env = std::getenv("REGPOOL_TEST_BACKENDS");
+  if (env == nullptr || *env == '\0') return fallback;
+  std::vector<std::string> out;
+  std::string_view rest(env);
+  while (!rest.empty()) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    if (!item.empty()) out.emplace_back(item);
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return out.empty() ? fallback : out;
+}
+
 inline const std::vector<std::string>& backends() {
 #ifdef RPT_BACKEND_VERBS
   static const std::vector<std::string> b = {"verbs"};
 #else
-  static const std::vector<std::string> b = {"shm", "tcp"};
+  static const std::vector<std::string> b = backends_from_env({"shm", "tcp"});
 #endif
   return b;
 }
@@ -156,7 +174,9 @@ inline regpool::FabricConfig fabric_config(const std::string& provider) {
   ::setenv("FI_TCP_IFACE", "lo", 0);
   regpool::FabricConfig c;
   c.provider = provider;
-  if (provider == "tcp") c.node = "127.0.0.1";
+  // Socket providers bind to the loopback address (net, like tcp, would
+  // otherwise pick the first interface).
+  if (provider == "tcp" || provider == "net") c.node = "127.0.0.1";
   return c;
 }
 #endif

@@ -1,0 +1,68 @@
+#pragma once
+// What regpool knows about a libfabric provider's behaviour, as properties
+// (docs/provider-facts.md). The fabric endpoint asks these instead of
+// comparing provider names where it needs them; a provider not listed here
+// gets the cautious defaults (nothing claimed that was not measured).
+#include <string>
+#include <string_view>
+
+namespace regpool::fabric_provider {
+
+struct Facts {
+  // A plain write/send completes once its bytes are queued on a socket,
+  // before the target applied them: ask for FI_DELIVERY_COMPLETE unless the
+  // user says otherwise (tcp;ofi_rxm, net).
+  bool completes_before_delivery = false;
+  // The target checks every RMA against its key table (key, range, rights);
+  // a forged key fails remotely (tcp;ofi_rxm, net).
+  bool target_checks_keys = false;
+  // The provider's atomics are a software emulation of its own: regpool
+  // emulates atomics itself by default, so the tested path and its
+  // guarantees are the same on every provider without NIC atomics.
+  bool software_atomics = false;
+  // A refused key cancels the RMA (FI_ECANCELED) with the target's verdict
+  // in prov_errno, and the target closes the connection (tcp;ofi_rxm).
+  bool key_refusal_closes_connection = false;
+  // A connection's liveness can be probed with a 1-byte read under
+  // FI_KEY_NOTAVAIL, and only then may abandoned ops be given back
+  // (tcp;ofi_rxm; see FabricEndpoint::do_abandon).
+  bool probe_connections = false;
+  // A truncated eager message leaves the rest of it in the stream and wedges
+  // the connection: receives carry an overflow area behind the slice.
+  bool truncation_wedges_stream = false;
+  // Shared-memory provider: CMA, /dev/shm regions, pid-based dead peers.
+  bool shared_memory = false;
+};
+
+inline Facts facts(const std::string& provider) {
+  Facts f;
+  const std::string_view core = std::string_view(provider).substr(0, provider.find(';'));
+  const bool layered = provider.find(';') != std::string::npos;
+  if (provider == "shm") {
+    f.shared_memory = true;
+  } else if (provider == "tcp;ofi_rxm") {
+    f.completes_before_delivery = true;
+    f.target_checks_keys = true;
+    f.software_atomics = true;
+    f.key_refusal_closes_connection = true;
+    f.probe_connections = true;
+    f.truncation_wedges_stream = true;
+  } else if (provider == "net") {
+    // libfabric 1.17's native RDM over TCP (no rxm), measured 2026-11-26.
+    f.completes_before_delivery = true;
+    f.target_checks_keys = true;
+    f.software_atomics = true;
+  } else if (layered) {
+    // Any other rxm/rxd stack: treated like tcp;ofi_rxm where the layer is
+    // the cause (atomics, completion, cancelled RMA), and like its core
+    // provider otherwise.
+    f.software_atomics = true;
+    f.completes_before_delivery = true;
+    f.key_refusal_closes_connection = true;
+    f.target_checks_keys = core == "tcp";
+    f.truncation_wedges_stream = core == "tcp";
+  }
+  return f;
+}
+
+}  // namespace regpool::fabric_provider
