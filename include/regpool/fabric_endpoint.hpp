@@ -421,6 +421,8 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   // A refused RMA key cancels the op with the target's verdict and closes
   // the connection (tcp;ofi_rxm; see the CQ error path).
   bool key_refusal_closes_ = false;
+  // A refused op fails alone and the connection survives (net).
+  bool refusal_keeps_connection_ = false;
   bool shm_ = false;
   OwnRegion own_data_;
   OwnRegion own_ctrl_;

@@ -54,8 +54,8 @@ static_assert(fabric_wire::kMaxStatus == static_cast<std::uint8_t>(Status::trans
 constexpr std::uint32_t kNoEntry = ~std::uint32_t{0};
 // FI_AV_TABLE addresses are indices; one beyond this is no table index.
 constexpr std::uint64_t kMaxTableAddr = std::uint64_t{1} << 24;
-// Overflow area behind every receive on tcp;ofi_rxm (see do_recv): above
-// rxm's eager limit (FI_OFI_RXM_BUFFER_SIZE, 16 KiB by default) with room.
+// Overflow area behind every receive on tcp;ofi_rxm and net (see do_recv):
+// above rxm's eager limit (FI_OFI_RXM_BUFFER_SIZE, 16 KiB by default) with room.
 constexpr std::size_t kRecvOverflowBytes = std::size_t{64} << 10;
 // How long reconnect() progresses between dropping a peer's address and
 // inserting it again (see do_reconnect).
@@ -74,6 +74,23 @@ std::string fi_message(int rc) {
 }
 
 // The cause of a failed operation, from a provider error code (either sign).
+// A prov_errno that says the connection itself failed (as opposed to the
+// target refusing one operation).
+bool connection_errno(int e) noexcept {
+  switch (e < 0 ? -e : e) {
+    case ENOTCONN:
+    case EPIPE:
+    case ECONNRESET:
+    case ECONNREFUSED:
+    case ECONNABORTED:
+    case ESHUTDOWN:
+    case ETIMEDOUT:
+    case EHOSTUNREACH:
+    case ENETUNREACH: return true;
+    default: return false;
+  }
+}
+
 Status status_from_fi(int err) noexcept {
   // Providers report plain errno values for the socket-level causes and
   // FI_E* (>= 256) for libfabric's own.
@@ -166,6 +183,7 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   // providers: not measured, nothing claimed.
   target_checks_keys_ = facts.target_checks_keys;
   key_refusal_closes_ = facts.key_refusal_closes_connection;
+  refusal_keeps_connection_ = facts.refusal_keeps_connection;
 
   // Native atomics need the provider's FI_ATOMIC and the two operations we
   // use on 64-bit words. A layered provider's atomics (rxm) are a software
@@ -231,9 +249,10 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   }
 
   peers_.reserve(16);
-  // See do_recv: layered providers over tcp lose a connection's stream on
-  // a truncated eager message. Any eager message fits slice + this area.
-  if (facts.truncation_wedges_stream && info->rx_attr && info->rx_attr->iov_limit >= 2) {
+  // See do_recv: tcp;ofi_rxm loses a connection's stream on a truncated
+  // eager message, net closes the connection on any truncated message. Any
+  // eager message fits slice + this area.
+  if (facts.truncation_breaks_connection && info->rx_attr && info->rx_attr->iov_limit >= 2) {
     overflow_.assign(kRecvOverflowBytes, std::byte{0});
     overflow_reg_ = domain_->register_memory(overflow_.data(), overflow_.size(), Access::local);
   }
@@ -675,6 +694,8 @@ Status FabricEndpoint::do_recv(const BackendOp& op) noexcept {
   // eagerly sent message instead, so the provider never truncates one; the
   // completion then reports out_of_bounds for the user's slice. Larger
   // (rendezvous) messages are truncated cleanly by the provider itself.
+  // net closes the connection on any truncation of a send without
+  // delivery-complete (measured): the area saves it up to slice + 64 KiB.
   iovec iov[2] = {{op.local->address(), op.length}, {overflow_.data(), overflow_.size()}};
   void* desc[2] = {region->descriptor, overflow_reg_.descriptor()};
   return status_from_fi(static_cast<int>(fi_recvv(ep_, iov, desc, 2, FI_ADDR_UNSPEC, data_context(op))));
@@ -1099,6 +1120,14 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
           st = Status::access_denied;
         }
         if (st != Status::peer_unreachable) mark_peer_broken(op_at(index).peer);
+      }
+      if (err.err == FI_ECANCELED && refusal_keeps_connection_ && kind != OpKind::recv &&
+          !connection_errno(err.prov_errno)) {
+        // net: the target refused this op alone (measured: prov_errno
+        // EINVAL for an unknown key, and for a send its receive could not
+        // hold) and the connection carries on. A put/get/atomic was refused
+        // on its key or range; a send did not fit the posted receive.
+        st = rma ? Status::bad_key : Status::out_of_bounds;
       }
       // A truncated receive still delivered its first bytes: err.len is the
       // message's length and err.olen what did not fit (rxm), never more

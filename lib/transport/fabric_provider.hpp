@@ -23,13 +23,21 @@ struct Facts {
   // A refused key cancels the RMA (FI_ECANCELED) with the target's verdict
   // in prov_errno, and the target closes the connection (tcp;ofi_rxm).
   bool key_refusal_closes_connection = false;
+  // A refused RMA (unknown key, range outside the registration) or a
+  // message the receiver's buffer cannot hold fails only that operation:
+  // FI_ECANCELED with a prov_errno that is not a connection error (measured
+  // on net: EINVAL for a forged key and for truncation), and the connection
+  // carries on (net).
+  bool refusal_keeps_connection = false;
   // A connection's liveness can be probed with a 1-byte read under
   // FI_KEY_NOTAVAIL, and only then may abandoned ops be given back
   // (tcp;ofi_rxm; see FabricEndpoint::do_abandon).
   bool probe_connections = false;
-  // A truncated eager message leaves the rest of it in the stream and wedges
-  // the connection: receives carry an overflow area behind the slice.
-  bool truncation_wedges_stream = false;
+  // A message longer than its receive breaks the connection (tcp;ofi_rxm:
+  // an eager one stays half-read in the stream and wedges it; net: the
+  // connection is closed unless the send asked for delivery-complete):
+  // receives carry an overflow area behind the slice.
+  bool truncation_breaks_connection = false;
   // Shared-memory provider: CMA, /dev/shm regions, pid-based dead peers.
   bool shared_memory = false;
 };
@@ -46,12 +54,14 @@ inline Facts facts(const std::string& provider) {
     f.software_atomics = true;
     f.key_refusal_closes_connection = true;
     f.probe_connections = true;
-    f.truncation_wedges_stream = true;
+    f.truncation_breaks_connection = true;
   } else if (provider == "net") {
     // libfabric 1.17's native RDM over TCP (no rxm), measured 2026-11-26.
     f.completes_before_delivery = true;
     f.target_checks_keys = true;
     f.software_atomics = true;
+    f.refusal_keeps_connection = true;
+    f.truncation_breaks_connection = true;
   } else if (layered) {
     // Any other rxm/rxd stack: treated like tcp;ofi_rxm where the layer is
     // the cause (atomics, completion, cancelled RMA), and like its core
@@ -60,7 +70,7 @@ inline Facts facts(const std::string& provider) {
     f.completes_before_delivery = true;
     f.key_refusal_closes_connection = true;
     f.target_checks_keys = core == "tcp";
-    f.truncation_wedges_stream = core == "tcp";
+    f.truncation_breaks_connection = core == "tcp";
   }
   return f;
 }
