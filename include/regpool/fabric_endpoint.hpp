@@ -418,6 +418,7 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   // The target checks keys, registration ranges and rights (measured:
   // tcp;ofi_rxm and net; see do_enforcement).
   bool target_checks_keys_ = false;
+  bool target_checks_read_rights_ = false;  // net; see do_enforcement
   // A refused RMA key cancels the op with the target's verdict and closes
   // the connection (tcp;ofi_rxm; see the CQ error path).
   bool key_refusal_closes_ = false;

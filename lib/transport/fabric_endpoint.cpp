@@ -182,6 +182,7 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   // refuses none of them (its CMA path skips the key table). Other
   // providers: not measured, nothing claimed.
   target_checks_keys_ = facts.target_checks_keys;
+  target_checks_read_rights_ = facts.target_checks_read_rights;
   key_refusal_closes_ = facts.key_refusal_closes_connection;
   refusal_keeps_connection_ = facts.refusal_keeps_connection;
 
@@ -1532,13 +1533,15 @@ Enforcement FabricEndpoint::do_enforcement(ExposureMode mode, bool /*per_peer*/)
   // key. In standard mode the registration is the arena's, random-keyed:
   // only a peer given some exposure of that arena can use it, but within
   // the arena neither the object's bounds nor its rights nor a revoke bind.
-  // Read rights are not enforced even in scoped mode: a get through a
-  // registration made with FI_REMOTE_WRITE only is served (measured, libfabric
-  // 1.17), so write-only is an initiator-side promise there.
+  // Read rights: tcp;ofi_rxm serves a get through a registration made with
+  // FI_REMOTE_WRITE only (measured, libfabric 1.17), so write-only is an
+  // initiator-side promise there; net refuses it (measured 2026-11-26).
+  // net's other verdicts match tcp;ofi_rxm's (exposures_test on both).
   e.keys = true;
   if (mode == ExposureMode::scoped) {
     e.bounds = true;
     e.rights = true;
+    e.read_rights = target_checks_read_rights_;
     // reuse_scoped keeps a revoked key open while its bytes are quarantined.
     e.revocation = !options_.reuse_scoped;
   }

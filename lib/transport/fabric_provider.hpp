@@ -16,6 +16,9 @@ struct Facts {
   // The target checks every RMA against its key table (key, range, rights);
   // a forged key fails remotely (tcp;ofi_rxm, net).
   bool target_checks_keys = false;
+  // ... including read rights: a get through a registration made with
+  // FI_REMOTE_WRITE only is refused (net; tcp;ofi_rxm serves it).
+  bool target_checks_read_rights = false;
   // The provider's atomics are a software emulation of its own: regpool
   // emulates atomics itself by default, so the tested path and its
   // guarantees are the same on every provider without NIC atomics.
@@ -27,7 +30,8 @@ struct Facts {
   // message the receiver's buffer cannot hold fails only that operation:
   // FI_ECANCELED with a prov_errno that is not a connection error (measured
   // on net: EINVAL for a forged key and for truncation), and the connection
-  // carries on (net).
+  // carries on (net; for a send only under delivery-complete, which
+  // regpool's sends do not ask for: see truncation_breaks_connection).
   bool refusal_keeps_connection = false;
   // A connection's liveness can be probed with a 1-byte read under
   // FI_KEY_NOTAVAIL, and only then may abandoned ops be given back
@@ -59,6 +63,7 @@ inline Facts facts(const std::string& provider) {
     // libfabric 1.17's native RDM over TCP (no rxm), measured 2026-11-26.
     f.completes_before_delivery = true;
     f.target_checks_keys = true;
+    f.target_checks_read_rights = true;
     f.software_atomics = true;
     f.refusal_keeps_connection = true;
     f.truncation_breaks_connection = true;

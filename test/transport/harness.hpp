@@ -160,9 +160,29 @@ inline const std::vector<std::string>& backends() {
 // What differs between backends, as properties the tests ask for (never
 // "if backend == ...": a new backend states its properties here).
 // The provider checks keys and rights itself (a forged reference fails
-// remotely); shm checks nothing (docs/provider-facts.md).
+// remotely): tcp, net and verbs do; shm checks nothing
+// (docs/provider-facts.md).
 inline bool checks_remote_keys(const std::string& backend) { return backend != "shm"; }
-// fetch_add/compare_swap run on the NIC/provider rather than emulated.
+// A libfabric provider over TCP sockets (tcp = tcp;ofi_rxm, net): the
+// per-connection failure modes (oversized messages, refused keys) apply.
+inline bool over_sockets(const std::string& backend) { return backend == "tcp" || backend == "net"; }
+// The first operation to a peer waits for the peer's progress to take the
+// connection (tcp;ofi_rxm, net: -FI_EAGAIN until then; verbs: RC setup).
+inline bool connects_through_target_progress(const std::string& backend) {
+  return backend == "tcp" || backend == "net" || backend == "verbs";
+}
+// A message of `bytes` sent into a 64-byte receive fails that receive and
+// leaves the connection working. net: only up to the receive plus regpool's
+// 64 KiB overflow area; a longer one stalls net's connection (measured,
+// docs/provider-facts.md), so it is not sent there.
+inline bool survives_oversized(const std::string& backend, std::uint64_t bytes) {
+  return backend != "net" || bytes <= 64 + (std::uint64_t{64} << 10);
+}
+// A refused RMA key closes the connection (tcp;ofi_rxm: the peer is broken
+// until reconnect); net fails that op alone (docs/provider-facts.md).
+inline bool key_refusal_breaks_connection(const std::string& backend) { return backend == "tcp"; }
+// fetch_add/compare_swap run on the NIC/provider rather than emulated
+// (net's atomics are its own software: regpool emulates, as on tcp).
 inline bool expects_native_atomics(const std::string& backend) { return backend == "shm" || backend == "verbs"; }
 // A live peer removed and inserted again needs nothing from that peer
 // (connectionless libfabric endpoints); on verbs the re-insert is a new RC
