@@ -178,6 +178,10 @@ inline bool connects_through_target_progress(const std::string& backend) {
 inline bool survives_oversized(const std::string& backend, std::uint64_t bytes) {
   return backend != "net" || bytes <= 64 + (std::uint64_t{64} << 10);
 }
+// A 1 MiB send stays in flight until the receiver takes it (shm: CMA, the
+// receiver copies; tcp;ofi_rxm: rendezvous); net completes it once the
+// bytes are queued on the socket (membership-kill, measured).
+inline bool large_sends_wait_for_receiver(const std::string& backend) { return backend != "net"; }
 // A refused RMA key closes the connection (tcp;ofi_rxm: the peer is broken
 // until reconnect); net fails that op alone (docs/provider-facts.md).
 inline bool key_refusal_breaks_connection(const std::string& backend) { return backend == "tcp"; }
