@@ -287,7 +287,9 @@ void FabricEndpoint::open_triplet(fid_av** av, fid_cq** cq, fid_ep** ep, const c
   // Sleeping waits want a file descriptor to block on; shm 1.17 refuses
   // FI_WAIT_FD (-FI_ENOSYS) and then the base naps instead. Spinning
   // endpoints ask for none: a wait object costs a signal per completion.
-  cq_attr.wait_obj = config().wait_mode != WaitMode::spin ? FI_WAIT_FD : FI_WAIT_NONE;
+  cq_attr.wait_obj = config().wait_mode != WaitMode::spin && !fabric_provider::facts(prov).cq_wait_fd_spins
+                        ? FI_WAIT_FD
+                        : FI_WAIT_NONE;
   rc = fi_cq_open(dom, &cq_attr, cq, nullptr);
   if (rc != 0 && cq_attr.wait_obj != FI_WAIT_NONE) {
     cq_attr.wait_obj = FI_WAIT_NONE;
