@@ -131,7 +131,8 @@ REGPOOL_API const char* to_string(ExposureMode mode) noexcept;
 //  bounds:     an operation outside the exposed slice fails (not merely
 //              outside the arena);
 //  rights:     a write (put, atomics) through a read-only exposure fails;
-//  read_rights: a get through a write-only exposure fails (separate: tcp
+//  read_rights: a get through a write-only exposure fails (separate: net
+//              refuses it; tcp
 //              enforces write rights but was measured to serve such a get);
 //  revocation: an operation with a revoked exposure's key fails.
 struct Enforcement {

@@ -417,10 +417,16 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   };
   std::vector<OpPeer> op_peer_;
   // The target checks keys, registration ranges and rights (measured:
-  // tcp;ofi_rxm; see do_enforcement).
+  // tcp;ofi_rxm and net; see do_enforcement).
   bool target_checks_keys_ = false;
   // By provider, set in open_resources (do_transfer_traits).
   TransferTraits transfer_traits_;
+  bool target_checks_read_rights_ = false;  // net; see do_enforcement
+  // A refused RMA key cancels the op with the target's verdict and closes
+  // the connection (tcp;ofi_rxm; see the CQ error path).
+  bool key_refusal_closes_ = false;
+  // A refused op fails alone and the connection survives (net).
+  bool refusal_keeps_connection_ = false;
   bool shm_ = false;
   OwnRegion own_data_;
   OwnRegion own_ctrl_;

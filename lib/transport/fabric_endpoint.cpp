@@ -1,6 +1,7 @@
 #include "regpool/fabric_endpoint.hpp"
 
 #include "platform/coarse_clock.hpp"
+#include "transport/fabric_provider.hpp"
 #include "transport/fabric_shm.hpp"
 #include "transport/fabric_wire.hpp"
 #include "transport/wire_le.hpp"
@@ -53,8 +54,8 @@ static_assert(fabric_wire::kMaxStatus == static_cast<std::uint8_t>(Status::trans
 constexpr std::uint32_t kNoEntry = ~std::uint32_t{0};
 // FI_AV_TABLE addresses are indices; one beyond this is no table index.
 constexpr std::uint64_t kMaxTableAddr = std::uint64_t{1} << 24;
-// Overflow area behind every receive on tcp;ofi_rxm (see do_recv): above
-// rxm's eager limit (FI_OFI_RXM_BUFFER_SIZE, 16 KiB by default) with room.
+// Overflow area behind every receive on tcp;ofi_rxm and net (see do_recv):
+// above rxm's eager limit (FI_OFI_RXM_BUFFER_SIZE, 16 KiB by default) with room.
 constexpr std::size_t kRecvOverflowBytes = std::size_t{64} << 10;
 // How long reconnect() progresses between dropping a peer's address and
 // inserting it again (see do_reconnect).
@@ -73,6 +74,23 @@ std::string fi_message(int rc) {
 }
 
 // The cause of a failed operation, from a provider error code (either sign).
+// A prov_errno that says the connection itself failed (as opposed to the
+// target refusing one operation).
+bool connection_errno(int e) noexcept {
+  switch (e < 0 ? -e : e) {
+    case ENOTCONN:
+    case EPIPE:
+    case ECONNRESET:
+    case ECONNREFUSED:
+    case ECONNABORTED:
+    case ESHUTDOWN:
+    case ETIMEDOUT:
+    case EHOSTUNREACH:
+    case ENETUNREACH: return true;
+    default: return false;
+  }
+}
+
 Status status_from_fi(int err) noexcept {
   // Providers report plain errno values for the socket-level causes and
   // FI_E* (>= 256) for libfabric's own.
@@ -119,8 +137,6 @@ std::vector<std::byte> endpoint_name(fid_ep* ep) {
   return name;
 }
 
-bool is_layered(const std::string& provider) { return provider.find(';') != std::string::npos; }
-
 }  // namespace
 
 FabricEndpoint::FabricEndpoint(std::shared_ptr<FabricDomain> domain, const EndpointConfig& config,
@@ -148,6 +164,7 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   fi_info* info = domain_->native_info();
   fid_domain* dom = domain_->native_domain();
   const std::string& prov = domain_->provider_name();
+  const fabric_provider::Facts facts = fabric_provider::facts(prov);
   // Control slots also size the CQs (open_triplet), whether or not the
   // control endpoint ever opens.
   options_.control_slots = std::max<std::size_t>(options.control_slots, 1);
@@ -155,27 +172,20 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   if (max_msg_ == 0) max_msg_ = ~std::uint64_t{0};
   manual_progress_ = info->domain_attr->data_progress != FI_PROGRESS_AUTO ||
                      info->domain_attr->control_progress != FI_PROGRESS_AUTO;
-  // Copy-versus-rendezvous crossovers measured with regpool-perf --ops
-  // tagged --tagged-threshold (all eager, then all rendezvous) over 4 KiB
-  // .. 256 KiB (docs/messaging.md): shm, eager ahead up to 64 KiB, even at
-  // 128 KiB, behind at 256 KiB; tcp;ofi_rxm, even from 16 to 64 KiB,
-  // rendezvous ahead above. Other providers: tcp's figure. shm's RMA is CMA
-  // (process_vm_readv/writev) made by the initiator inside fi_read/fi_write.
-  if (prov == "shm") {
-    transfer_traits_ = TransferTraits{true, 64 << 10};
-  } else {
-    transfer_traits_ = TransferTraits{false, 32 << 10};
-  }
+  transfer_traits_ = TransferTraits{facts.initiator_copies, facts.copy_crossover};
   switch (options.delivery_complete) {
     case FabricEndpointOptions::DeliveryComplete::on: delivery_complete_ = true; break;
     case FabricEndpointOptions::DeliveryComplete::off: delivery_complete_ = false; break;
-    case FabricEndpointOptions::DeliveryComplete::automatic: delivery_complete_ = is_layered(prov); break;
+    case FabricEndpointOptions::DeliveryComplete::automatic: delivery_complete_ = facts.completes_before_delivery; break;
   }
-  // Measured (exposures_test): tcp;ofi_rxm's target refuses a wrong key, a
-  // range outside the registration and missing rights; shm refuses none of
-  // them (its CMA path skips the key table). Other providers: not measured,
-  // nothing claimed.
-  target_checks_keys_ = prov.substr(0, prov.find(';')) == "tcp";
+  // Measured (exposures_test): tcp;ofi_rxm's and net's targets refuse a
+  // wrong key, a range outside the registration and missing rights; shm
+  // refuses none of them (its CMA path skips the key table). Other
+  // providers: not measured, nothing claimed.
+  target_checks_keys_ = facts.target_checks_keys;
+  target_checks_read_rights_ = facts.target_checks_read_rights;
+  key_refusal_closes_ = facts.key_refusal_closes_connection;
+  refusal_keeps_connection_ = facts.refusal_keeps_connection;
 
   // Native atomics need the provider's FI_ATOMIC and the two operations we
   // use on 64-bit words. A layered provider's atomics (rxm) are a software
@@ -186,7 +196,7 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
     fi_atomic_attr attr{};
     native = fi_query_atomic(dom, FI_UINT64, FI_SUM, &attr, FI_FETCH_ATOMIC) == 0 &&
              fi_query_atomic(dom, FI_UINT64, FI_CSWAP, &attr, FI_COMPARE_ATOMIC) == 0;
-    if (options.atomics == FabricEndpointOptions::Atomics::automatic && is_layered(prov)) native = false;
+    if (options.atomics == FabricEndpointOptions::Atomics::automatic && facts.software_atomics) native = false;
   }
   if (options.atomics == FabricEndpointOptions::Atomics::native && !native) {
     throw Error(Status::unsupported, -FI_EOPNOTSUPP,
@@ -199,7 +209,7 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   // completion cannot fake (measured mode: shm and tcp;ofi_rxm 1.17 ask for
   // neither FI_CONTEXT nor FI_CONTEXT2).
   tagged_contexts_ = (info->mode & (FI_CONTEXT | FI_CONTEXT2)) == 0;
-  probe_connections_ = prov == "tcp;ofi_rxm";
+  probe_connections_ = facts.probe_connections;
   op_peer_.assign(config().max_in_flight, OpPeer{});
   open_triplet(&av_, &cq_, &ep_, "data");
   const std::vector<std::byte> data_name = endpoint_name(ep_);
@@ -241,9 +251,10 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   }
 
   peers_.reserve(16);
-  // See do_recv: layered providers over tcp lose a connection's stream on
-  // a truncated eager message. Any eager message fits slice + this area.
-  if (is_layered(prov) && prov.rfind("tcp", 0) == 0 && info->rx_attr && info->rx_attr->iov_limit >= 2) {
+  // See do_recv: tcp;ofi_rxm loses a connection's stream on a truncated
+  // eager message, net closes the connection on any truncated message. Any
+  // eager message fits slice + this area.
+  if (facts.truncation_breaks_connection && info->rx_attr && info->rx_attr->iov_limit >= 2) {
     overflow_.assign(kRecvOverflowBytes, std::byte{0});
     overflow_reg_ = domain_->register_memory(overflow_.data(), overflow_.size(), Access::local);
   }
@@ -277,7 +288,9 @@ void FabricEndpoint::open_triplet(fid_av** av, fid_cq** cq, fid_ep** ep, const c
   // Sleeping waits want a file descriptor to block on; shm 1.17 refuses
   // FI_WAIT_FD (-FI_ENOSYS) and then the base naps instead. Spinning
   // endpoints ask for none: a wait object costs a signal per completion.
-  cq_attr.wait_obj = config().wait_mode != WaitMode::spin ? FI_WAIT_FD : FI_WAIT_NONE;
+  cq_attr.wait_obj = config().wait_mode != WaitMode::spin && !fabric_provider::facts(prov).cq_wait_fd_spins
+                        ? FI_WAIT_FD
+                        : FI_WAIT_NONE;
   rc = fi_cq_open(dom, &cq_attr, cq, nullptr);
   if (rc != 0 && cq_attr.wait_obj != FI_WAIT_NONE) {
     cq_attr.wait_obj = FI_WAIT_NONE;
@@ -302,7 +315,7 @@ void FabricEndpoint::open_triplet(fid_av** av, fid_cq** cq, fid_ep** ep, const c
   // A killed process's region under our pid would make fi_enable fail
   // with -FI_EBUSY, and every killed process's region holds memory until
   // someone removes it (fabric_shm.hpp).
-  if (prov == "shm") {
+  if (fabric_provider::facts(prov).shared_memory) {
     (void)fabric_shm::remove_stale_own_regions();
     (void)fabric_shm::sweep_dead_regions("/dev/shm");
   }
@@ -685,6 +698,8 @@ Status FabricEndpoint::do_recv(const BackendOp& op) noexcept {
   // eagerly sent message instead, so the provider never truncates one; the
   // completion then reports out_of_bounds for the user's slice. Larger
   // (rendezvous) messages are truncated cleanly by the provider itself.
+  // net closes the connection on any truncation of a send without
+  // delivery-complete (measured): the area saves it up to slice + 64 KiB.
   iovec iov[2] = {{op.local->address(), op.length}, {overflow_.data(), overflow_.size()}};
   void* desc[2] = {region->descriptor, overflow_reg_.descriptor()};
   return status_from_fi(static_cast<int>(fi_recvv(ep_, iov, desc, 2, FI_ADDR_UNSPEC, data_context(op))));
@@ -1097,7 +1112,7 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
         st = Status::peer_unreachable;
       }
       const bool rma = kind != OpKind::send && kind != OpKind::recv;
-      if (rma && err.err == FI_ECANCELED && is_layered(domain_->provider_name())) {
+      if (rma && err.err == FI_ECANCELED && key_refusal_closes_) {
         // tcp;ofi_rxm: a target that rejects an RMA key closes the
         // connection, and the initiator's op is cancelled with the
         // target's verdict in prov_errno (measured: ENOENT for an unknown
@@ -1109,6 +1124,14 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
           st = Status::access_denied;
         }
         if (st != Status::peer_unreachable) mark_peer_broken(op_at(index).peer);
+      }
+      if (err.err == FI_ECANCELED && refusal_keeps_connection_ && kind != OpKind::recv &&
+          !connection_errno(err.prov_errno)) {
+        // net: the target refused this op alone (measured: prov_errno
+        // EINVAL for an unknown key, and for a send its receive could not
+        // hold) and the connection carries on. A put/get/atomic was refused
+        // on its key or range; a send did not fit the posted receive.
+        st = rma ? Status::bad_key : Status::out_of_bounds;
       }
       // A truncated receive still delivered its first bytes: err.len is the
       // message's length and err.olen what did not fit (rxm), never more
@@ -1315,7 +1338,7 @@ void FabricEndpoint::do_cancel(const BackendOp& op) noexcept {
 // proven dead.
 
 void FabricEndpoint::open_shm_watch(const std::vector<std::byte>& data_name) {
-  shm_ = domain_->provider_name() == "shm" && addr_kind_ == static_cast<std::uint8_t>(fabric_wire::AddrKind::string);
+  shm_ = fabric_provider::facts(domain_->provider_name()).shared_memory && addr_kind_ == static_cast<std::uint8_t>(fabric_wire::AddrKind::string);
   if (!shm_) return;
   if (config().wait_mode != WaitMode::spin) {
     // No wait object on shm: a doorbell peers ring (fabric_shm.hpp). Without
@@ -1513,13 +1536,15 @@ Enforcement FabricEndpoint::do_enforcement(ExposureMode mode, bool /*per_peer*/)
   // key. In standard mode the registration is the arena's, random-keyed:
   // only a peer given some exposure of that arena can use it, but within
   // the arena neither the object's bounds nor its rights nor a revoke bind.
-  // Read rights are not enforced even in scoped mode: a get through a
-  // registration made with FI_REMOTE_WRITE only is served (measured, libfabric
-  // 1.17), so write-only is an initiator-side promise there.
+  // Read rights: tcp;ofi_rxm serves a get through a registration made with
+  // FI_REMOTE_WRITE only (measured, libfabric 1.17), so write-only is an
+  // initiator-side promise there; net refuses it (measured 2026-11-26).
+  // net's other verdicts match tcp;ofi_rxm's (exposures_test on both).
   e.keys = true;
   if (mode == ExposureMode::scoped) {
     e.bounds = true;
     e.rights = true;
+    e.read_rights = target_checks_read_rights_;
     // reuse_scoped keeps a revoked key open while its bytes are quarantined.
     e.revocation = !options_.reuse_scoped;
   }

@@ -610,8 +610,12 @@ TEST_CASE("clients killed with the server's large sends in flight: slots and obj
           "stays open and serves others",
           "[membership]") {
   const std::string backend = GENERATE(from_range(rpt::backends()));
-  ::alarm(300);
   INFO("backend " << backend);
+  // net completes a large send once its bytes are on the socket, receiver
+  // or not (measured: all four 1 MiB sends done within the 300 ms below):
+  // nothing stays in flight for the kill to strand.
+  if (!rpt::large_sends_wait_for_receiver(backend)) return;
+  ::alarm(300);
   // The server's 8 receives, room for the 4 sends of one round and for the
   // steady client's answers: 3 rounds of 4 sends need 12 slots, 6 are free.
   constexpr std::size_t kMaxInFlight = kSlots + 6;

@@ -281,14 +281,17 @@ TEST_CASE("operations in flight to a client that dies complete with peer_unreach
   auto op = srv.stack.ep->send(joined.peer, rpt::slice_or_die(regpool::Slice::data(big)));
   REQUIRE(op.ok());
   srv.stack.ep->progress_for(300ms);
-  REQUIRE(srv.stack.ep->wait(*op, 0ms).status == regpool::Status::in_progress);
+  // net completes the send once queued on the socket: nothing left in
+  // flight for the death to complete (the death is still checked below).
+  const bool held = rpt::large_sends_wait_for_receiver(backend);
+  if (held) REQUIRE(srv.stack.ep->wait(*op, 0ms).status == regpool::Status::in_progress);
 
   REQUIRE(::kill(child.pid, SIGKILL) == 0);
   const auto killed = Clock::now();
   REQUIRE(srv.run_until([&] { return srv.find(PeerEventKind::died, 7) != nullptr; }, 10s));
   // Completed by the death, not by op_timeout (30 s).
   const auto c = srv.stack.ep->wait(*op, 1s);
-  CHECK(c.status == regpool::Status::peer_unreachable);
+  if (held) CHECK(c.status == regpool::Status::peer_unreachable);
   CHECK(Clock::now() - killed < 5s);
   // New posts to the dead peer are refused the same way until the next
   // poll removes it.
@@ -303,7 +306,8 @@ TEST_CASE("operations in flight to a client that dies complete with peer_unreach
   // slot's reference to `big` goes without closing the endpoint.
   const bool released = srv.run_until([&] { return big.use_count() == 1; }, 5s);
   CHECK(released);
-  if (backend != "verbs") CHECK(srv.stack.ep->stats().abandoned >= 1);  // verbs: flushed back by the QP
+  // verbs: flushed back by the QP; net: the send had completed already.
+  if (backend != "verbs" && held) CHECK(srv.stack.ep->stats().abandoned >= 1);
   CHECK(srv.stack.ep->usable());
   srv.listener.reset();
   srv.stack.ep.reset();

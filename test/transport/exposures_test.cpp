@@ -546,7 +546,7 @@ TEST_CASE("reuse_scoped: exposing the same object again registers nothing; the k
 
   const Enforcement enf = server_ep->enforcement(ExposureMode::scoped);
   CHECK_FALSE(enf.revocation);  // the key outlives revoke() by up to the quarantine
-  if (prov == "tcp") CHECK((enf.keys && enf.bounds && enf.rights));
+  if (rpt::checks_remote_keys(prov)) CHECK((enf.keys && enf.bounds && enf.rights));
 
   constexpr std::uint64_t kSize = 4096;
   auto obj = server_pool->allocate(kSize);

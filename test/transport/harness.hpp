@@ -21,6 +21,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -130,12 +131,29 @@ inline ChildGuard spawn(const std::function<int()>& fn, unsigned alarm_s) {
     }                                                                                  \
   } while (0)
 
-// The backends this executable tests.
+// The backends this executable tests. REGPOOL_TEST_BACKENDS (a comma
+// list, e.g. "shm,tcp,net") overrides the default, so a provider that is
+// not in the default list (libfabric's net) runs the same suite on demand.
+inline std::vector<std::string> backends_from_env(std::vector<std::string> fallback) {
+  const char* env = std::getenv("REGPOOL_TEST_BACKENDS");
+  if (env == nullptr || *env == '\0') return fallback;
+  std::vector<std::string> out;
+  std::string_view rest(env);
+  while (!rest.empty()) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    if (!item.empty()) out.emplace_back(item);
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return out.empty() ? fallback : out;
+}
+
 inline const std::vector<std::string>& backends() {
 #ifdef RPT_BACKEND_VERBS
   static const std::vector<std::string> b = {"verbs"};
 #else
-  static const std::vector<std::string> b = {"shm", "tcp"};
+  static const std::vector<std::string> b = backends_from_env({"shm", "tcp"});
 #endif
   return b;
 }
@@ -143,9 +161,33 @@ inline const std::vector<std::string>& backends() {
 // What differs between backends, as properties the tests ask for (never
 // "if backend == ...": a new backend states its properties here).
 // The provider checks keys and rights itself (a forged reference fails
-// remotely); shm checks nothing (docs/provider-facts.md).
+// remotely): tcp, net and verbs do; shm checks nothing
+// (docs/provider-facts.md).
 inline bool checks_remote_keys(const std::string& backend) { return backend != "shm"; }
-// fetch_add/compare_swap run on the NIC/provider rather than emulated.
+// A libfabric provider over TCP sockets (tcp = tcp;ofi_rxm, net): the
+// per-connection failure modes (oversized messages, refused keys) apply.
+inline bool over_sockets(const std::string& backend) { return backend == "tcp" || backend == "net"; }
+// The first operation to a peer waits for the peer's progress to take the
+// connection (tcp;ofi_rxm, net: -FI_EAGAIN until then; verbs: RC setup).
+inline bool connects_through_target_progress(const std::string& backend) {
+  return backend == "tcp" || backend == "net" || backend == "verbs";
+}
+// A message of `bytes` sent into a 64-byte receive fails that receive and
+// leaves the connection working. net: only up to the receive plus regpool's
+// 64 KiB overflow area; a longer one stalls net's connection (measured,
+// docs/provider-facts.md), so it is not sent there.
+inline bool survives_oversized(const std::string& backend, std::uint64_t bytes) {
+  return backend != "net" || bytes <= 64 + (std::uint64_t{64} << 10);
+}
+// A 1 MiB send stays in flight until the receiver takes it (shm: CMA, the
+// receiver copies; tcp;ofi_rxm: rendezvous); net completes it once the
+// bytes are queued on the socket (membership-kill, measured).
+inline bool large_sends_wait_for_receiver(const std::string& backend) { return backend != "net"; }
+// A refused RMA key closes the connection (tcp;ofi_rxm: the peer is broken
+// until reconnect); net fails that op alone (docs/provider-facts.md).
+inline bool key_refusal_breaks_connection(const std::string& backend) { return backend == "tcp"; }
+// fetch_add/compare_swap run on the NIC/provider rather than emulated
+// (net's atomics are its own software: regpool emulates, as on tcp).
 inline bool expects_native_atomics(const std::string& backend) { return backend == "shm" || backend == "verbs"; }
 // A live peer removed and inserted again needs nothing from that peer
 // (connectionless libfabric endpoints); on verbs the re-insert is a new RC
@@ -157,7 +199,9 @@ inline regpool::FabricConfig fabric_config(const std::string& provider) {
   ::setenv("FI_TCP_IFACE", "lo", 0);
   regpool::FabricConfig c;
   c.provider = provider;
-  if (provider == "tcp") c.node = "127.0.0.1";
+  // Socket providers bind to the loopback address (net, like tcp, would
+  // otherwise pick the first interface).
+  if (provider == "tcp" || provider == "net") c.node = "127.0.0.1";
   return c;
 }
 #endif

@@ -44,11 +44,11 @@ regpool::EndpointConfig target_config() {
 
 // Backends of this executable that set connections up through the target's
 // progress, so that the first operation to a peer that does not progress
-// answers would_block (docs/provider-facts.md: tcp;ofi_rxm; verbs: its top comment).
+// answers would_block (docs/provider-facts.md: tcp;ofi_rxm, net; verbs: its top comment).
 std::vector<std::string> connecting_backends() {
   std::vector<std::string> out;
   for (const auto& b : rpt::backends()) {
-    if (b == "tcp" || b == "verbs") out.push_back(b);
+    if (rpt::connects_through_target_progress(b)) out.push_back(b);
   }
   return out;
 }

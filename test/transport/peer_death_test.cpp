@@ -277,7 +277,7 @@ void check_still_serving(Proc& p, const std::string& prov, Slice target, std::at
 
 TEST_CASE("a peer killed while it puts, gets, sends or does atomics to us never hangs us", "[fabric]") {
   ::alarm(kAlarmSeconds);
-  const std::string prov = GENERATE(as<std::string>{}, "shm", "tcp");
+  const std::string prov = GENERATE(from_range(rpt::backends()));
   const Op op = GENERATE(Op::put, Op::get, Op::send, Op::atomic);
   INFO("provider " << prov << ", the child does " << name_of(op));
   std::mt19937 rng(std::random_device{}());
@@ -308,7 +308,7 @@ TEST_CASE("a peer killed while it puts, gets, sends or does atomics to us never 
 
 TEST_CASE("a target killed while our put, get, send or atomic is in flight fails it in bounded time", "[fabric]") {
   ::alarm(kAlarmSeconds);
-  const std::string prov = GENERATE(as<std::string>{}, "shm", "tcp");
+  const std::string prov = GENERATE(from_range(rpt::backends()));
   const Op op = GENERATE(Op::put, Op::get, Op::send, Op::atomic);
   INFO("provider " << prov << ", we do " << name_of(op));
   auto boot = rpt::root_bootstrap();

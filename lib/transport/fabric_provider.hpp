@@ -1,0 +1,102 @@
+#pragma once
+// What regpool knows about a libfabric provider's behaviour, as properties
+// (docs/provider-facts.md). The fabric endpoint asks these instead of
+// comparing provider names where it needs them; a provider not listed here
+// gets the cautious defaults (nothing claimed that was not measured).
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace regpool::fabric_provider {
+
+struct Facts {
+  // A plain write/send completes once its bytes are queued on a socket,
+  // before the target applied them: ask for FI_DELIVERY_COMPLETE unless the
+  // user says otherwise (tcp;ofi_rxm, net).
+  bool completes_before_delivery = false;
+  // The target checks every RMA against its key table (key, range, rights);
+  // a forged key fails remotely (tcp;ofi_rxm, net).
+  bool target_checks_keys = false;
+  // ... including read rights: a get through a registration made with
+  // FI_REMOTE_WRITE only is refused (net; tcp;ofi_rxm serves it).
+  bool target_checks_read_rights = false;
+  // The provider's atomics are a software emulation of its own: regpool
+  // emulates atomics itself by default, so the tested path and its
+  // guarantees are the same on every provider without NIC atomics.
+  bool software_atomics = false;
+  // A refused key cancels the RMA (FI_ECANCELED) with the target's verdict
+  // in prov_errno, and the target closes the connection (tcp;ofi_rxm).
+  bool key_refusal_closes_connection = false;
+  // A refused RMA (unknown key, range outside the registration) or a
+  // message the receiver's buffer cannot hold fails only that operation:
+  // FI_ECANCELED with a prov_errno that is not a connection error (measured
+  // on net: EINVAL for a forged key and for truncation), and the connection
+  // carries on (net; for a send only under delivery-complete, which
+  // regpool's sends do not ask for: see truncation_breaks_connection).
+  bool refusal_keeps_connection = false;
+  // A connection's liveness can be probed with a 1-byte read under
+  // FI_KEY_NOTAVAIL, and only then may abandoned ops be given back
+  // (tcp;ofi_rxm; see FabricEndpoint::do_abandon).
+  bool probe_connections = false;
+  // A message longer than its receive breaks the connection (tcp;ofi_rxm:
+  // an eager one stays half-read in the stream and wedges it; net: the
+  // connection is closed unless the send asked for delivery-complete):
+  // receives carry an overflow area behind the slice.
+  bool truncation_breaks_connection = false;
+  // The CQ's FI_WAIT_FD descriptor reports readable with nothing to read,
+  // so a sleeping wait on it spins (net: transport-source-wait measured
+  // 35000 wake-ups in 0.4 s, 70 % of a core): open CQs without a wait
+  // object there, and the base naps instead, as on shm.
+  bool cq_wait_fd_spins = false;
+  // Shared-memory provider: CMA, /dev/shm regions, pid-based dead peers.
+  bool shared_memory = false;
+  // A put or get is one copy made by the initiator inside the post (shm:
+  // CMA, process_vm_readv/writev in fi_read/fi_write); TransferTraits.
+  bool initiator_copies = false;
+  // Copy-versus-rendezvous crossover, the default eager threshold, measured
+  // with regpool-perf --ops tagged --tagged-threshold (all eager, then all
+  // rendezvous) over 4 KiB .. 256 KiB (docs/messaging.md): shm, eager
+  // ahead up to 64 KiB, even at 128 KiB, behind at 256 KiB; tcp;ofi_rxm,
+  // even from 16 to 64 KiB, rendezvous ahead above. Other providers: tcp's
+  // figure until measured.
+  std::uint64_t copy_crossover = std::uint64_t{32} << 10;
+};
+
+inline Facts facts(const std::string& provider) {
+  Facts f;
+  const std::string_view core = std::string_view(provider).substr(0, provider.find(';'));
+  const bool layered = provider.find(';') != std::string::npos;
+  if (provider == "shm") {
+    f.shared_memory = true;
+    f.initiator_copies = true;
+    f.copy_crossover = std::uint64_t{64} << 10;
+  } else if (provider == "tcp;ofi_rxm") {
+    f.completes_before_delivery = true;
+    f.target_checks_keys = true;
+    f.software_atomics = true;
+    f.key_refusal_closes_connection = true;
+    f.probe_connections = true;
+    f.truncation_breaks_connection = true;
+  } else if (provider == "net") {
+    // libfabric 1.17's native RDM over TCP (no rxm), measured 2026-11-26.
+    f.completes_before_delivery = true;
+    f.target_checks_keys = true;
+    f.target_checks_read_rights = true;
+    f.software_atomics = true;
+    f.refusal_keeps_connection = true;
+    f.truncation_breaks_connection = true;
+    f.cq_wait_fd_spins = true;
+  } else if (layered) {
+    // Any other rxm/rxd stack: treated like tcp;ofi_rxm where the layer is
+    // the cause (atomics, completion, cancelled RMA), and like its core
+    // provider otherwise.
+    f.software_atomics = true;
+    f.completes_before_delivery = true;
+    f.key_refusal_closes_connection = true;
+    f.target_checks_keys = core == "tcp";
+    f.truncation_breaks_connection = core == "tcp";
+  }
+  return f;
+}
+
+}  // namespace regpool::fabric_provider
