@@ -138,12 +138,15 @@ void stamp(std::span<std::byte> rec, std::uint64_t i) {
   std::memcpy(rec.data(), &t, std::min<std::size_t>(8, rec.size()));
 }
 
-// Sender pacing: returns when the i-th record is due.
-void pace(const Case& c, const Options& o, Clock::time_point start, std::uint64_t i) {
+// Sender pacing: returns when the i-th record is due, calling `idle` (the
+// method's progress) while it waits, as an application between records
+// would: an aggregation deadline can only fire in someone's progress, and a
+// pacing loop that never progressed measured the gap, not the deadline.
+template <class Idle>
+void pace(const Case& c, const Options& o, Clock::time_point start, std::uint64_t i, Idle&& idle) {
   if (!c.paced) return;
   const auto due = start + o.gap * static_cast<long>(i);
-  while (Clock::now() < due) {
-  }
+  while (Clock::now() < due) idle();
 }
 
 // ---- receivers (aggregate, send): run until `count` records arrived (or a
@@ -216,7 +219,7 @@ void send_all(const Case& c, std::uint64_t count, const Options& o, Stack& s, re
     (void)b.allgather(prod.setup(), 30s);  // the consumer connects
     const auto start = Clock::now();
     for (std::uint64_t i = 0; i < count; ++i) {
-      pace(c, o, start, i);
+      pace(c, o, start, i, [&] { (void)prod.progress(); });
       stamp(rec, i);
       Status st;
       while ((st = prod.try_push(rec)) == Status::would_block) {
@@ -239,7 +242,7 @@ void send_all(const Case& c, std::uint64_t count, const Options& o, Stack& s, re
     (void)b.allgather({}, 30s);
     const auto start = Clock::now();
     for (std::uint64_t i = 0; i < count; ++i) {
-      pace(c, o, start, i);
+      pace(c, o, start, i, [&] { (void)agg.progress(); });
       stamp(rec, i);
       Status st;
       while ((st = agg.append(rec)) == Status::would_block) {
@@ -259,7 +262,7 @@ void send_all(const Case& c, std::uint64_t count, const Options& o, Stack& s, re
   (void)b.allgather({}, 30s);
   const auto start = Clock::now();
   for (std::uint64_t i = 0; i < count; ++i) {
-    pace(c, o, start, i);
+    pace(c, o, start, i, [&] { (void)s.ep->progress(); });
     const std::size_t w = i % kSendWindow;
     if (tokens[w]) {
       const auto done = s.ep->wait(tokens[w], 60s);
