@@ -132,8 +132,8 @@ REGPOOL_API const char* to_string(ExposureMode mode) noexcept;
 //              outside the arena);
 //  rights:     a write (put, atomics) through a read-only exposure fails;
 //  read_rights: a get through a write-only exposure fails (separate: net
-//              refuses it; tcp
-//              enforces write rights but was measured to serve such a get);
+//              refuses it, tcp;ofi_rxm enforces write rights but was
+//              measured to serve such a get);
 //  revocation: an operation with a revoked exposure's key fails.
 struct Enforcement {
   bool keys = false;

@@ -8,10 +8,10 @@
 // handle to its UD QP): the RC QP is made on first use. The first operation
 // to the peer (or a window exposed to it) creates an RC QP, moves it
 // RESET -> INIT and sends a REQ (our RC QPN, a random PSN, an epoch) to the
-// peer's UD QP; the
-// peer, inside its progress(), creates (or finds) its own RC QP for us, moves
-// it INIT -> RTR (our QPN/PSN/GID) -> RTS and answers with a REP carrying its
-// QPN and PSN; our progress then moves ours INIT -> RTR -> RTS. So a target
+// peer's UD QP; the peer, inside its progress(), creates (or finds) its own
+// RC QP for us, moves it INIT -> RTR (our QPN/PSN/GID) -> RTS and answers
+// with a REP carrying its QPN and PSN; our progress then moves ours
+// INIT -> RTR -> RTS. So a target
 // never has to insert its initiators (as on libfabric RDM), but it must be
 // progressing (progress(), wait(), or the progress thread) while a new peer
 // connects; the first operation to a peer answers would_block until then, and

@@ -73,7 +73,6 @@ std::string fi_message(int rc) {
   return std::string(fi_strerror(rc < 0 ? -rc : rc)) + " (" + std::to_string(rc) + ")";
 }
 
-// The cause of a failed operation, from a provider error code (either sign).
 // A prov_errno that says the connection itself failed (as opposed to the
 // target refusing one operation).
 bool connection_errno(int e) noexcept {
@@ -91,6 +90,7 @@ bool connection_errno(int e) noexcept {
   }
 }
 
+// The cause of a failed operation, from a provider error code (either sign).
 Status status_from_fi(int err) noexcept {
   // Providers report plain errno values for the socket-level causes and
   // FI_E* (>= 256) for libfabric's own.
@@ -211,6 +211,9 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   tagged_contexts_ = (info->mode & (FI_CONTEXT | FI_CONTEXT2)) == 0;
   probe_connections_ = facts.probe_connections;
   op_peer_.assign(config().max_in_flight, OpPeer{});
+  // Every killed process's region holds memory until someone removes it
+  // (fabric_shm.hpp): once per endpoint, not per triplet.
+  if (facts.shared_memory) (void)fabric_shm::sweep_dead_regions("/dev/shm");
   open_triplet(&av_, &cq_, &ep_, "data");
   const std::vector<std::byte> data_name = endpoint_name(ep_);
   if ((info->caps & FI_SOURCE) != 0) {
@@ -272,7 +275,7 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
 void FabricEndpoint::open_triplet(fid_av** av, fid_cq** cq, fid_ep** ep, const char* what) {
   fi_info* info = domain_->native_info();
   fid_domain* dom = domain_->native_domain();
-  const std::string& prov = domain_->provider_name();
+  const fabric_provider::Facts facts = fabric_provider::facts(domain_->provider_name());
   const std::size_t k = options_.control_slots;
   const std::size_t cq_size = options_.cq_size ? options_.cq_size : config().max_in_flight + 2 * k;
   fi_av_attr av_attr{};
@@ -288,7 +291,7 @@ void FabricEndpoint::open_triplet(fid_av** av, fid_cq** cq, fid_ep** ep, const c
   // Sleeping waits want a file descriptor to block on; shm 1.17 refuses
   // FI_WAIT_FD (-FI_ENOSYS) and then the base naps instead. Spinning
   // endpoints ask for none: a wait object costs a signal per completion.
-  cq_attr.wait_obj = config().wait_mode != WaitMode::spin && !fabric_provider::facts(prov).cq_wait_fd_spins
+  cq_attr.wait_obj = config().wait_mode != WaitMode::spin && !facts.cq_wait_fd_spins
                         ? FI_WAIT_FD
                         : FI_WAIT_NONE;
   rc = fi_cq_open(dom, &cq_attr, cq, nullptr);
@@ -313,17 +316,14 @@ void FabricEndpoint::open_triplet(fid_av** av, fid_cq** cq, fid_ep** ep, const c
     throw Error(Status::transport_error, rc, std::string("fabric endpoint: fi_cq_open (") + what + "): " + fi_message(rc));
   }
   // A killed process's region under our pid would make fi_enable fail
-  // with -FI_EBUSY, and every killed process's region holds memory until
-  // someone removes it (fabric_shm.hpp).
-  if (fabric_provider::facts(prov).shared_memory) {
-    (void)fabric_shm::remove_stale_own_regions();
-    (void)fabric_shm::sweep_dead_regions("/dev/shm");
-  }
+  // with -FI_EBUSY (fabric_shm.hpp).
+  if (facts.shared_memory) (void)fabric_shm::remove_stale_own_regions();
   rc = fi_endpoint(dom, info, ep, nullptr);
   if (rc != 0) {
     *ep = nullptr;
     throw Error(Status::transport_error, rc,
-                std::string("fabric endpoint: fi_endpoint (") + what + ") on '" + prov + "': " + fi_message(rc));
+                std::string("fabric endpoint: fi_endpoint (") + what + ") on '" + domain_->provider_name() +
+                    "': " + fi_message(rc));
   }
   rc = fi_ep_bind(*ep, &(*av)->fid, 0);
   if (rc == 0) rc = fi_ep_bind(*ep, &(*cq)->fid, FI_TRANSMIT | FI_RECV);
