@@ -3,7 +3,7 @@
 // then the one-way latency of paced records at each flush setting of the
 // aggregation buffer, beside ring and plain send.
 //
-//   bench-patterns [--provider shm|tcp] [--records N] [--smoke] [--json]
+//   bench-patterns [--provider shm|tcp|net|verbs[:DEV]] [--records N] [--smoke] [--json]
 //
 // Forks one receiving process per method (a fresh endpoint each: the
 // aggregation receiver owns its endpoint's untagged receives). Latency:
@@ -28,11 +28,22 @@
 
 #include "regpool/aggregator.hpp"
 #include "regpool/bootstrap.hpp"
-#include "regpool/fabric_domain.hpp"
-#include "regpool/fabric_endpoint.hpp"
 #include "regpool/pool.hpp"
 #include "regpool/ring_channel.hpp"
 #include "regpool/slice.hpp"
+#include "regpool_config.h"
+
+#if REGPOOL_HAVE_FABRIC
+#include "regpool/fabric_domain.hpp"
+#include "regpool/fabric_endpoint.hpp"
+#endif
+#if REGPOOL_HAVE_VERBS && __has_include("regpool/verbs_endpoint.hpp")
+#include "regpool/verbs_domain.hpp"
+#include "regpool/verbs_endpoint.hpp"
+#define BENCH_HAVE_VERBS 1
+#else
+#define BENCH_HAVE_VERBS 0
+#endif
 
 namespace {
 
@@ -83,21 +94,42 @@ constexpr std::size_t kRecvPosted = 128;
 constexpr std::uint32_t kBatch = 8192;
 
 struct Stack {
-  std::shared_ptr<regpool::FabricDomain> domain;
+  std::shared_ptr<regpool::Domain> domain;
   std::unique_ptr<regpool::Pool> pool;
   std::unique_ptr<regpool::Endpoint> ep;
   explicit Stack(const std::string& prov) {
+    regpool::EndpointConfig ec;
+    ec.max_in_flight = 1024;
+    if (prov == "verbs" || prov.rfind("verbs:", 0) == 0) {
+#if BENCH_HAVE_VERBS
+      regpool::VerbsConfig vc;
+      if (prov.size() > 6) vc.device = prov.substr(6);
+      auto vd = regpool::VerbsDomain::open(vc);
+      domain = vd;
+      make_pool();
+      ep = regpool::VerbsEndpoint::open(vd, ec);
+      return;
+#else
+      die("this build has no verbs transport");
+#endif
+    }
+#if REGPOOL_HAVE_FABRIC
     ::setenv("FI_TCP_IFACE", "lo", 0);
     regpool::FabricConfig fc;
     fc.provider = prov;
-    if (prov == "tcp") fc.node = "127.0.0.1";
-    domain = regpool::FabricDomain::open(fc);
+    if (prov == "tcp" || prov == "net") fc.node = "127.0.0.1";
+    auto fd = regpool::FabricDomain::open(fc);
+    domain = fd;
+    make_pool();
+    ep = regpool::FabricEndpoint::open(fd, ec);
+#else
+    die("this build has no libfabric transport (provider " + prov + ")");
+#endif
+  }
+  void make_pool() {
     regpool::PoolConfig pc;
     pc.arena_size = std::size_t{32} << 20;
     pool = std::make_unique<regpool::Pool>(std::vector<std::shared_ptr<regpool::Domain>>{domain}, pc);
-    regpool::EndpointConfig ec;
-    ec.max_in_flight = 1024;
-    ep = regpool::FabricEndpoint::open(domain, ec);
   }
   ~Stack() {
     ep.reset();
@@ -147,6 +179,30 @@ void pace(const Case& c, const Options& o, Clock::time_point start, std::uint64_
   if (!c.paced) return;
   const auto due = start + o.gap * static_cast<long>(i);
   while (Clock::now() < due) idle();
+}
+
+// An allgather during which this process's endpoint keeps progressing. On
+// verbs a ring's exposure is bound for its peer on the connection to that
+// peer, made on first use: the exposing side waits for the peer to answer
+// the connection request, which the peer can only do in its progress, not
+// while it blocks in the bootstrap.
+std::vector<std::byte> exchange(regpool::TcpBootstrap& b, regpool::Endpoint& ep, std::span<const std::byte> mine,
+                                int from) {
+  std::atomic<bool> stop{false};
+  std::thread progress([&] {
+    while (!stop.load(std::memory_order_acquire)) ep.progress_for(2ms);
+  });
+  std::vector<std::vector<std::byte>> all;
+  try {
+    all = b.allgather(mine, 30s);
+  } catch (...) {
+    stop.store(true, std::memory_order_release);
+    progress.join();
+    throw;
+  }
+  stop.store(true, std::memory_order_release);
+  progress.join();
+  return all.at(static_cast<std::size_t>(from));
 }
 
 // ---- receivers (aggregate, send): run until `count` records arrived (or a
@@ -215,8 +271,8 @@ void send_all(const Case& c, std::uint64_t count, const Options& o, Stack& s, re
   if (c.method == "ring" || c.method == "ring-batch") {
     regpool::RingConfig rc;
     rc.post_batch = c.method == "ring-batch" ? 4096 : 0;
-    regpool::RingProducer prod(*s.ep, *s.pool, peer, b.allgather({}, 30s)[1], rc);
-    (void)b.allgather(prod.setup(), 30s);  // the consumer connects
+    regpool::RingProducer prod(*s.ep, *s.pool, peer, exchange(b, *s.ep, {}, 1), rc);
+    (void)exchange(b, *s.ep, prod.setup(), 1);  // the consumer connects
     const auto start = Clock::now();
     for (std::uint64_t i = 0; i < count; ++i) {
       pace(c, o, start, i, [&] { (void)prod.progress(); });
@@ -329,8 +385,8 @@ std::vector<Result> run_method(const std::vector<Case>& cases, const Options& o)
         regpool::RingConfig rc;
         rc.capacity = 256 << 10;
         regpool::RingConsumer cons(*s.ep, *s.pool, peer, rc);
-        (void)b.allgather(cons.setup(), 30s);
-        cons.connect(b.allgather({}, 30s)[0]);
+        (void)exchange(b, *s.ep, cons.setup(), 0);
+        cons.connect(exchange(b, *s.ep, {}, 0));
         Tally t;
         if (c.paced) t.lat.reserve(count_for(c, o));
         const auto bound = Clock::now() + 120s;
@@ -401,7 +457,7 @@ int main(int argc, char** argv) {
     else if (a == "--methods") o.methods = next();
     else if (a == "--json") o.json = true;
     else if (a == "--smoke") o.smoke = true;
-    else die("unknown argument " + a + " (--provider shm|tcp --records N --paced N --gap-us U --methods LIST --json --smoke)");
+    else die("unknown argument " + a + " (--provider shm|tcp|net|verbs --records N --paced N --gap-us U --methods LIST --json --smoke)");
   }
   if (o.smoke) {
     o.records = 2000;
