@@ -16,6 +16,7 @@
 #include <functional>
 #include <mutex>
 #include <span>
+#include <type_traits>
 
 #include "regpool/domain.hpp"
 #include "regpool/ldo.hpp"
@@ -54,6 +55,29 @@ struct alignas(64) ControlBlock {
 static_assert(sizeof(ControlBlock) == 64, "one cache line per control block");
 
 inline constexpr std::uint16_t kFreshSlot = 1;
+// Spans: small enough for a thread's span cache (kSpanCacheMaxObject) and
+// not in a dedicated arena, both fixed for the span's life; set when the
+// span is carved, so the drop need not look at capacity or arena.
+inline constexpr std::uint16_t kCacheableSpan = 2;
+
+// kind, size_class and flags as one word, read with one load: on
+// little-endian hosts kind is its low byte, size_class the next, flags the
+// upper half. A used slab slot's word has kind slab_slot (0) and flags 0,
+// i.e. (word & kKindWordSlotMask) == 0; a cacheable span's word is
+// kKindWordCacheableSpan.
+static_assert(std::is_standard_layout_v<ControlBlock>);
+static_assert(offsetof(ControlBlock, size_class) == offsetof(ControlBlock, kind) + 1 &&
+              offsetof(ControlBlock, flags) == offsetof(ControlBlock, kind) + 2);
+static_assert(static_cast<std::uint8_t>(BlockKind::slab_slot) == 0);
+inline constexpr std::uint32_t kKindWordSlotMask = 0xffff00ffu;
+// The word of a span with kCacheableSpan (a span's size_class is 0).
+inline constexpr std::uint32_t kKindWordCacheableSpan =
+    static_cast<std::uint32_t>(BlockKind::span) | std::uint32_t{kCacheableSpan} << 16;
+inline std::uint32_t kind_word(const ControlBlock* cb) noexcept {
+  std::uint32_t w;
+  std::memcpy(&w, reinterpret_cast<const std::byte*>(cb) + offsetof(ControlBlock, kind), sizeof w);
+  return w;
+}
 
 using FreeList = bi::list<ControlBlock, bi::member_hook<ControlBlock, FreeHook, &ControlBlock::hook>,
                           bi::constant_time_size<true>>;

@@ -20,19 +20,34 @@ namespace {
   if (cleanup) cleanup(memory);
 }
 
-// Return the object to its pool or run the user cleanup. Slab slots first:
-// the common drop then tests the kind once.
+// Return the object to its pool or run the user cleanup. The two common
+// drops first, each recognised by one load and one test of the block's kind
+// word (kind_word): a used slab slot (whose size class comes from the same
+// word) and a span the thread's span cache may keep. Neither writes into
+// the block; only a fresh slot's first drop clears its flag.
 [[gnu::always_inline]] inline void destroy(ControlBlock* cb) noexcept {
-  if (cb->kind == BlockKind::slab_slot) [[likely]] {
-    cb->flags = 0;  // used: no longer fresh (ControlBlock::flags)
-    PoolCore::free_slot(cb);
+  if constexpr (std::endian::native == std::endian::little) {
+    const std::uint32_t w = kind_word(cb);
+    if ((w & kKindWordSlotMask) == 0) [[likely]] {  // slab_slot, flags 0
+      PoolCore::free_slot(cb, (w >> 8) & 0xff);
+      return;
+    }
+    if (w == kKindWordCacheableSpan) [[likely]] {
+      PoolCore::free_span(cb, true);
+      return;
+    }
+  }
+  const BlockKind k = cb->kind;
+  if (k == BlockKind::span) [[likely]] {
+    PoolCore::free_span(cb, (cb->flags & kCacheableSpan) != 0);
     return;
   }
-  if (cb->kind == BlockKind::user) [[unlikely]] {
+  if (k == BlockKind::user) [[unlikely]] {
     destroy_user(static_cast<UserBlock*>(cb));
     return;
   }
-  PoolCore::free_span(cb);
+  cb->flags = 0;  // used: no longer fresh (ControlBlock::flags)
+  PoolCore::free_slot(cb, cb->size_class);
 }
 
 [[gnu::always_inline]] inline void release(ControlBlock* cb) noexcept {

@@ -384,6 +384,7 @@ Result<ControlBlock*> PoolCore::allocate_large(std::uint64_t bytes, std::uint64_
   cb->kind = BlockKind::span;
   cb->span_page = *first;
   cb->capacity = std::uint64_t{arena->page(*first).npages} * kPage;
+  cb->flags = cb->capacity <= kSpanCacheMaxObject && !arena->dedicated() ? kCacheableSpan : 0;
   cb->arena = arena;
   *dirty = std::uint64_t{dirty_pages} * kPage;
   shared_add(shared_counters_.large_allocs, 1);
@@ -648,7 +649,7 @@ void PoolCore::free_busy(ControlBlock* cb, ThreadCache* tc) noexcept {
     bin.slots[bin.size()] = cb;
     bin.set_size(bin.size() + 1);
     bin.frees.add(1);
-  } else if (cb->capacity <= kSpanCacheMaxObject && !cb->arena->dedicated()) {
+  } else if (cb->flags & kCacheableSpan) {
     tc->counters.large_frees.add(1);
     tc->counters.large_bytes_free.add(cb->capacity);
     if (tc->span_count == kSpanCacheEntries) {

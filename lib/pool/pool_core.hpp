@@ -250,13 +250,14 @@ class PoolCore {
   // (the common case) or a span. Never deregisters and never waits for
   // anything but the pool's short-held locks. Static: the cache hit needs
   // only the arena (its pool id) and the thread's cache, not the pool.
-  [[gnu::always_inline]] static void free_slot(ControlBlock* cb) noexcept {
+  // free_slot takes the block's size class from the caller, which has read
+  // it already (kind_word).
+  [[gnu::always_inline]] static void free_slot(ControlBlock* cb, std::size_t cls) noexcept {
     Arena* const a = cb->arena;
     ThreadCache* tc = busy_cache(cb, a);
     if (!tc) [[unlikely]]
       return;
     if (!tc->closed.load(std::memory_order_relaxed)) [[likely]] {
-      const std::size_t cls = cb->size_class;
       auto& bin = tc->bins[cls];
       const std::uint32_t n = bin.size();
       if (n < bin.limit) [[likely]] {
@@ -269,13 +270,13 @@ class PoolCore {
     }
     a->pool()->free_busy(cb, tc);
   }
-  [[gnu::always_inline]] static void free_span(ControlBlock* cb) noexcept {
+  // cacheable: the span has kCacheableSpan (the caller has read its flags).
+  [[gnu::always_inline]] static void free_span(ControlBlock* cb, bool cacheable) noexcept {
     Arena* const a = cb->arena;
     ThreadCache* tc = busy_cache(cb, a);
     if (!tc) [[unlikely]]
       return;
-    if (!tc->closed.load(std::memory_order_relaxed) && tc->span_count < kSpanCacheEntries &&
-        cb->capacity <= kSpanCacheMaxObject && !a->dedicated()) [[likely]] {
+    if (!tc->closed.load(std::memory_order_relaxed) && tc->span_count < kSpanCacheEntries && cacheable) [[likely]] {
       tc->spans[tc->span_count++] = cb;
       tc->counters.large_frees.add(1);
       tc->counters.large_bytes_free.add(cb->capacity);
@@ -333,6 +334,9 @@ class PoolCore {
       return nullptr;
     }
     ThreadCache* tc = f.last;
+    // Never null when last_id matched (TlsFast); saying so spares the
+    // caller's null test.
+    if (!tc) __builtin_unreachable();
     tc->busy.store(1, std::memory_order_relaxed);
     std::atomic_signal_fence(std::memory_order_seq_cst);
     return tc;

@@ -572,6 +572,30 @@ void hand_off_and_drop(Pool& pool, std::size_t n, std::size_t size) {
 }
 }  // namespace
 
+TEST_CASE("only spans up to 16 MiB outside dedicated arenas stay in the thread's span cache", "[pool][spans]") {
+  // The drop decides this from a flag set when the span is carved
+  // (kCacheableSpan), not from the span's size and arena: check both sides.
+  auto d = std::make_shared<FakeDomain>();
+  Pool pool({d}, small_config(64));
+  auto free_bytes = [&] { return pool.stats().arena_detail.at(0).bytes_free; };
+  const auto all_free = free_bytes();
+  { auto small = pool.allocate(kMiB); REQUIRE(small.ok()); }
+  CHECK(free_bytes() < all_free);  // kept in this thread's span cache
+  pool.trim();  // flushes this thread's caches
+  CHECK(free_bytes() == all_free);
+  { auto big = pool.allocate(20 * kMiB); REQUIRE(big.ok()); }
+  CHECK(free_bytes() == all_free);  // above kSpanCacheMaxObject: straight back
+  {
+    auto huge = pool.allocate(80 * kMiB);  // larger than the arena: dedicated
+    REQUIRE(huge.ok());
+    CHECK(pool.stats().dedicated_arenas == 1);
+  }
+  CHECK(pool.stats().idle_arenas == 2);  // the dedicated one was not cached
+  const auto s = pool.stats();
+  CHECK(s.live_objects == 0);
+  CHECK(s.large_allocations == 3);
+}
+
 TEST_CASE("large objects dropped on another thread are reused through the central span lists", "[pool][handoff]") {
   auto d = std::make_shared<FakeDomain>();
   PoolConfig cfg = small_config(8);
