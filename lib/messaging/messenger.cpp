@@ -114,6 +114,10 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     std::uint64_t send_seq = 0;
     std::uint64_t recv_seq = 1;  // next expected
     std::uint32_t qhead = kNone, qtail = kNone;
+    // Its messages held ahead of sequence (Unexp::early): release_early
+    // walks the unexpected list only when there are some, so an in-sequence
+    // message costs O(1) however many messages other peers have waiting.
+    std::uint32_t early = 0;
   };
 
   enum class PostKind : std::uint8_t { recv, send, rts, get };
@@ -272,6 +276,10 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   void release_unexp(std::uint32_t u) noexcept {
     Unexp& e = unexpected[u];
     unlink_unexp(u);
+    if (e.early) {
+      e.early = false;
+      if (e.peer < peers.size() && peers[e.peer].early > 0) --peers[e.peer].early;
+    }
     st.unexpected_bytes -= e.charged;
     --st.unexpected_held;
     e.ldo.reset();
@@ -630,6 +638,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     Unexp& e = unexpected[u];
     e.used = true;
     e.early = early;
+    if (early) ++peers[src].early;
     e.credit_held = false;
     e.peer = src;
     e.hdr = h;
@@ -645,9 +654,14 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     return u;
   }
 
-  // Early arrivals of `src` that are now in sequence.
+  // Early arrivals of `src` that are now in sequence. The walk of the
+  // unexpected list happens only while `src` has early arrivals (rare: two
+  // threads running completion callbacks); before 2026-11-26 it ran for every
+  // in-sequence message, and with N senders streaming into a receiver that
+  // holds their messages as unexpected it was O(N x peer_credits) per message
+  // (68% of a 32-peer shm server's CPU, docs/scale.md).
   void release_early(PeerId src) noexcept {
-    for (bool found = true; found;) {
+    for (bool found = true; found && peers[src].early > 0;) {
       found = false;
       for (std::uint32_t u = unexp_head; u != kNone; u = unexpected[u].next) {
         Unexp& e = unexpected[u];
@@ -926,13 +940,13 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       // Rendezvous receives in progress finish when their gets do (the
       // endpoint fails those): their buffer is written until then.
     }
-    if (peers[peer].heard) --peers_heard;
-    peers[peer] = PeerState{};
     for (std::uint32_t u = unexp_head; u != kNone;) {
       const std::uint32_t next = unexpected[u].next;
       if (unexpected[u].peer == peer) release_unexp(u);
       u = next;
     }
+    if (peers[peer].heard) --peers_heard;
+    peers[peer] = PeerState{};
   }
 
   void scan_locked(Clock::time_point now) noexcept {
