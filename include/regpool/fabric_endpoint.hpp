@@ -106,6 +106,7 @@ struct CtrlMsg;
 }  // namespace fabric_wire
 namespace fabric_shm {
 class Bell;
+class DeathWatch;
 class RegionLock;
 }  // namespace fabric_shm
 
@@ -345,6 +346,7 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   void shm_peer_insert(PeerAddr& p, std::span<const std::byte> data, std::span<const std::byte> ctrl);
   void shm_check_peers(std::chrono::steady_clock::time_point now) noexcept;
   bool shm_peer_gone(std::uint64_t handle) noexcept;
+  void shm_sweep_deaths(std::chrono::steady_clock::time_point now) noexcept;
   // The context the data endpoint is given for `op` (its tag or its context
   // memory, see tagged_contexts_), and the slot a completion's context names.
   void* data_context(const BackendOp& op) const noexcept;
@@ -441,6 +443,10 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   std::atomic<bool> region_stuck_{false};
   // shm, sleeping wait modes: this endpoint's doorbell (null when none).
   std::unique_ptr<fabric_shm::Bell> bell_;
+  // shm: peers' processes watched for exit (pidfds in one epoll set), and
+  // the coarse tick of the last look (the post path looks once per tick).
+  std::unique_ptr<fabric_shm::DeathWatch> deaths_;
+  std::chrono::steady_clock::time_point deaths_swept_{};
   std::atomic<std::uint64_t> bell_peers_{0};
   std::atomic<std::uint64_t> bell_rings_{0};
   // After a post to the peer behind `handle`: ring its bell (shm).

@@ -416,6 +416,7 @@ void FabricEndpoint::close_resources() noexcept {
   // Nobody sleeps on the bell any more (shutdown() woke and joined the
   // sleepers): unmap it and remove its file. Peers' bells go with peers_.
   bell_.reset();
+  deaths_.reset();  // closes the peers' pidfds
 }
 
 void FabricEndpoint::close_control() noexcept {
@@ -541,6 +542,13 @@ std::uint64_t FabricEndpoint::do_insert_peer(std::span<const std::byte> name) {
     throw Error(Status::out_of_memory, -FI_ENOMEM, "fabric endpoint: out of memory inserting a peer");
   }
   peers_[handle] = std::move(p);
+  if (deaths_ && peers_[handle].pid != 0 && !peers_[handle].dead) {
+    // From now on its death is seen by the epoll set (shm_sweep_deaths);
+    // a peer that cannot be watched keeps the per-pid checks.
+    if (deaths_->watch(handle, peers_[handle].pid) == fabric_shm::DeathWatch::Watch::exited) {
+      peers_[handle].dead = true;
+    }
+  }
   return handle;
 }
 
@@ -563,6 +571,7 @@ void FabricEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
   if (p.pid != 0 && (p.dead || !fabric_shm::process_alive(p.pid))) {
     last_peer_death_ = std::chrono::steady_clock::now();
   }
+  if (deaths_) deaths_->forget(handle);
   fi_addr_t a = p.data;
   (void)fi_av_remove(av_, &a, 1, 0);
   if (a < handle_by_addr_.size()) handle_by_addr_[a] = kNoEntry;
@@ -1340,6 +1349,7 @@ void FabricEndpoint::do_cancel(const BackendOp& op) noexcept {
 void FabricEndpoint::open_shm_watch(const std::vector<std::byte>& data_name) {
   shm_ = fabric_provider::facts(domain_->provider_name()).shared_memory && addr_kind_ == static_cast<std::uint8_t>(fabric_wire::AddrKind::string);
   if (!shm_) return;
+  deaths_ = std::make_unique<fabric_shm::DeathWatch>();
   if (config().wait_mode != WaitMode::spin) {
     // No wait object on shm: a doorbell peers ring (fabric_shm.hpp). Without
     // one (the file cannot be made) the endpoint naps as before.
@@ -1387,11 +1397,31 @@ void FabricEndpoint::shm_peer_insert(PeerAddr& p, std::span<const std::byte> dat
   p.ctrl_lock = open(ctrl);
 }
 
+void FabricEndpoint::shm_sweep_deaths(std::chrono::steady_clock::time_point now) noexcept {
+  if (!deaths_) return;
+  deaths_swept_ = now;
+  std::uint64_t exited[16];
+  std::size_t n = 0;
+  do {
+    n = deaths_->collect(exited);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (exited[i] >= peers_.size()) continue;
+      PeerAddr& p = peers_[exited[i]];
+      if (!p.used || p.dead) continue;
+      p.dead = true;
+      p.checked = now;
+      last_peer_death_ = now;
+    }
+  } while (n == std::size(exited));
+}
+
 void FabricEndpoint::shm_check_peers(std::chrono::steady_clock::time_point now) noexcept {
+  shm_sweep_deaths(now);
   for (std::size_t h = 0; h < peers_.size(); ++h) {
     PeerAddr& p = peers_[h];
     if (!p.used || p.pid == 0) continue;
     if (!p.dead) {
+      if (deaths_ && deaths_->watching(h)) continue;  // alive: the sweep would have said
       p.checked = now;
       if (fabric_shm::process_alive(p.pid)) continue;
       p.dead = true;
@@ -1417,7 +1447,11 @@ bool FabricEndpoint::shm_peer_gone(std::uint64_t handle) noexcept {
     // makes it one check per tick at most (the periodic check in do_poll
     // bounds how late a death is seen).
     const auto now = platform::CoarseClock::now();
-    if (now - p.checked >= std::chrono::milliseconds(1)) {
+    if (deaths_ && deaths_->watching(handle)) {
+      // One epoll_wait per millisecond covers every watched peer: the cost
+      // per post no longer grows with the number of peers posted to.
+      if (now - deaths_swept_ >= std::chrono::milliseconds(1)) shm_sweep_deaths(now);
+    } else if (now - p.checked >= std::chrono::milliseconds(1)) {
       p.checked = now;
       p.dead = !fabric_shm::process_alive(p.pid);
       if (p.dead) last_peer_death_ = now;

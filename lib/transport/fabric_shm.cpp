@@ -6,11 +6,15 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstdio>
@@ -487,6 +491,74 @@ void Bell::close() noexcept {
   base_ = nullptr;
   if (!path_.empty()) (void)::unlink(path_.c_str());
   path_.clear();
+}
+
+DeathWatch::~DeathWatch() {
+  for (int fd : fds_) {
+    if (fd >= 0) ::close(fd);
+  }
+  if (epoll_ >= 0) ::close(epoll_);
+}
+
+DeathWatch::Watch DeathWatch::watch(std::uint64_t token, std::int64_t pid) noexcept {
+  forget(token);
+  if (pid <= 0 || pid > INT32_MAX) return Watch::unavailable;
+#ifdef SYS_pidfd_open
+  if (epoll_ < 0) {
+    epoll_ = ::epoll_create1(EPOLL_CLOEXEC);
+    if (epoll_ < 0) return Watch::unavailable;
+  }
+  if (token >= fds_.size()) {
+    try {
+      fds_.resize(token + 1, -1);
+    } catch (...) {
+      return Watch::unavailable;
+    }
+  }
+  const long fd = ::syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0u);
+  if (fd < 0) return errno == ESRCH ? Watch::exited : Watch::unavailable;
+  const int pfd = static_cast<int>(fd);
+  // Exited between the peer's name and now (pidfd_open succeeds on a zombie).
+  pollfd one{pfd, POLLIN, 0};
+  if (::poll(&one, 1, 0) > 0) {
+    ::close(pfd);
+    return Watch::exited;
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = token;
+  if (::epoll_ctl(epoll_, EPOLL_CTL_ADD, pfd, &ev) != 0) {
+    ::close(pfd);
+    return Watch::unavailable;
+  }
+  fds_[token] = pfd;
+  return Watch::watching;
+#else
+  (void)token;
+  return Watch::unavailable;
+#endif
+}
+
+void DeathWatch::forget(std::uint64_t token) noexcept {
+  if (token >= fds_.size() || fds_[token] < 0) return;
+  ::close(fds_[token]);  // its only reference: the epoll set drops it
+  fds_[token] = -1;
+}
+
+std::size_t DeathWatch::collect(std::span<std::uint64_t> out) noexcept {
+  if (epoll_ < 0 || out.empty()) return 0;
+  constexpr int kBatch = 16;
+  epoll_event ev[kBatch];
+  const int want = static_cast<int>(std::min<std::size_t>(out.size(), kBatch));
+  const int n = ::epoll_wait(epoll_, ev, want, 0);
+  std::size_t got = 0;
+  for (int i = 0; i < n; ++i) {
+    const std::uint64_t token = ev[i].data.u64;
+    if (!watching(token)) continue;
+    out[got++] = token;
+    forget(token);  // level-triggered: a dead pid would be reported for ever
+  }
+  return got;
 }
 
 }  // namespace regpool::fabric_shm

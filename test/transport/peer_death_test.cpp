@@ -499,3 +499,57 @@ TEST_CASE("regions of killed processes are swept; others' files are kept", "[fab
   rpt::Stack s("shm");
   CHECK(child_regions() == 0);
 }
+
+TEST_CASE("the death watch reports exited processes by token, once, zombies included", "[fabric]") {
+  // What shm endpoints use to see peers die with one epoll_wait, however
+  // many peers they have (fabric_shm::DeathWatch).
+  regpool::fabric_shm::DeathWatch watch;
+  std::uint64_t out[4];
+  CHECK(watch.collect(out) == 0);
+  auto spawn = [] {
+    const pid_t kid = ::fork();
+    if (kid == 0) {
+      ::pause();
+      ::_exit(0);
+    }
+    REQUIRE(kid > 0);
+    return kid;
+  };
+  const pid_t a = spawn();
+  const pid_t b = spawn();
+  using W = regpool::fabric_shm::DeathWatch::Watch;
+  const W wa = watch.watch(7, a);
+  if (wa == W::unavailable) {
+    ::kill(a, SIGKILL);
+    ::kill(b, SIGKILL);
+    ::waitpid(a, nullptr, 0);
+    ::waitpid(b, nullptr, 0);
+    WARN("no pidfd on this kernel (before 5.3): endpoints fall back to per-pid checks, not tested here");
+    return;
+  }
+  REQUIRE(wa == W::watching);
+  REQUIRE(watch.watch(2, b) == W::watching);
+  CHECK(watch.watching(7));
+  CHECK(watch.collect(out) == 0);  // both alive
+  // Killed but not reaped: a zombie is dead for us.
+  ::kill(a, SIGKILL);
+  std::size_t n = 0;
+  for (int i = 0; i < 2000 && n == 0; ++i) {
+    n = watch.collect(out);
+    if (n == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(n == 1);
+  CHECK(out[0] == 7);
+  CHECK_FALSE(watch.watching(7));
+  CHECK(watch.collect(out) == 0);  // reported once
+  // A forgotten token is never reported; a dead pid watched anew is exited at once.
+  watch.forget(2);
+  ::kill(b, SIGKILL);
+  ::waitpid(b, nullptr, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK(watch.collect(out) == 0);
+  CHECK(watch.watch(3, a) == W::exited);  // zombie
+  ::waitpid(a, nullptr, 0);
+  CHECK(watch.watch(3, a) == W::exited);  // reaped: ESRCH
+  CHECK(watch.watch(4, 0) == W::unavailable);
+}
