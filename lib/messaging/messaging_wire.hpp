@@ -22,7 +22,8 @@
 //            message; done: the receiver's id from the grant; eager: the
 //            sender's counter)
 //   40   8   reply id (request/response: where the reply goes; 0 = none;
-//            grant: the receiver's id, echoed by the done)
+//            grant: the receiver's id, echoed by the done; fin: that id
+//            when a grant for the message went out, else 0)
 //   48   8   seq: per sender and receiver, from 1 (eager, rts); 0 otherwise
 //   56   4   accept_eager: the largest eager payload the sender of this
 //            message accepts (its eager threshold), kMinEager .. kMaxEager
@@ -31,8 +32,10 @@
 //
 // Split rendezvous (docs/messaging.md): the receiver of an rts may answer
 // with a grant, a write-only exposure of the tail of its buffer; the sender
-// puts that range and answers with a done; the receiver gets the rest and
-// sends the fin once its gets and the done are in.
+// puts that range and answers with a done. The receiver gets the rest and
+// sends the fin when its gets are over (naming the grant, so a sender that
+// sees the fin first still serves it); the sender completes on the fin and
+// its puts, the receiver on its gets and the done.
 //
 // Negotiation: both limits ride on every message, so a peer learns them
 // from the first message it gets back. Until then it assumes the smallest

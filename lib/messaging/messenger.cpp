@@ -70,7 +70,13 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     bool fin_wait = false;  // rendezvous send: rts out, waiting for the fin
     bool fetch_wait = false;  // rendezvous receive: matched, waiting for a get slot (linked by next)
     bool put_wait = false;    // split rendezvous receive: granted a range, waiting for the sender's done
-    bool fin_seen = false;    // split rendezvous send: the fin came while puts were in flight
+    // Split rendezvous. Receive: grant_sent, a grant went out (the fin
+    // says so); fin_sent, our gets are over and the fin went out (the
+    // receive completes once the done is in too). Send: granted, the grant
+    // came and its puts started; fin_seen, the fin came (fin_granted: it
+    // announced a grant); the send completes once both are over.
+    bool grant_sent = false, fin_sent = false;
+    bool granted = false, fin_seen = false, fin_granted = false;
     mw::Space space = mw::Space::user;
     PeerId peer = kAnyPeer;
     std::uint64_t tag = 0;
@@ -194,7 +200,8 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     o.state = State::active;
     o.kind = kind;
     o.has_cb = false;
-    o.zero_copy = o.rendezvous = o.fin_wait = o.fetch_wait = o.put_wait = o.fin_seen = false;
+    o.zero_copy = o.rendezvous = o.fin_wait = o.fetch_wait = o.put_wait = false;
+    o.grant_sent = o.fin_sent = o.granted = o.fin_seen = o.fin_granted = false;
     o.space = mw::Space::user;
     o.peer = kAnyPeer;
     o.tag = o.ignore = o.reply_id = 0;
@@ -348,12 +355,14 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   }
 
   // A control message (fin, credit) to `peer`.
-  void send_control(PeerId peer, mw::Type type, std::uint64_t msg_id, Status status) noexcept {
+  void send_control(PeerId peer, mw::Type type, std::uint64_t msg_id, Status status,
+                    std::uint64_t reply_id = 0) noexcept {
     auto m = alloc_message(mw::kHeaderSize);
     if (!m) return;  // credits stay owed (retried by the scan); a lost fin ends in the sender's timeout
     mw::Header h;
     h.type = type;
     h.msg_id = msg_id;
+    h.reply_id = reply_id;
     h.status = static_cast<std::uint32_t>(status);
     PeerState& ps = peers[peer];
     h.credits = std::min(ps.owed, cfg.peer_credits);
@@ -541,15 +550,22 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     ps.owed -= h.credits;
     ps.announced = true;
     o.want = head;
-    o.put_wait = true;
+    o.put_wait = o.grant_sent = true;
     o.deadline = deadline_for(o.take - head);
     ++st.rendezvous_split;
   }
 
-  // The grant could not be made or sent: receive i fetches its tail itself.
-  void ungrant(std::uint32_t i) noexcept {
+  // The grant could not be made or sent: receive i fetches its tail itself,
+  // unless its fin (announcing the grant) is out already: then it fails.
+  void ungrant(std::uint32_t i, Status s) noexcept {
     Op& o = ops[i];
     o.put_wait = false;
+    if (o.fin_sent) {
+      if (o.rdv_status == Status::ok) o.rdv_status = s;
+      if (o.gets == 0 && !o.fetch_wait) finish_rendezvous_recv(i);
+      return;
+    }
+    o.grant_sent = false;
     o.want = o.take;
     o.deadline = Clock::time_point::max();
     if (!o.fetch_wait) issue_gets(i);
@@ -589,12 +605,17 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       send_control(o.peer, mw::Type::done, o.rdv_msg, o.rdv_status);
       o.want = o.issued = 0;
     }
-    if (o.fin_seen) {
-      // The receiver finished first (it gave up; its status is in
-      // rdv_status): complete now that no put reads the buffer.
-      o.fin_seen = false;
-      complete(i, o.rdv_status);
-    }
+    try_finish_send(i);
+  }
+
+  // Rendezvous send i completes once the receiver's fin is in, no put
+  // reads its buffer any more, and no grant the fin announced is still
+  // due. rdv_status holds the first failure (ours or the fin's).
+  void try_finish_send(std::uint32_t i) noexcept {
+    Op& o = ops[i];
+    if (!o.fin_seen || o.gets != 0 || (o.granted ? o.want != 0 : o.fin_granted)) return;
+    o.fin_wait = false;
+    complete(i, o.rdv_status);
   }
 
   // Issues the gets of receive i that the per-message depth and the
@@ -629,9 +650,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       ++o.gets;
       ++gets_in_flight;
     }
-    if (o.gets == 0 && !o.put_wait && (o.issued >= o.want || o.rdv_status != Status::ok)) {
-      finish_rendezvous_recv(i);
-    }
+    if (o.gets == 0 && (o.issued >= o.want || o.rdv_status != Status::ok)) finish_rendezvous_recv(i);
   }
 
   void enqueue_fetch(std::uint32_t i) noexcept {
@@ -665,10 +684,20 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     }
   }
 
+  // Our gets of receive i are over: the fin goes out at once (the sender's
+  // buffer is free of our gets; it need not wait for our done), announcing
+  // the grant if one went out; the receive completes once the sender's
+  // done is in too (its puts write our buffer until then).
   void finish_rendezvous_recv(std::uint32_t i) noexcept {
     Op& o = ops[i];
     const Status s = o.rdv_status;
-    if (ep.usable(o.peer)) send_control(o.peer, mw::Type::fin, o.rdv_msg, s);
+    if (!o.fin_sent) {
+      o.fin_sent = true;
+      if (ep.usable(o.peer)) {
+        send_control(o.peer, mw::Type::fin, o.rdv_msg, s, o.grant_sent ? make_token(o.gen, i) : 0);
+      }
+    }
+    if (o.put_wait) return;
     if (s == Status::ok && o.zero_copy) o.result.ldo = o.buf.ldo();
     o.result.received = s == Status::ok ? o.take : 0;
     complete(i, s != Status::ok ? s : o.take < o.result.length ? Status::truncated : Status::ok);
@@ -792,16 +821,11 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
         if (i < ops.size() && ops[i].gen == static_cast<std::uint32_t>(h.msg_id >> 32) &&
             ops[i].state == State::active && ops[i].fin_wait && ops[i].peer == src) {
           Op& o = ops[i];
-          o.fin_wait = false;
           const auto s = static_cast<Status>(h.status);
-          const Status fs = s == Status::truncated ? Status::ok : s;
-          if (o.gets == 0) {
-            complete(i, fs);
-          } else {
-            // Puts of a split rendezvous still read the buffer: they finish first.
-            if (o.rdv_status == Status::ok) o.rdv_status = fs;
-            o.fin_seen = true;
-          }
+          if (s != Status::truncated && s != Status::ok && o.rdv_status == Status::ok) o.rdv_status = s;
+          o.fin_seen = true;
+          o.fin_granted = h.reply_id != 0;  // a grant comes (or came): serve it first
+          try_finish_send(i);
         } else {
           ++st.rejected;
         }
@@ -816,7 +840,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
         auto r = RemoteRef::decode(bytes.subspan(mw::kHeaderSize, mw::kRefSize));
         const bool mine = i < ops.size() && ops[i].gen == static_cast<std::uint32_t>(h.msg_id >> 32) &&
                           ops[i].state == State::active && ops[i].fin_wait && ops[i].peer == src &&
-                          ops[i].want == 0 && ops[i].gets == 0;
+                          !ops[i].granted;
         if (!mine || !r || !r->contains(0, h.length) || h.tag + h.length > ops[i].buf.length()) {
           ++st.rejected;
           send_control(src, mw::Type::done, h.reply_id, Status::malformed);
@@ -827,7 +851,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
         o.put_base = o.issued = h.tag;
         o.want = h.tag + h.length;
         o.rdv_msg = h.reply_id;
-        o.rdv_status = Status::ok;
+        o.granted = true;
         issue_puts(i);
         break;
       }
@@ -970,7 +994,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     {
       std::unique_lock<std::mutex> g(mu);
       if (closed || i >= ops.size() || ops[i].gen != gen || ops[i].state != State::active) return;
-      if (c.status != Status::ok && ops[i].put_wait) ungrant(i);
+      if (c.status != Status::ok && ops[i].put_wait) ungrant(i, c.status);
       drain(g);
     }
   }
@@ -1098,7 +1122,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
         break;
       case PostKind::grant:
         if (p.op < ops.size() && ops[p.op].gen == p.gen && ops[p.op].state == State::active && ops[p.op].put_wait) {
-          ungrant(p.op);
+          ungrant(p.op, s);
         }
         break;
       case PostKind::put:
