@@ -2,27 +2,40 @@
 // The messaging protocol's header (regpool/messaging.hpp, docs/messaging.md):
 // every message a Messenger sends starts with these 64 bytes, little-endian.
 // A ready-to-send notice (rts) carries the sender's 64-byte RemoteRef right
-// after the header. Pure functions, so the fuzzer (test/fuzz/
+// after the header; a grant carries the receiver's. Pure functions, so the fuzzer (test/fuzz/
 // messaging_wire_fuzz.cpp) reaches the parser without an endpoint.
 //
 //   off size field
 //    0   4   magic "RPMG" (0x474d5052 little-endian)
-//    4   1   version (2)
-//    5   1   type: eager 1, rts 2, fin 3, credit 4
+//    4   1   version (3)
+//    5   1   type: eager 1, rts 2, fin 3, credit 4, grant 5, done 6
 //    6   1   space: 0 user tags, 1 replies of request/response
 //    7   1   flags (must be 0)
 //    8   4   credits returned to the receiver of this message
-//   12   4   status (fin: the receiver's Status; else 0)
-//   16   8   tag
+//   12   4   status (fin: the receiver's Status; done: the sender's; else 0)
+//   16   8   tag (grant: the offset in the message of the granted range;
+//            fin/credit/done 0)
 //   24   8   length: eager, the payload after the header; rts, the
-//            exposed message (1 .. 2^40); fin/credit 0
-//   32   8   message id (rts/fin pairing; eager: the sender's counter)
-//   40   8   reply id (request/response: where the reply goes; 0 = none)
+//            exposed message (1 .. 2^40); grant, the granted range (1 ..
+//            2^40, offset + length <= 2^40); fin/credit/done 0
+//   32   8   message id (rts/grant/fin pairing: the sender's id of the
+//            message; done: the receiver's id from the grant; eager: the
+//            sender's counter)
+//   40   8   reply id (request/response: where the reply goes; 0 = none;
+//            grant: the receiver's id, echoed by the done; fin: that id
+//            when a grant for the message went out, else 0)
 //   48   8   seq: per sender and receiver, from 1 (eager, rts); 0 otherwise
 //   56   4   accept_eager: the largest eager payload the sender of this
 //            message accepts (its eager threshold), kMinEager .. kMaxEager
 //   60   4   grant: the credits the sender of this message grants each
 //            peer (its peer_credits), 1 .. kMaxCredits; credits <= grant
+//
+// Split rendezvous (docs/messaging.md): the receiver of an rts may answer
+// with a grant, a write-only exposure of the tail of its buffer; the sender
+// puts that range and answers with a done. The receiver gets the rest and
+// sends the fin when its gets are over (naming the grant, so a sender that
+// sees the fin first still serves it); the sender completes on the fin and
+// its puts, the receiver on its gets and the done.
 //
 // Negotiation: both limits ride on every message, so a peer learns them
 // from the first message it gets back. Until then it assumes the smallest
@@ -40,10 +53,10 @@
 namespace regpool::detail::msgwire {
 
 inline constexpr std::uint32_t kMagic = 0x474d5052;  // "RPMG"
-inline constexpr std::uint8_t kVersion = 2;
+inline constexpr std::uint8_t kVersion = 3;
 inline constexpr std::size_t kHeaderSize = 64;
 inline constexpr std::size_t kRefSize = 64;  // RemoteRef::kEncodedSize
-inline constexpr std::size_t kRtsSize = kHeaderSize + kRefSize;
+inline constexpr std::size_t kRtsSize = kHeaderSize + kRefSize;  // also a grant
 inline constexpr std::uint64_t kMaxLength = std::uint64_t{1} << 40;
 // Largest status value a fin may carry (Status::truncated is the last).
 inline constexpr std::uint32_t kMaxStatus = 255;
@@ -53,7 +66,7 @@ inline constexpr std::uint32_t kMinEager = 64;
 inline constexpr std::uint32_t kMaxEager = std::uint32_t{1} << 31;
 inline constexpr std::uint32_t kMaxCredits = 65535;
 
-enum class Type : std::uint8_t { eager = 1, rts = 2, fin = 3, credit = 4 };
+enum class Type : std::uint8_t { eager = 1, rts = 2, fin = 3, credit = 4, grant = 5, done = 6 };
 enum class Space : std::uint8_t { user = 0, reply = 1 };
 
 struct Header {
@@ -93,10 +106,11 @@ inline void encode(const Header& h, std::byte* out) noexcept {
 // Returns malformed for any violation: short message, bad magic/version/
 // type/space/flags, a length that disagrees with the bytes received
 // (eager), an eager payload above max_eager (the sender ignored the
-// announced limit), a length of 0 or above 2^40 (rts), an rts without its
-// reference, a fin/credit with a length, seq 0 on eager/rts or non-zero on
-// fin/credit, announced limits out of range, credits above the sender's
-// own grant, a status above kMaxStatus.
+// announced limit), a length of 0 or above 2^40 (rts, grant), a granted
+// range ending past 2^40, an rts or grant without its reference, a
+// fin/credit/done with a length or tag, seq 0 on eager/rts or non-zero on
+// the others, announced limits out of range, credits above the sender's
+// own grant, a status above kMaxStatus or non-zero outside fin/done.
 inline Status parse(std::span<const std::byte> msg, std::uint64_t max_eager, Header& out) noexcept {
   if (msg.size() < kHeaderSize) return Status::malformed;
   const std::byte* p = msg.data();
@@ -104,7 +118,7 @@ inline Status parse(std::span<const std::byte> msg, std::uint64_t max_eager, Hea
   if (std::to_integer<std::uint8_t>(p[4]) != kVersion) return Status::malformed;
   const auto type = std::to_integer<std::uint8_t>(p[5]);
   const auto space = std::to_integer<std::uint8_t>(p[6]);
-  if (type < 1 || type > 4) return Status::malformed;
+  if (type < 1 || type > 6) return Status::malformed;
   if (space > 1) return Status::malformed;
   if (std::to_integer<std::uint8_t>(p[7]) != 0) return Status::malformed;
   Header h;
@@ -131,8 +145,15 @@ inline Status parse(std::span<const std::byte> msg, std::uint64_t max_eager, Hea
       if (msg.size() != kRtsSize || h.length == 0 || h.length > kMaxLength) return Status::malformed;
       if (h.seq == 0 || h.status != 0) return Status::malformed;
       break;
+    case Type::grant:
+      if (msg.size() != kRtsSize || h.length == 0 || h.length > kMaxLength || h.tag > kMaxLength - h.length) {
+        return Status::malformed;
+      }
+      if (h.seq != 0 || h.status != 0) return Status::malformed;
+      break;
     case Type::fin:
     case Type::credit:
+    case Type::done:
       if (msg.size() != kHeaderSize || h.length != 0 || h.seq != 0 || h.tag != 0) return Status::malformed;
       if (h.type == Type::credit && (h.status != 0 || h.msg_id != 0)) return Status::malformed;
       break;

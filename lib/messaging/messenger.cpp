@@ -69,6 +69,14 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     bool rendezvous = false;
     bool fin_wait = false;  // rendezvous send: rts out, waiting for the fin
     bool fetch_wait = false;  // rendezvous receive: matched, waiting for a get slot (linked by next)
+    bool put_wait = false;    // split rendezvous receive: granted a range, waiting for the sender's done
+    // Split rendezvous. Receive: grant_sent, a grant went out (the fin
+    // says so); fin_sent, our gets are over and the fin went out (the
+    // receive completes once the done is in too). Send: granted, the grant
+    // came and its puts started; fin_seen, the fin came (fin_granted: it
+    // announced a grant); the send completes once both are over.
+    bool grant_sent = false, fin_sent = false;
+    bool granted = false, fin_seen = false, fin_granted = false;
     mw::Space space = mw::Space::user;
     PeerId peer = kAnyPeer;
     std::uint64_t tag = 0;
@@ -76,14 +84,21 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     std::uint64_t reply_id = 0;
     Slice buf;  // send payload or receive buffer
     Exposure exposure;
-    // Receive side of a rendezvous.
+    // Receive side of a rendezvous: gets of [issued, want) from the
+    // sender's ref; `take` bytes in all (want stops short of it when the
+    // tail was granted to the sender's puts). Send side of a split one:
+    // puts of [issued, want) to the receiver's ref at offset - put_base,
+    // rdv_msg the receiver's id for the done; `gets` counts the puts.
     RemoteRef ref;
-    std::uint64_t want = 0, issued = 0, done = 0, rdv_msg = 0;
+    std::uint64_t want = 0, issued = 0, done = 0, rdv_msg = 0, take = 0, put_base = 0;
     std::uint32_t gets = 0;
     Status rdv_status = Status::ok;
     // request <-> its internal send
     std::uint32_t link = kNone, link_gen = 0;
     Clock::time_point deadline = Clock::time_point::max();
+    // Split receive: when it was granted and when its own gets were over
+    // (whether the split paid, see judge_split).
+    Clock::time_point granted_at{}, gets_over_at{};
     std::uint32_t prev = kNone, next = kNone;
     MessageCallback cb;
     MessageCompletion result;
@@ -120,15 +135,15 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     std::uint32_t early = 0;
   };
 
-  enum class PostKind : std::uint8_t { recv, send, rts, get };
+  enum class PostKind : std::uint8_t { recv, send, rts, get, grant, put };
   struct Post {
     PostKind kind = PostKind::recv;
     PeerId peer = kAnyPeer;
     std::uint32_t op = kNone, gen = 0;
     std::uint32_t bounce = 0;
     std::uint64_t remote_offset = 0;
-    Slice local;  // recv: the bounce; send: the message; rts: the payload to expose; get: the target
-    Slice msg;    // rts: the notice
+    Slice local;  // recv: the bounce; send: the message; rts/grant: the bytes to expose; get/put: the local side
+    Slice msg;    // rts/grant: the notice
     RemoteRef ref;
   };
 
@@ -137,6 +152,13 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   MessengerConfig cfg;
   std::uint64_t threshold = 0;
   std::uint64_t chunk = 0;
+  // Rendezvous receives of at least this many bytes are split with the
+  // sender (MessengerConfig::rendezvous_split); 0 = never.
+  std::uint64_t split_from = 0;
+  // Splits skipped before the next one is tried, and the current backoff
+  // (judge_split; only for the backend's default, not a configured size).
+  bool split_adaptive = false;
+  std::uint32_t split_skip = 0, split_backoff = 0;
   std::uint32_t credit_batch = 1;
   // Rendezvous gets in flight across all receives, their cap, and the
   // receives waiting for one (FIFO through Op::next).
@@ -189,11 +211,12 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     o.state = State::active;
     o.kind = kind;
     o.has_cb = false;
-    o.zero_copy = o.rendezvous = o.fin_wait = o.fetch_wait = false;
+    o.zero_copy = o.rendezvous = o.fin_wait = o.fetch_wait = o.put_wait = false;
+    o.grant_sent = o.fin_sent = o.granted = o.fin_seen = o.fin_granted = false;
     o.space = mw::Space::user;
     o.peer = kAnyPeer;
     o.tag = o.ignore = o.reply_id = 0;
-    o.want = o.issued = o.done = o.rdv_msg = 0;
+    o.want = o.issued = o.done = o.rdv_msg = o.take = o.put_base = 0;
     o.gets = 0;
     o.rdv_status = Status::ok;
     o.link = kNone;
@@ -347,12 +370,14 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   }
 
   // A control message (fin, credit) to `peer`.
-  void send_control(PeerId peer, mw::Type type, std::uint64_t msg_id, Status status) noexcept {
+  void send_control(PeerId peer, mw::Type type, std::uint64_t msg_id, Status status,
+                    std::uint64_t reply_id = 0) noexcept {
     auto m = alloc_message(mw::kHeaderSize);
     if (!m) return;  // credits stay owed (retried by the scan); a lost fin ends in the sender's timeout
     mw::Header h;
     h.type = type;
     h.msg_id = msg_id;
+    h.reply_id = reply_id;
     h.status = static_cast<std::uint32_t>(status);
     PeerState& ps = peers[peer];
     h.credits = std::min(ps.owed, cfg.peer_credits);
@@ -492,14 +517,147 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       o.buf = *Slice::data(std::move(*m));
     }
     o.want = std::min<std::uint64_t>(h.length, o.buf.length());
+    o.take = o.want;
     if (!ref.contains(0, o.want)) {
       ++st.rejected;
       send_control(src, mw::Type::fin, h.msg_id, Status::malformed);
       complete(i, Status::malformed);
       return false;
     }
+    if (split_from != 0 && o.want >= split_from) {
+      if (split_skip > 0) {
+        --split_skip;
+      } else {
+        grant_tail(i, h.msg_id);
+      }
+    }
     issue_gets(i);
     return false;
+  }
+
+  // Split rendezvous: the second half of receive i's bytes (from a page
+  // boundary) goes to the sender's puts through a write-only exposure of
+  // that range; the receiver gets the first half meanwhile. Where the
+  // provider's transfers are copies made by their initiator, both
+  // processes' CPUs copy at once instead of the receiver's alone. Queued
+  // before the first get, so the sender starts while we copy. Anything
+  // that fails here leaves the whole message to the gets.
+  void grant_tail(std::uint32_t i, std::uint64_t msg_id) noexcept {
+    Op& o = ops[i];
+    const std::uint64_t head = (o.want / 2) & ~std::uint64_t{4095};
+    if (head == 0) return;
+    auto tail = o.buf.select(head, o.want - head);
+    if (!tail) return;
+    auto m = alloc_message(mw::kRtsSize);
+    if (!m) return;
+    mw::Header h;
+    h.type = mw::Type::grant;
+    h.tag = head;
+    h.length = o.want - head;
+    h.msg_id = msg_id;
+    h.reply_id = make_token(o.gen, i);
+    // No credits ride on a grant: it can still fail in its post (the
+    // expose) after this, and credits in it would be lost.
+    stamp(h);
+    Post p;
+    p.kind = PostKind::grant;
+    p.peer = o.peer;
+    p.op = i;
+    p.gen = o.gen;
+    p.local = std::move(*tail);
+    p.msg = *Slice::data(std::move(*m));
+    mw::encode(h, p.msg.address());
+    if (!push_post(std::move(p))) return;
+    o.want = head;
+    o.put_wait = o.grant_sent = true;
+    o.deadline = deadline_for(o.take - head);
+    o.granted_at = Clock::now();
+    ++st.rendezvous_split;
+  }
+
+  // The grant could not be made or sent: receive i fetches its tail itself,
+  // unless its fin (announcing the grant) is out already: then it fails.
+  void ungrant(std::uint32_t i, Status s) noexcept {
+    Op& o = ops[i];
+    o.put_wait = false;
+    if (o.fin_sent) {
+      if (o.rdv_status == Status::ok) o.rdv_status = s;
+      if (o.gets == 0 && !o.fetch_wait) finish_rendezvous_recv(i);
+      return;
+    }
+    o.grant_sent = false;
+    o.want = o.take;
+    o.deadline = Clock::time_point::max();
+    if (!o.fetch_wait) issue_gets(i);
+    pump_fetches();
+  }
+
+  // A split pays when the sender copies alongside us: its done comes about
+  // when our own gets are over. When it comes later than our half took
+  // again, the sender's CPU was not copying meanwhile (both processes on
+  // one CPU, or an oversubscribed machine: each hand-off waits for a time
+  // slice), and the split only added the grant's and the done's hand-offs:
+  // the next 1, 2, 4 .. 64 rendezvous receives go unsplit, then one tries
+  // again. A split that paid resets the backoff.
+  void judge_split(const Op& o) noexcept {
+    bool paid = true;
+    if (o.fin_sent) {
+      const auto now = Clock::now();
+      paid = now - o.gets_over_at <= o.gets_over_at - o.granted_at;
+    }
+    if (paid) {
+      split_backoff = 0;
+    } else {
+      split_backoff = std::min<std::uint32_t>(std::max<std::uint32_t>(1, 2 * split_backoff), 64);
+      split_skip = split_backoff;
+      ++st.rendezvous_split_backoffs;
+    }
+  }
+
+  // Issues the puts of split send i that the per-message depth allows
+  // (its bytes leave only after the grant: no Messenger-wide cap, the
+  // receiver's gets are capped on its side); once none is in flight and
+  // none is left (or one failed), tells the receiver with a done.
+  void issue_puts(std::uint32_t i) noexcept {
+    Op& o = ops[i];
+    while (o.gets < cfg.rendezvous_depth && o.issued < o.want && o.rdv_status == Status::ok) {
+      const std::uint64_t n = std::min(chunk, o.want - o.issued);
+      auto local = o.buf.select(o.issued, n);
+      if (!local) {
+        o.rdv_status = local.status();
+        break;
+      }
+      Post p;
+      p.kind = PostKind::put;
+      p.peer = o.peer;
+      p.op = i;
+      p.gen = o.gen;
+      p.local = std::move(*local);
+      p.ref = o.ref;
+      p.remote_offset = o.issued - o.put_base;
+      if (!push_post(std::move(p))) {
+        o.rdv_status = Status::would_block;
+        break;
+      }
+      o.issued += n;
+      ++o.gets;
+    }
+    if (o.gets != 0 || (o.issued < o.want && o.rdv_status == Status::ok)) return;
+    if (o.want != 0) {
+      send_control(o.peer, mw::Type::done, o.rdv_msg, o.rdv_status);
+      o.want = o.issued = 0;
+    }
+    try_finish_send(i);
+  }
+
+  // Rendezvous send i completes once the receiver's fin is in, no put
+  // reads its buffer any more, and no grant the fin announced is still
+  // due. rdv_status holds the first failure (ours or the fin's).
+  void try_finish_send(std::uint32_t i) noexcept {
+    Op& o = ops[i];
+    if (!o.fin_seen || o.gets != 0 || (o.granted ? o.want != 0 : o.fin_granted)) return;
+    o.fin_wait = false;
+    complete(i, o.rdv_status);
   }
 
   // Issues the gets of receive i that the per-message depth and the
@@ -568,13 +726,24 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     }
   }
 
+  // Our gets of receive i are over: the fin goes out at once (the sender's
+  // buffer is free of our gets; it need not wait for our done), announcing
+  // the grant if one went out; the receive completes once the sender's
+  // done is in too (its puts write our buffer until then).
   void finish_rendezvous_recv(std::uint32_t i) noexcept {
     Op& o = ops[i];
     const Status s = o.rdv_status;
-    if (ep.usable(o.peer)) send_control(o.peer, mw::Type::fin, o.rdv_msg, s);
+    if (!o.fin_sent) {
+      o.fin_sent = true;
+      if (o.put_wait) o.gets_over_at = Clock::now();
+      if (ep.usable(o.peer)) {
+        send_control(o.peer, mw::Type::fin, o.rdv_msg, s, o.grant_sent ? make_token(o.gen, i) : 0);
+      }
+    }
+    if (o.put_wait) return;
     if (s == Status::ok && o.zero_copy) o.result.ldo = o.buf.ldo();
-    o.result.received = s == Status::ok ? o.want : 0;
-    complete(i, s != Status::ok ? s : o.want < o.result.length ? Status::truncated : Status::ok);
+    o.result.received = s == Status::ok ? o.take : 0;
+    complete(i, s != Status::ok ? s : o.take < o.result.length ? Status::truncated : Status::ok);
   }
 
   // An in-sequence eager/rts message from src. Returns true when `ldo` was
@@ -700,9 +869,52 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
         const auto i = static_cast<std::uint32_t>(h.msg_id & 0xffffffffu);
         if (i < ops.size() && ops[i].gen == static_cast<std::uint32_t>(h.msg_id >> 32) &&
             ops[i].state == State::active && ops[i].fin_wait && ops[i].peer == src) {
-          ops[i].fin_wait = false;
+          Op& o = ops[i];
           const auto s = static_cast<Status>(h.status);
-          complete(i, s == Status::truncated ? Status::ok : s);
+          if (s != Status::truncated && s != Status::ok && o.rdv_status == Status::ok) o.rdv_status = s;
+          o.fin_seen = true;
+          o.fin_granted = h.reply_id != 0;  // a grant comes (or came): serve it first
+          try_finish_send(i);
+        } else {
+          ++st.rejected;
+        }
+        break;
+      }
+      case mw::Type::grant: {
+        // Our rendezvous send i: the receiver wants [tag, tag + length)
+        // put into its exposure. Checked against the message we sent; a
+        // grant we cannot serve gets a failed done, so the receiver does
+        // not wait for its deadline.
+        const auto i = static_cast<std::uint32_t>(h.msg_id & 0xffffffffu);
+        auto r = RemoteRef::decode(bytes.subspan(mw::kHeaderSize, mw::kRefSize));
+        const bool mine = i < ops.size() && ops[i].gen == static_cast<std::uint32_t>(h.msg_id >> 32) &&
+                          ops[i].state == State::active && ops[i].fin_wait && ops[i].peer == src &&
+                          !ops[i].granted;
+        if (!mine || !r || !r->contains(0, h.length) || h.tag + h.length > ops[i].buf.length()) {
+          ++st.rejected;
+          send_control(src, mw::Type::done, h.reply_id, Status::malformed);
+          break;
+        }
+        Op& o = ops[i];
+        o.ref = *r;
+        o.put_base = o.issued = h.tag;
+        o.want = h.tag + h.length;
+        o.rdv_msg = h.reply_id;
+        o.granted = true;
+        issue_puts(i);
+        break;
+      }
+      case mw::Type::done: {
+        // The sender's puts into the range we granted receive i are over.
+        const auto i = static_cast<std::uint32_t>(h.msg_id & 0xffffffffu);
+        if (i < ops.size() && ops[i].gen == static_cast<std::uint32_t>(h.msg_id >> 32) &&
+            ops[i].state == State::active && ops[i].put_wait && ops[i].peer == src) {
+          Op& o = ops[i];
+          o.put_wait = false;
+          const auto s = static_cast<Status>(h.status);
+          if (s != Status::ok && o.rdv_status == Status::ok) o.rdv_status = s;
+          if (s == Status::ok && split_adaptive) judge_split(o);
+          if (!o.fetch_wait) issue_gets(i);  // finishes it when its gets are done too
         } else {
           ++st.rejected;
         }
@@ -814,6 +1026,29 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     }
   }
 
+  void on_put(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
+    {
+      std::unique_lock<std::mutex> g(mu);
+      if (i >= ops.size() || ops[i].gen != gen) return;
+      Op& o = ops[i];
+      if (o.gets > 0) --o.gets;
+      if (closed || o.state != State::active) return;
+      if (c.status != Status::ok && o.rdv_status == Status::ok) o.rdv_status = c.status;
+      issue_puts(i);
+      drain(g);
+    }
+  }
+
+  // The grant's send completed: a failed one never reached the sender.
+  void on_granted(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
+    {
+      std::unique_lock<std::mutex> g(mu);
+      if (closed || i >= ops.size() || ops[i].gen != gen || ops[i].state != State::active) return;
+      if (c.status != Status::ok && ops[i].put_wait) ungrant(i, c.status);
+      drain(g);
+    }
+  }
+
   // ---------- posting (no mutex) ----------
   void run_posts() noexcept {
     std::unique_lock<std::mutex> g(mu);
@@ -885,6 +1120,28 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
                         [self = std::move(self), i, gen](const Completion& c) { self->on_got(i, gen, c); });
         return t.status();
       }
+      case PostKind::grant: {
+        auto x = ep.expose(p.local, RemoteAccess::write_only, p.peer);
+        if (!x) return x.status();
+        const auto wire = x->encode();
+        std::memcpy(p.msg.address() + mw::kHeaderSize, wire.data(), wire.size());
+        {
+          std::lock_guard<std::mutex> g(mu);
+          Op& o = ops[p.op];
+          if (o.gen != p.gen || o.state != State::active || !o.put_wait) return Status::ok;  // failed meanwhile: revoke
+          o.exposure = std::move(*x);
+        }
+        const std::uint32_t i = p.op, gen = p.gen;
+        auto t = ep.send(p.peer, p.msg,
+                         [self = std::move(self), i, gen](const Completion& c) { self->on_granted(i, gen, c); });
+        return t.status();
+      }
+      case PostKind::put: {
+        const std::uint32_t i = p.op, gen = p.gen;
+        auto t = ep.put(p.local, p.peer, p.ref, p.remote_offset,
+                        [self = std::move(self), i, gen](const Completion& c) { self->on_put(i, gen, c); });
+        return t.status();
+      }
     }
     return Status::invalid_argument;
   }
@@ -913,6 +1170,20 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
           pump_fetches();
         }
         break;
+      case PostKind::grant:
+        if (p.op < ops.size() && ops[p.op].gen == p.gen && ops[p.op].state == State::active && ops[p.op].put_wait) {
+          ungrant(p.op, s);
+        }
+        break;
+      case PostKind::put:
+        if (p.op < ops.size() && ops[p.op].gen == p.gen) {
+          Op& o = ops[p.op];
+          if (o.gets > 0) --o.gets;
+          if (o.state != State::active) break;
+          if (o.rdv_status == Status::ok) o.rdv_status = s;
+          issue_puts(p.op);
+        }
+        break;
     }
   }
 
@@ -931,11 +1202,13 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       } else if (o.state == State::active && o.fin_wait) {
         o.fin_wait = false;
         complete(i, s);
-      } else if (o.state == State::active && o.fetch_wait) {
-        // Matched, no get issued yet: nothing writes its buffer.
-        unlink_fetch(i);
-        o.rdv_status = s;
-        finish_rendezvous_recv(i);
+      } else if (o.state == State::active && (o.fetch_wait || o.put_wait)) {
+        // Matched, no get of ours in flight (or none besides the dead
+        // peer's puts): nothing else writes its buffer.
+        if (o.fetch_wait) unlink_fetch(i);
+        o.put_wait = false;
+        if (o.rdv_status == Status::ok) o.rdv_status = s;
+        if (o.gets == 0) finish_rendezvous_recv(i);
       }
       // Rendezvous receives in progress finish when their gets do (the
       // endpoint fails those): their buffer is written until then.
@@ -955,8 +1228,16 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     for (std::uint32_t i = 0; i < ops.size(); ++i) {
       Op& o = ops[i];
       if (o.state == State::free || o.state == State::done) continue;
-      if (o.fetch_wait && !ep.usable(o.peer)) {
+      if ((o.fetch_wait || o.put_wait) && !ep.usable(o.peer)) {
         fail_peer_locked(o.peer, Status::peer_unreachable);
+        continue;
+      }
+      if (o.put_wait && o.deadline <= now) {
+        // The sender's done never came: finish (fin with the timeout) once
+        // our own gets are over; the exposure is revoked on completion.
+        o.put_wait = false;
+        if (o.rdv_status == Status::ok) o.rdv_status = Status::timeout;
+        if (!o.fetch_wait) issue_gets(i);
         continue;
       }
       const bool waiting = o.state == State::posted || o.state == State::queued || o.fin_wait;
@@ -1028,6 +1309,16 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
                                           std::min<std::uint64_t>(limit - mw::kHeaderSize, mw::kMaxEager));
   c.chunk = cfg.rendezvous_chunk ? cfg.rendezvous_chunk : std::min<std::uint64_t>(limit, 16 << 20);
   c.chunk = std::min(c.chunk, limit);
+  if (cfg.rendezvous_split != 0) {
+    c.split_from = cfg.rendezvous_split == ~std::uint64_t{0} ? 0 : cfg.rendezvous_split;
+  } else if (endpoint.transfer_traits().initiator_copies) {
+    // The receiver's gets alone would leave the sender's CPU idle while
+    // the receiver's copies every byte (docs/messaging.md, "Split
+    // rendezvous"); 1 MiB: below it the extra grant and done cost more
+    // than half a copy saves.
+    c.split_from = std::uint64_t{1} << 20;
+    c.split_adaptive = true;
+  }
   if (cfg.rendezvous_gets != 0) {
     c.max_gets = cfg.rendezvous_gets;
   } else if (endpoint.transfer_traits().initiator_copies) {

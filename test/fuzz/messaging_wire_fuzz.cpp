@@ -5,8 +5,10 @@
 //    encoding per meaning);
 //  - a parsed message respects the limits it was parsed with: eager length
 //    equals the bytes after the header and is at most max_eager; an rts is
-//    exactly header + reference with 1 <= length <= 2^40; fin/credit are a
-//    bare header; seq != 0 exactly on eager/rts;
+//    exactly header + reference with 1 <= length <= 2^40; a grant is
+//    header + reference, its range (tag = offset, length) inside 1 .. 2^40
+//    and status 0; fin/credit/done are a bare header with tag 0; seq != 0
+//    exactly on eager/rts;
 //  - the limits it announces (negotiation) are in range: accept_eager in
 //    kMinEager..kMaxEager, grant in 1..kMaxCredits, credits <= grant;
 //  - the limits come from the input too, and a parse that succeeds under
@@ -41,9 +43,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case mw::Type::rts:
       if (msg.size() != mw::kRtsSize || h.length == 0 || h.length > mw::kMaxLength || h.seq == 0) std::abort();
       break;
+    case mw::Type::grant:
+      if (msg.size() != mw::kRtsSize || h.length == 0 || h.length > mw::kMaxLength ||
+          h.tag + h.length > mw::kMaxLength || h.seq != 0 || h.status != 0) {
+        std::abort();
+      }
+      break;
     case mw::Type::fin:
     case mw::Type::credit:
-      if (msg.size() != mw::kHeaderSize || h.length != 0 || h.seq != 0) std::abort();
+    case mw::Type::done:
+      if (msg.size() != mw::kHeaderSize || h.length != 0 || h.seq != 0 || h.tag != 0) std::abort();
       break;
     default: std::abort();
   }

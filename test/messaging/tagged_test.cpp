@@ -7,10 +7,13 @@
 //  - budget and credits: a receiver that does not receive holds at most its
 //    budget plus one credit window of messages; nothing is lost;
 //  - rendezvous at 4 MiB and 64 MiB, every byte checked, exposures revoked,
-//    truncation of a rendezvous; many rendezvous in flight with the gets
-//    capped (the fetch queue), in order;
+//    truncation of a rendezvous, each with the receiver's split (grant,
+//    the sender's puts, done) forced, never, and the backend's default;
+//    many rendezvous in flight with the gets capped (the fetch queue), in
+//    order;
 //  - a receiver killed mid-rendezvous: the sender fails within its bound,
-//    its exposure is revoked and its LDO references released;
+//    its exposure is revoked and its LDO references released; a sender
+//    killed mid-rendezvous, split or not: the receive fails in bound;
 //  - request/response with 3 clients, timeout, cancel, a failed peer;
 //  - messages arriving ahead of their sequence (forged by a raw endpoint)
 //    are held and delivered in order once the gap fills, twice in a row.
@@ -452,7 +455,11 @@ TEST_CASE("mismatched thresholds and credits are negotiated: nothing refused, tr
 
 TEST_CASE("rendezvous at 4 MiB and 64 MiB moves every byte and revokes its exposures", "[fabric][messaging]") {
   const std::string prov = GENERATE(from_range(rpt::backends()));
-  INFO("backend " << prov);
+  // The receiver decides the split: 256 KiB splits all three (the
+  // truncated one too: the sender puts only up to the receive buffer's
+  // end); UINT64_MAX none; 0 the backend's default (TransferTraits).
+  const std::uint64_t split = GENERATE(std::uint64_t{256} << 10, ~std::uint64_t{0}, std::uint64_t{0});
+  INFO("backend " << prov << " rendezvous_split " << split);
   const std::vector<std::uint64_t> sizes = {std::uint64_t{4} << 20, std::uint64_t{64} << 20, std::uint64_t{1} << 20};
   auto boot = rpt::root_bootstrap();
   const auto port = boot->port();
@@ -472,7 +479,9 @@ TEST_CASE("rendezvous at 4 MiB and 64 MiB moves every byte and revokes its expos
         return 0;
       },
       300);
-  Node n(prov);
+  MessengerConfig mc;
+  mc.rendezvous_split = split;
+  Node n(prov, mc);
   (void)n.s.ep->insert_peer(boot->allgather(n.s.ep->name(), 30s)[1]);
   // 4 MiB into a posted buffer.
   {
@@ -510,8 +519,14 @@ TEST_CASE("rendezvous at 4 MiB and 64 MiB moves every byte and revokes its expos
     for (std::size_t k = 300 << 10; k < buf.data().size(); ++k) guard &= buf.data()[k] == std::byte{0x33};
     CHECK(guard);
   }
+  if (split == std::uint64_t{256} << 10) CHECK(n.m.stats().rendezvous_split == sizes.size());
+  if (split == ~std::uint64_t{0}) CHECK(n.m.stats().rendezvous_split == 0);
   boot->barrier(120s);
   CHECK(rpt::reap(kid, 60s) == 0);
+  // The grants' exposures are revoked too.
+  n.s.ep->progress_for(200ms);
+  n.m.progress();
+  CHECK(n.s.ep->exposure_stats().live == 0);
 }
 
 // Many rendezvous in flight to one receiver whose gets are capped below
@@ -635,7 +650,9 @@ TEST_CASE("a receiver killed mid-rendezvous: the sender fails in bound and lets 
 
 TEST_CASE("a sender killed mid-rendezvous: the receive fails in bound and lets go", "[fabric][messaging]") {
   const std::string prov = GENERATE(from_range(rpt::backends()));
-  INFO("backend " << prov);
+  // Split: the receive also waits for the dead sender's done.
+  const bool split = GENERATE(false, true);
+  INFO("backend " << prov << (split ? " split" : " not split"));
   constexpr std::uint64_t kSize = std::uint64_t{64} << 20;
   auto boot = rpt::root_bootstrap();
   const auto port = boot->port();
@@ -657,6 +674,7 @@ TEST_CASE("a sender killed mid-rendezvous: the receive fails in bound and lets g
   MessengerConfig mc;
   mc.rendezvous_chunk = 4096;  // thousands of gets: the kill lands mid-transfer
   mc.rendezvous_depth = 1;
+  mc.rendezvous_split = split ? std::uint64_t{1} << 20 : ~std::uint64_t{0};
   Node n(prov, mc);
   (void)n.s.ep->insert_peer(boot->allgather(n.s.ep->name(), 30s)[1]);
   auto buf = n.s.alloc(kSize);
