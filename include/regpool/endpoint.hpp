@@ -459,7 +459,7 @@ class REGPOOL_API Endpoint {
   // Post several puts, gets and sends at once, in order, so the backend can
   // hand them to the provider together (verbs: one chain of work requests
   // and one doorbell per run of consecutive ops to the same peer; libfabric:
-  // FI_MORE on all but the last, docs/transfers.md "Batches"). Each op is
+  // FI_MORE on all but the last, docs/architecture.md, "Batches"). Each op is
   // checked exactly as by put()/get()/send() and gets its own slot, token,
   // completion and callback; the ops complete independently.
   //
