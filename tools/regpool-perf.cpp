@@ -63,6 +63,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -105,6 +106,8 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::uint16_t kDefaultPort = 18515;  // ib_write_bw's, for familiarity
 constexpr std::uint64_t kMaxWindow = 512;
+// Bound on --batch (a batch is posted with one Endpoint::post_batch call).
+constexpr std::uint64_t kMaxBatch = 64;
 // --peers: client processes per round (each a whole process with its own
 // endpoint; 256 on 2 cores is already slow to start).
 constexpr std::uint64_t kMaxPeers = 256;
@@ -161,6 +164,10 @@ void usage(std::FILE* to) {
       "                   1000; bandwidth tests move at most 1 GiB per size, and with\n"
       "                   --cold at least one operation per slot)\n"
       "  --window W       operations in flight in bandwidth tests (default 16, max 512)\n"
+      "  --batch N        put and get bandwidth post N operations at a time with one\n"
+      "                   Endpoint::post_batch call (verbs: one doorbell for N chained\n"
+      "                   work requests; libfabric: FI_MORE); 1 (default): one put()\n"
+      "                   or get() call each. At most 64 and at most --window\n"
       "  --cold           put, get, send and memcpy bandwidth rotate over distinct\n"
       "                   slots of --cold-bytes on each side, so no operation finds its\n"
       "                   bytes in cache (default: hot, the same bytes every operation,\n"
@@ -220,6 +227,9 @@ struct Config {
   std::vector<std::uint64_t> sizes{8, 4096, 65536, std::uint64_t{1} << 20};
   std::uint64_t iters = 1000;
   std::uint64_t window = 16;
+  // --batch: put and get bandwidth post their operations this many at a
+  // time with Endpoint::post_batch (1: one put()/get() call each). Client only.
+  std::uint64_t batch = 1;
   bool put = true, get = true, send = true, atomic = true, expose = true;
   // Messenger tagged send/receive (regpool/messaging.hpp); only when asked.
   bool tagged = false;
@@ -395,6 +405,10 @@ Options parse_args(int argc, char** argv, bool& help) {
       if (!m) throw UsageError("--wait takes spin, sleep or adaptive (got '" + v + "')");
       o.config.wait = *m;
       client_only_option = true;
+    } else if (is_option(a, "--batch")) {
+      o.config.batch = regpool_tools::parse_uint(option_value(argc, argv, i, "--batch"), "--batch", 1, kMaxBatch);
+      not_for_peers = a;
+      client_only_option = true;
     } else if (is_option(a, "--window")) {
       o.config.window = regpool_tools::parse_uint(option_value(argc, argv, i, "--window"), "--window", 1, kMaxWindow);
       client_only_option = true;
@@ -480,6 +494,7 @@ Options parse_args(int argc, char** argv, bool& help) {
     throw UsageError(
         "the server takes provider, sizes, iterations, window, ops and expose mode from the client; give them there");
   }
+  if (o.config.batch > o.config.window) throw UsageError("--batch may not exceed --window");
   if (o.config.provider.empty()) o.config.provider = o.mode == Mode::loopback || o.mode == Mode::peers ? "shm" : "tcp";
   if (o.mode == Mode::peers && !sizes_given) o.config.sizes = {8};
   if (cold && o.config.cold_bytes == 0) {
@@ -1121,6 +1136,38 @@ double windowed(Side& s, std::uint64_t n, std::uint64_t window, Post post, Progr
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// windowed() with the ops posted `batch` at a time through post_batch:
+// `fill(op)` describes the next operation in `op`. A new batch goes out once
+// a whole batch fits in the window again (or the last, shorter one), so at
+// batch 1 this is windowed() with post_batch in place of put()/get().
+template <class Fill>
+double windowed_batches(Side& s, std::uint64_t n, std::uint64_t window, std::uint64_t batch, Fill fill,
+                        ProgressLine& pl, const std::string& op, std::uint64_t size) {
+  std::vector<regpool::Token> ring(window);
+  std::vector<regpool::BatchOp> ops(batch);
+  std::uint64_t posted = 0, done = 0;
+  auto post = [&](std::uint64_t count) {
+    for (std::uint64_t i = 0; i < count; ++i) fill(ops[i]);
+    const auto part = std::span(ops).first(count);
+    const std::size_t got = s.ep->post_batch(part);
+    if (got != count) op_failed(part[got].status, op + " batch");
+    for (std::uint64_t i = 0; i < count; ++i) ring[(posted + i) % window] = ops[i].token;
+    posted += count;
+  };
+  const auto t0 = Clock::now();
+  while (posted < std::min(n, window)) post(std::min({batch, n - posted, window - posted}));
+  while (done < n) {
+    auto c = wait_watching(s, ring[done % window], op + " bandwidth");
+    if (c.status != Status::ok) op_failed(c.status, op + " bandwidth");
+    ++done;
+    const std::uint64_t room = window - (posted - done);
+    const std::uint64_t next = std::min(batch, n - posted);
+    if (next > 0 && room >= next) post(next);
+    pl.show(op, size, "bw", done, n);
+  }
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 // Unwraps a posted token or throws (so `windowed` stores only good ones).
 regpool::Token token_or_throw(regpool::Result<regpool::Token> t, const std::string& what) {
   if (!t) op_failed(t.status(), what);
@@ -1231,7 +1278,13 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
                                        : s.ep->get(peer, *ref, j * size, slots[j]),
                                 op);
         };
-        const double secs = windowed(s, n, c.window, post_slot, pl, op, size);
+        auto fill_slot = [&](regpool::BatchOp& b) {
+          const std::uint64_t j = k++ % slots.size();
+          b = is_put ? regpool::BatchOp::put(slots[j], peer, *ref, j * size)
+                     : regpool::BatchOp::get(peer, *ref, j * size, slots[j]);
+        };
+        const double secs = c.batch > 1 ? windowed_batches(s, n, c.window, c.batch, fill_slot, pl, op, size)
+                                        : windowed(s, n, c.window, post_slot, pl, op, size);
         r.has_bandwidth = true;
         r.bw_ops = n;
         r.mbps = static_cast<double>(n * size) / secs / 1e6;
@@ -2018,6 +2071,7 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     s += ",\"provider\":" + json_escape(provider);
     s += ",\"mode\":" + json_escape(o.mode == Mode::loopback ? "loopback" : "client");
     s += ",\"iters\":" + std::to_string(c.iters) + ",\"window\":" + std::to_string(c.window);
+    s += ",\"batch\":" + std::to_string(c.batch);
     s += ",\"wait\":" + json_escape(regpool::to_string(c.wait));
     s += ",\"emulated_atomics\":" + std::string(emulated_atomics ? "true" : "false");
     s += ",\"latency_definitions\":" + json_escape(c.perftest ? "perftest" : "regpool");
@@ -2058,10 +2112,11 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     std::printf("latency with perftest's definitions: put = half round trip of a write ping-pong polling memory,\n"
                 "get = one read and its completion, send = half round trip of a send ping-pong\n");
   }
-  std::printf("regpool-perf: provider %s, %s, %llu iterations, window %llu, wait %s, buffers %s%s\n",
+  std::printf("regpool-perf: provider %s, %s, %llu iterations, window %llu, batch %llu, wait %s, buffers %s%s\n",
               provider.c_str(),
               o.mode == Mode::loopback ? "two processes on this host (loopback)" : ("server " + o.host).c_str(),
               static_cast<unsigned long long>(c.iters), static_cast<unsigned long long>(c.window),
+              static_cast<unsigned long long>(c.batch),
               regpool::to_string(c.wait), buffers.c_str(),
               emulated_atomics ? ", atomics emulated by the target's progress()" : "");
   std::printf("%-13s %10s %12s %12s %12s %12s %14s %12s\n", "op", "size", "lat med us", "lat min us", "lat p99 us",

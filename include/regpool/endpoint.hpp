@@ -108,6 +108,51 @@ struct Completion {
 // an operation slot never allocates; regpool/inline_callback.hpp).
 using Callback = InlineCallback<const Completion&>;
 
+// One operation of a batch (Endpoint::post_batch): a put, get or send as the
+// single calls take it, plus what post_batch reports back. Build them with
+// BatchOp::put/get/send. Ownership: `local` and `remote` are only read
+// during post_batch (the endpoint keeps its own reference to the LDO of
+// each posted op, as put() does); `cb` is moved out of a posted op into the
+// endpoint and stays in an op that was not posted. An array of BatchOps
+// can be reused from batch to batch, so batching never allocates.
+struct BatchOp {
+  OpKind kind = OpKind::put;  // put, get or send; anything else: invalid_argument
+  PeerId peer = 0;
+  const Slice* local = nullptr;
+  const RemoteRef* remote = nullptr;  // put/get
+  std::uint64_t remote_offset = 0;    // put/get
+  Callback cb;                        // as for put(); empty: wait(token)
+  // Set by post_batch: the op's token (posted ops only) and ok (posted),
+  // the cause (the first op not posted), or canceled (not attempted).
+  Token token;
+  Status status = Status::in_progress;
+
+  static BatchOp put(const Slice& local, PeerId peer, const RemoteRef& remote, std::uint64_t remote_offset,
+                     Callback cb = {}) noexcept {
+    return make(OpKind::put, peer, &local, &remote, remote_offset, std::move(cb));
+  }
+  static BatchOp get(PeerId peer, const RemoteRef& remote, std::uint64_t remote_offset, const Slice& local,
+                     Callback cb = {}) noexcept {
+    return make(OpKind::get, peer, &local, &remote, remote_offset, std::move(cb));
+  }
+  static BatchOp send(PeerId peer, const Slice& local, Callback cb = {}) noexcept {
+    return make(OpKind::send, peer, &local, nullptr, 0, std::move(cb));
+  }
+
+ private:
+  static BatchOp make(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
+                      std::uint64_t remote_offset, Callback&& cb) noexcept {
+    BatchOp op;
+    op.kind = kind;
+    op.peer = peer;
+    op.local = local;
+    op.remote = remote;
+    op.remote_offset = remote_offset;
+    op.cb = std::move(cb);
+    return op;
+  }
+};
+
 // How an exposure grants access (docs/exposures.md).
 //  - standard: no registration. The exposure reuses the registration its
 //    object already has (the arena's, or the user block's) and carries the
@@ -411,6 +456,28 @@ class REGPOOL_API Endpoint {
   Result<Token> compare_swap(PeerId peer, const RemoteRef& remote, std::uint64_t remote_offset,
                              std::uint64_t expected, std::uint64_t desired, Callback cb = {}) noexcept;
 
+  // Post several puts, gets and sends at once, in order, so the backend can
+  // hand them to the provider together (verbs: one chain of work requests
+  // and one doorbell per run of consecutive ops to the same peer; libfabric:
+  // FI_MORE on all but the last, docs/architecture.md, "Batches"). Each op is
+  // checked exactly as by put()/get()/send() and gets its own slot, token,
+  // completion and callback; the ops complete independently.
+  //
+  // Returns n, the number of leading ops posted: ops[0..n) have status ok
+  // and a token; when n < ops.size(), ops[n].status is why it was not
+  // posted (the statuses of put(): would_block when no operation slot is
+  // free or the provider's queue stayed full for post_timeout,
+  // peer_unreachable, invalid_argument, out_of_bounds, ...) and every later
+  // op has status canceled and was not attempted. A failed op never leaves a
+  // later one posted, so "posted" is always a prefix: resubmit ops[n..).
+  // An empty span posts nothing and returns 0.
+  // Thread-safety: as every member; the batch is posted under one hold of
+  // the endpoint's mutex (released only to back off while the provider
+  // answers would_block, as put() does), so ops of a batch are not
+  // interleaved with another thread's posts. `ops` must not be touched by
+  // another thread during the call.
+  std::size_t post_batch(std::span<BatchOp> ops) noexcept;
+
   // --- completion ---
   // Poll the backend, time out overdue ops, run ready callbacks. Returns the
   // number of user completions delivered.
@@ -555,6 +622,10 @@ class REGPOOL_API Endpoint {
                                              std::span<const std::byte> name) noexcept;
   // Post one operation of any kind (op.kind).
   virtual Status do_post(const BackendOp& op) noexcept = 0;
+  // Post ops in order as one batch where the provider can (see
+  // endpoint_backend.hpp). `posted` receives how many leading ops were
+  // accepted. The default posts them one by one with do_post.
+  virtual Status do_post_batch(std::span<const BackendOp* const> ops, std::size_t& posted) noexcept;
   virtual std::size_t do_poll(std::size_t max) noexcept = 0;
   virtual void do_cancel(const BackendOp& op) noexcept = 0;
   // See endpoint_backend.hpp: the provider will never touch op again.
@@ -603,6 +674,23 @@ class REGPOOL_API Endpoint {
     std::vector<std::byte> name;
   };
 
+  // The checks of an op that need no lock (local slice, remote reference,
+  // rights, alignment, message size): ok or the status to reject it with.
+  Status check_op(OpKind kind, const Slice* local, const RemoteRef* remote, std::uint64_t remote_offset,
+                  std::uint64_t length) const noexcept;
+  // Under the mutex: peer checks and a free slot (polling once if none),
+  // filled for the op; the slot is reserved (user_pending) until
+  // accept_locked or refuse_locked. Returns the slot index or the status.
+  Result<std::uint32_t> claim_slot_locked(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
+                                          std::uint64_t remote_offset, std::uint64_t length,
+                                          std::uint64_t operand, std::uint64_t compare) noexcept;
+  // The backend accepted the op in slot `index`: it owns it from now on.
+  void accept_locked(std::uint32_t index) noexcept;
+  // The op in slot `index` was not posted: the slot goes back; its Slice is
+  // moved to `local` (destroyed by the caller after unlocking).
+  void refuse_locked(std::uint32_t index, Slice& local) noexcept;
+  // Re-check a peer after the mutex was released (post retries).
+  Status recheck_peer_locked(PeerId peer) const noexcept;
   Result<Token> submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
                        std::uint64_t remote_offset, std::uint64_t length, std::uint64_t operand,
                        std::uint64_t compare, Callback&& cb) noexcept;
@@ -692,6 +780,9 @@ class REGPOOL_API Endpoint {
   mutable std::atomic<std::uint32_t> lock_waiters_{0};  // threads blocked in lock_fair
   std::unique_ptr<Slot[]> slots_;
   std::vector<std::uint32_t> free_;      // stack of free slot indices, reserved
+  // post_batch's list of the ops it hands to do_post_batch (reserved to
+  // max_in_flight, used under the mutex only).
+  std::vector<const BackendOp*> batch_;
   std::vector<std::uint32_t> ready_;     // callback ops ready to deliver (ring)
   std::size_t ready_head_ = 0;
   std::size_t ready_count_ = 0;

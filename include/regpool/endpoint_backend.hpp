@@ -89,6 +89,24 @@
 //                                           check listed at the top; the
 //                                           backend only maps to its own
 //                                           calls.
+//   Status do_post_batch(ops, posted)       optional: post the ops (put,
+//                                           get, send; checked and given
+//                                           slots like do_post's) in order,
+//                                           handing them to the provider
+//                                           together (verbs: chained work
+//                                           requests, one ibv_post_send per
+//                                           run on one QP; libfabric:
+//                                           FI_MORE). Sets `posted` to how
+//                                           many leading ops it accepted
+//                                           (each then owned as after do_post
+//                                           returned ok) and returns ok when
+//                                           all were, else the status of
+//                                           ops[posted] as do_post would
+//                                           (would_block: the base polls and
+//                                           retries from there). Never
+//                                           accepts an op after refusing
+//                                           one. The default calls do_post
+//                                           for each in turn.
 //   std::size_t do_poll(std::size_t max)    reap up to `max` completions and
 //                                           report each with complete()
 //                                           (an atomic's old value in its

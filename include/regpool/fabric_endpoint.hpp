@@ -265,6 +265,7 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   void do_remove_peer(std::uint64_t handle) noexcept override;
   std::chrono::milliseconds reconnect_settle() const noexcept override;
   Status do_post(const BackendOp& op) noexcept override;
+  Status do_post_batch(std::span<const BackendOp* const> ops, std::size_t& posted) noexcept override;
   std::size_t do_poll(std::size_t max) noexcept override;
   void do_cancel(const BackendOp& op) noexcept override;
   bool do_abandon(const BackendOp& op) noexcept override;
@@ -355,10 +356,16 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   bool shm_region_blocked(OwnRegion& r) noexcept;
   void shm_try_recover(OwnRegion& r, std::chrono::steady_clock::time_point now) noexcept;
   void* local_desc(const BackendOp& op) noexcept;
-  // do_post by kind.
-  Status do_put(const BackendOp& op) noexcept;
-  Status do_get(const BackendOp& op) noexcept;
-  Status do_send(const BackendOp& op) noexcept;
+  // do_post by kind; `more` is FI_MORE for every op of a batch but the
+  // last, else 0.
+  Status post_data(const BackendOp& op, std::uint64_t more) noexcept;
+  Status do_put(const BackendOp& op, std::uint64_t more) noexcept;
+  Status do_get(const BackendOp& op, std::uint64_t more) noexcept;
+  Status do_send(const BackendOp& op, std::uint64_t more) noexcept;
+  // Flags of a put through fi_writemsg.
+  std::uint64_t msg_flags(std::uint64_t more) const noexcept;
+  // Whether the target's shm bell rings after `op` is posted.
+  bool rings_target(const BackendOp& op) const noexcept;
   Status do_recv(const BackendOp& op) noexcept;
   Status do_atomic(const BackendOp& op) noexcept;
 

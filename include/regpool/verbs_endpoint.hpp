@@ -243,6 +243,7 @@ class REGPOOL_API VerbsEndpoint final : public Endpoint {
   Result<std::uint64_t> do_reconnect(PeerId peer, std::uint64_t handle,
                                      std::span<const std::byte> name) noexcept override;
   Status do_post(const BackendOp& op) noexcept override;
+  Status do_post_batch(std::span<const BackendOp* const> ops, std::size_t& posted) noexcept override;
   std::size_t do_poll(std::size_t max) noexcept override;
   void do_cancel(const BackendOp& op) noexcept override;
   Result<ExposureInfo> do_expose(const Slice& slice, RemoteAccess access, ExposureMode mode,
@@ -286,6 +287,16 @@ class REGPOOL_API VerbsEndpoint final : public Endpoint {
   // Data path.
   // put, get, send and atomics on the peer's RC QP; receives on the SRQ.
   Status post_rc(const BackendOp& op) noexcept;
+  // The connection of op's peer (`ci`) when it can take a WR now; else
+  // why not (would_block while connecting, peer_unreachable, ...).
+  Status rc_conn(const BackendOp& op, std::uint32_t& ci) noexcept;
+  // Whether an op may go unsignalled (selective signalling, see above).
+  bool may_skip_signal(bool small_inline, std::uint32_t unsignaled_run, bool busy) const noexcept;
+  // Bookkeeping of an op posted on `ci` as WRs [first, last].
+  void note_rc_posted(std::uint32_t ci, std::uint32_t index, std::uint64_t first, std::uint64_t last,
+                      bool signaled) noexcept;
+  // Most WRs chained into one ibv_post_send by do_post_batch.
+  static constexpr std::size_t kBatchChain = 32;
   Status post_srq(const BackendOp& op) noexcept;
   std::size_t poll_cq(std::size_t max) noexcept;
   void handle_wc(const ibv_wc& wc) noexcept;

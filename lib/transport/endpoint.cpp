@@ -329,6 +329,7 @@ Endpoint::Endpoint(const EndpointConfig& config, const ExposureSupport& support)
   const std::size_t n = config_.max_in_flight;
   slots_ = std::make_unique<Slot[]>(n);
   free_.reserve(n);
+  batch_.reserve(n);
   for (std::size_t i = n; i-- > 0;) free_.push_back(static_cast<std::uint32_t>(i));
   ready_.assign(n, 0);
   releases_.assign(n, 0);
@@ -1152,48 +1153,45 @@ Status Endpoint::peer_ready_locked(PeerId peer) noexcept {
   return st;
 }
 
-Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
-                               std::uint64_t remote_offset, std::uint64_t length, std::uint64_t operand,
-                               std::uint64_t compare, Callback&& cb) noexcept {
-  // Checks that need no lock first: they are the ones users hit.
+Status Endpoint::check_op(OpKind kind, const Slice* local, const RemoteRef* remote, std::uint64_t remote_offset,
+                          std::uint64_t length) const noexcept {
   if (local) {
-    if (!*local || length == 0) return reject(Status::invalid_argument);
-    if (!local->within_object()) return reject(Status::out_of_bounds);
+    if (!*local || length == 0) return Status::invalid_argument;
+    if (!local->within_object()) return Status::out_of_bounds;
   }
   if (remote) {
     // A reference built or altered by hand meets decode()'s rules too.
-    if (!remote->well_formed()) return reject(Status::malformed);
-    if (remote->backend != backend_kind()) return reject(Status::invalid_argument);
-    if (!remote->contains(remote_offset, length)) return reject(Status::out_of_bounds);
+    if (!remote->well_formed()) return Status::malformed;
+    if (remote->backend != backend_kind()) return Status::invalid_argument;
+    if (!remote->contains(remote_offset, length)) return Status::out_of_bounds;
     const bool atomic = kind == OpKind::fetch_add || kind == OpKind::compare_swap;
     // Atomics read the old word and write the new one: read-write only.
-    if (atomic && !remote->allows_atomics()) return reject(Status::access_denied);
-    if (kind == OpKind::put && !remote->allows_write()) return reject(Status::access_denied);
-    if (kind == OpKind::get && !remote->allows_read()) return reject(Status::access_denied);
-    if ((kind == OpKind::fetch_add || kind == OpKind::compare_swap) && !remote->aligned_word(remote_offset)) {
-      return reject(Status::invalid_argument);
-    }
+    if (atomic && !remote->allows_atomics()) return Status::access_denied;
+    if (kind == OpKind::put && !remote->allows_write()) return Status::access_denied;
+    if (kind == OpKind::get && !remote->allows_read()) return Status::access_denied;
+    if (atomic && !remote->aligned_word(remote_offset)) return Status::invalid_argument;
   }
   if ((kind == OpKind::send || kind == OpKind::recv) && length > max_message_size()) {
-    return reject(Status::invalid_argument);
+    return Status::invalid_argument;
   }
+  return Status::ok;
+}
 
-  // What a refused post gives back: destroyed after the lock (its last drop
-  // may run user code).
-  Slice refused_local;
-  Callback refused_cb;
-  Lock g(*this);
-  if (!usable() || stopping_.load(std::memory_order_relaxed)) return reject(Status::closed);
+Result<std::uint32_t> Endpoint::claim_slot_locked(OpKind kind, PeerId peer, const Slice* local,
+                                                  const RemoteRef* remote, std::uint64_t remote_offset,
+                                                  std::uint64_t length, std::uint64_t operand,
+                                                  std::uint64_t compare) noexcept {
+  if (!usable() || stopping_.load(std::memory_order_relaxed)) return Status::closed;
   std::uint64_t peer_handle = 0;
   if (needs_peer(kind)) {
-    if (peer >= peers_.size() || !peers_[peer].used) return reject(Status::invalid_argument);
-    if (peers_[peer].broken) return reject(Status::peer_unreachable);
+    if (peer >= peers_.size() || !peers_[peer].used) return Status::invalid_argument;
+    if (peers_[peer].broken) return Status::peer_unreachable;
     peer_handle = peers_[peer].handle;
   }
   if (free_.empty()) {
     // Completed operations give their slots back during a poll.
     (void)poll_locked();
-    if (free_.empty()) return reject(Status::would_block);
+    if (free_.empty()) return Status::would_block;
   }
   const std::uint32_t index = free_.back();
   free_.pop_back();
@@ -1217,17 +1215,63 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
     w.result = 0;
   }
   s.desc.context = s.context;
-  s.has_callback = static_cast<bool>(cb);
-  s.cb = std::move(cb);
+  s.has_callback = false;
   const Token token{(static_cast<std::uint64_t>(s.gen) << 32) | index};
   s.desc.tag = token.value;
   s.orphan = false;
   s.result = Completion{token, kind, Status::in_progress, s.desc.peer, 0, 0};
   s.completed = false;
-  // The slot is reserved (not free, not backend-owned) while this call
+  // The slot is reserved (not free, not backend-owned) while the post
   // retries: pollers, expiry and reconnect leave it alone, and nobody else
   // knows its token yet.
   s.user_pending = true;
+  return index;
+}
+
+void Endpoint::accept_locked(std::uint32_t index) noexcept {
+  Slot& s = slots_[index];
+  // A coarse reading plus one tick: never before the precise post time, at
+  // most one tick (4 ms here) after it, for a seventh of the cost.
+  s.deadline = deadline_for(s.desc.kind, s.desc.length,
+                            platform::CoarseClock::now() + platform::CoarseClock::tick());
+  s.backend_owned = true;
+  ++backend_owned_;
+  posted_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Endpoint::refuse_locked(std::uint32_t index, Slice& local) noexcept {
+  Slot& s = slots_[index];
+  s.user_pending = false;
+  s.has_callback = false;
+  local = std::move(s.local);
+  maybe_free_locked(index);
+}
+
+Status Endpoint::recheck_peer_locked(PeerId peer) const noexcept {
+  if (!usable() || stopping_.load(std::memory_order_relaxed)) return Status::closed;
+  if (peer >= peers_.size() || !peers_[peer].used) return Status::invalid_argument;
+  if (peers_[peer].broken) return Status::peer_unreachable;
+  return Status::ok;
+}
+
+Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
+                               std::uint64_t remote_offset, std::uint64_t length, std::uint64_t operand,
+                               std::uint64_t compare, Callback&& cb) noexcept {
+  // Checks that need no lock first: they are the ones users hit.
+  if (const Status c = check_op(kind, local, remote, remote_offset, length); c != Status::ok) return reject(c);
+
+  // What a refused post gives back: destroyed after the lock (its last drop
+  // may run user code).
+  Slice refused_local;
+  Lock g(*this);
+  auto claimed = claim_slot_locked(kind, peer, local, remote, remote_offset, length, operand, compare);
+  if (!claimed) return reject(claimed.status());
+  const std::uint32_t index = *claimed;
+  Slot& s = slots_[index];
+  // The callback goes in before the post: a completion may be reaped by the
+  // first retry's poll.
+  s.has_callback = static_cast<bool>(cb);
+  s.cb = std::move(cb);
 
   Status st = Status::ok;
   Clock::time_point retry_until{};
@@ -1250,41 +1294,140 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
     back_off(attempt);
     g.relock();
     // The world may have changed while unlocked.
-    if (!usable() || stopping_.load(std::memory_order_relaxed)) {
-      st = Status::closed;
-      break;
-    }
-    if (needs_peer(kind)) {
-      if (peer >= peers_.size() || !peers_[peer].used) {
-        st = Status::invalid_argument;
-        break;
-      }
-      if (peers_[peer].broken) {
-        st = Status::peer_unreachable;
-        break;
-      }
-      s.desc.peer_handle = peers_[peer].handle;  // reconnect may change it
-    }
+    st = needs_peer(kind) ? recheck_peer_locked(peer)
+                          : (usable() && !stopping_.load(std::memory_order_relaxed) ? Status::ok : Status::closed);
+    if (st != Status::ok) break;
+    if (needs_peer(kind)) s.desc.peer_handle = peers_[peer].handle;  // reconnect may change it
   }
   if (st != Status::ok) {
-    s.user_pending = false;
-    s.has_callback = false;
-    refused_local = std::move(s.local);
-    refused_cb = std::move(s.cb);
-    maybe_free_locked(index);
+    // The callback was never given to anyone: it goes back to the caller's
+    // frame and is destroyed there after unlocking, as the Slice is.
+    cb = std::move(s.cb);
+    refuse_locked(index, refused_local);
     return reject(st);
   }
-  // A coarse reading plus one tick: never before the precise post time, at
-  // most one tick (4 ms here) after it, for a seventh of the cost.
-  s.deadline = deadline_for(kind, length, platform::CoarseClock::now() + platform::CoarseClock::tick());
-  s.backend_owned = true;
-  ++backend_owned_;
-  posted_.fetch_add(1, std::memory_order_relaxed);
+  accept_locked(index);
   // A sleeping progress thread or waiter may need to progress this op (or
   // at least to bound its sleep by the op's deadline).
   ++activity_;
   if (sleepers_ > 0) wake_sleepers_locked();
-  return token;
+  return s.result.token;
+}
+
+Status Endpoint::do_post_batch(std::span<const BackendOp* const> ops, std::size_t& posted) noexcept {
+  posted = 0;
+  for (const BackendOp* op : ops) {
+    if (const Status st = do_post(*op); st != Status::ok) return st;
+    ++posted;
+  }
+  return Status::ok;
+}
+
+std::size_t Endpoint::post_batch(std::span<BatchOp> ops) noexcept {
+  for (BatchOp& op : ops) {
+    op.token = Token{};
+    op.status = Status::canceled;
+  }
+  // Lock-free checks first; the batch ends before the first op failing them.
+  std::size_t limit = ops.size();
+  Status limit_status = Status::ok;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const BatchOp& op = ops[i];
+    Status c = Status::ok;
+    if (op.kind != OpKind::put && op.kind != OpKind::get && op.kind != OpKind::send) {
+      c = Status::invalid_argument;
+    } else if (op.local == nullptr || ((op.kind == OpKind::send) != (op.remote == nullptr))) {
+      c = Status::invalid_argument;
+    } else {
+      c = check_op(op.kind, op.local, op.remote, op.remote_offset, op.local->length());
+    }
+    if (c != Status::ok) {
+      limit = i;
+      limit_status = c;
+      break;
+    }
+  }
+  if (ops.empty()) return 0;
+
+  // Slices of ops claimed but not posted, destroyed after the lock (declared
+  // before it). At most one op is refused after claiming in each attempt
+  // round, but every claimed op past a failure is given back, so keep them
+  // in the slots' own storage: refuse_locked moves each into `refused`,
+  // whose old value (the previous refusal's) is dropped under the mutex -
+  // safe, because the caller's BatchOp still holds a reference to that LDO
+  // (its `local`) for the whole call, so it is never the last one.
+  Slice refused;
+  Lock g(*this);
+  // Claim slots for the prefix [0, claimed).
+  std::size_t claimed = 0;
+  for (; claimed < limit; ++claimed) {
+    BatchOp& op = ops[claimed];
+    auto slot = claim_slot_locked(op.kind, op.peer, op.local, op.remote, op.remote_offset,
+                                        op.local->length(), 0, 0);
+    if (!slot) {
+      limit = claimed;
+      limit_status = slot.status();
+      break;
+    }
+    batch_.push_back(&slots_[*slot].desc);
+  }
+  // Post [done, claimed), retrying what the provider refuses for now.
+  std::size_t done = 0;
+  Status st = Status::ok;
+  Clock::time_point retry_until{};
+  for (std::uint32_t attempt = 0; done < claimed; ++attempt) {
+    // Post up to the first op whose peer cannot take it now (broken, gone,
+    // or settling after a reconnect); the world may have changed while the
+    // mutex was released.
+    std::size_t end = done;
+    st = Status::ok;
+    for (; end < claimed; ++end) {
+      st = recheck_peer_locked(ops[end].peer);
+      if (st == Status::ok) st = peer_ready_locked(ops[end].peer);
+      if (st != Status::ok) break;
+      slots_[batch_[end]->index].desc.peer_handle = peers_[ops[end].peer].handle;
+    }
+    std::size_t n = 0;
+    if (end > done) {
+      const Status bst = do_post_batch(std::span<const BackendOp* const>(batch_.data() + done, end - done), n);
+      for (std::size_t k = done; k < done + n; ++k) {
+        Slot& s = slots_[batch_[k]->index];
+        // Before any poll can reap it.
+        s.has_callback = static_cast<bool>(ops[k].cb);
+        s.cb = std::move(ops[k].cb);
+        accept_locked(batch_[k]->index);
+        ops[k].token = s.result.token;
+        ops[k].status = Status::ok;
+      }
+      done += n;
+      if (done < end) st = bst;
+    }
+    if (done == claimed || st != Status::would_block) break;
+    retries_.fetch_add(1, std::memory_order_relaxed);
+    // The provider wants progress first (connection setup, full queues).
+    (void)poll_locked();
+    const auto now = Clock::now();
+    // post_timeout runs from the last attempt that posted something.
+    if (attempt == 0 || n > 0) retry_until = now + config_.post_timeout;
+    if (now >= retry_until) break;
+    g.unlock();
+    back_off(n > 0 ? 0 : attempt);
+    g.relock();
+  }
+  if (done < claimed) {
+    limit_status = st;
+    for (std::size_t k = done; k < claimed; ++k) refuse_locked(batch_[k]->index, refused);
+  }
+  batch_.clear();
+  if (done < ops.size()) {
+    ops[done].status = limit_status;
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (done > 0) {
+    ++activity_;
+    if (sleepers_ > 0) wake_sleepers_locked();
+  }
+  return done;
 }
 
 Endpoint::Clock::time_point Endpoint::deadline_for(OpKind kind, std::uint64_t length,

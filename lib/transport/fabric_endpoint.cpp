@@ -608,32 +608,60 @@ void* FabricEndpoint::local_desc(const BackendOp& op) noexcept {
   return r ? r->descriptor : nullptr;
 }
 
-Status FabricEndpoint::do_post(const BackendOp& op) noexcept {
+Status FabricEndpoint::post_data(const BackendOp& op, std::uint64_t more) noexcept {
   if (op.kind != OpKind::recv && op.index < op_peer_.size() && op.peer_handle < peers_.size()) {
     const PeerAddr& p = peers_[op.peer_handle];
     op_peer_[op.index] = OpPeer{p.incarnation, p.pid, p.cma};
   }
-  Status st = Status::invalid_argument;
   switch (op.kind) {
-    case OpKind::put: st = do_put(op); break;
-    case OpKind::get: st = do_get(op); break;
-    case OpKind::send: st = do_send(op); break;
+    case OpKind::put: return do_put(op, more);
+    case OpKind::get: return do_get(op, more);
+    case OpKind::send: return do_send(op, more);
     case OpKind::recv: return do_recv(op);
     case OpKind::fetch_add:
-    case OpKind::compare_swap: st = do_atomic(op); break;
+    case OpKind::compare_swap: return do_atomic(op);
   }
+  return Status::invalid_argument;
+}
+
+bool FabricEndpoint::rings_target(const BackendOp& op) const noexcept {
   // Ring the target's bell when it has work to do for this op: a message to
   // read, an atomic to apply. shm 1.17 moves puts and gets between
   // processes that may use CMA by the initiator's own process_vm_writev/
   // readv, without the target (measured: a put to a napping target
   // completes as fast as to a spinning one), so those ring only without
   // CMA; a futex wake costs the initiator about 1.4 us (bench/RESULTS.md).
-  if (st == Status::ok && shm_) {
-    const bool target_works = op.kind == OpKind::send || op.kind == OpKind::fetch_add ||
-                              op.kind == OpKind::compare_swap ||
-                              (op.peer_handle < peers_.size() && !peers_[op.peer_handle].cma);
-    if (target_works) ring_peer(op.peer_handle);
+  if (!shm_ || op.kind == OpKind::recv) return false;
+  return op.kind == OpKind::send || op.kind == OpKind::fetch_add || op.kind == OpKind::compare_swap ||
+         (op.peer_handle < peers_.size() && !peers_[op.peer_handle].cma);
+}
+
+Status FabricEndpoint::do_post(const BackendOp& op) noexcept {
+  const Status st = post_data(op, 0);
+  if (st == Status::ok && rings_target(op)) ring_peer(op.peer_handle);
+  return st;
+}
+
+Status FabricEndpoint::do_post_batch(std::span<const BackendOp* const> ops, std::size_t& posted) noexcept {
+  // Every op but the last carries FI_MORE: the provider may hold it and
+  // hand the whole batch to the wire at once (providers that ignore the
+  // flag post each op as it comes; docs/provider-facts.md). A peer's bell
+  // rings once, after its last op of a run, not once per op.
+  posted = 0;
+  bool ring = false;
+  Status st = Status::ok;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const BackendOp& op = *ops[i];
+    st = post_data(op, i + 1 < ops.size() ? static_cast<std::uint64_t>(FI_MORE) : 0);
+    if (st != Status::ok) break;
+    ++posted;
+    ring = ring || rings_target(op);
+    if (ring && (i + 1 == ops.size() || ops[i + 1]->peer_handle != op.peer_handle)) {
+      ring_peer(op.peer_handle);
+      ring = false;
+    }
   }
+  if (ring) ring_peer(ops[posted - 1]->peer_handle);
   return st;
 }
 
@@ -644,7 +672,7 @@ void FabricEndpoint::ring_peer(std::uint64_t handle) noexcept {
 
 WaitBell FabricEndpoint::do_wait_bell() const noexcept { return bell_ ? bell_->words() : WaitBell{}; }
 
-Status FabricEndpoint::do_put(const BackendOp& op) noexcept {
+Status FabricEndpoint::do_put(const BackendOp& op, std::uint64_t more) noexcept {
   if (shm_) {
     if (const Status g = shm_peer_gate(op.peer_handle, false); g != Status::ok) return g;
   }
@@ -652,7 +680,7 @@ Status FabricEndpoint::do_put(const BackendOp& op) noexcept {
   if (!region) return region.status();
   void* buf = op.local->address();
   const fi_addr_t dest = peers_[op.peer_handle].data;
-  if (!delivery_complete_) {
+  if (!delivery_complete_ && more == 0) {
     return status_from_fi(static_cast<int>(fi_write(ep_, buf, op.length, region->descriptor, dest, op.remote_address,
                                                 op.remote->key, data_context(op))));
   }
@@ -667,28 +695,61 @@ Status FabricEndpoint::do_put(const BackendOp& op) noexcept {
   msg.rma_iov = &rma;
   msg.rma_iov_count = 1;
   msg.context = data_context(op);
-  return status_from_fi(static_cast<int>(fi_writemsg(ep_, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE)));
+  return status_from_fi(static_cast<int>(fi_writemsg(ep_, &msg, msg_flags(more))));
 }
 
-Status FabricEndpoint::do_get(const BackendOp& op) noexcept {
+Status FabricEndpoint::do_get(const BackendOp& op, std::uint64_t more) noexcept {
   if (shm_) {
     if (const Status g = shm_peer_gate(op.peer_handle, false); g != Status::ok) return g;
   }
   auto region = op.local->ldo().region(*domain_);
   if (!region) return region.status();
-  return status_from_fi(static_cast<int>(fi_read(ep_, op.local->address(), op.length, region->descriptor,
-                                             peers_[op.peer_handle].data, op.remote_address, op.remote->key,
-                                             data_context(op))));
+  if (more == 0) {
+    return status_from_fi(static_cast<int>(fi_read(ep_, op.local->address(), op.length, region->descriptor,
+                                               peers_[op.peer_handle].data, op.remote_address, op.remote->key,
+                                               data_context(op))));
+  }
+  iovec iov{op.local->address(), op.length};
+  void* desc = region->descriptor;
+  fi_rma_iov rma{op.remote_address, op.length, op.remote->key};
+  fi_msg_rma msg{};
+  msg.msg_iov = &iov;
+  msg.desc = &desc;
+  msg.iov_count = 1;
+  msg.addr = peers_[op.peer_handle].data;
+  msg.rma_iov = &rma;
+  msg.rma_iov_count = 1;
+  msg.context = data_context(op);
+  // A get completes when its bytes are here: delivery-complete is a
+  // transmit flag, never asked of a read.
+  return status_from_fi(static_cast<int>(fi_readmsg(ep_, &msg, FI_COMPLETION | more)));
 }
 
-Status FabricEndpoint::do_send(const BackendOp& op) noexcept {
+Status FabricEndpoint::do_send(const BackendOp& op, std::uint64_t more) noexcept {
   if (shm_) {
     if (const Status g = shm_peer_gate(op.peer_handle, false); g != Status::ok) return g;
   }
   auto region = op.local->ldo().region(*domain_);
   if (!region) return region.status();
-  return status_from_fi(static_cast<int>(
-      fi_send(ep_, op.local->address(), op.length, region->descriptor, peers_[op.peer_handle].data, data_context(op))));
+  if (more == 0) {
+    return status_from_fi(static_cast<int>(fi_send(ep_, op.local->address(), op.length, region->descriptor,
+                                                   peers_[op.peer_handle].data, data_context(op))));
+  }
+  iovec iov{op.local->address(), op.length};
+  void* desc = region->descriptor;
+  fi_msg msg{};
+  msg.msg_iov = &iov;
+  msg.desc = &desc;
+  msg.iov_count = 1;
+  msg.addr = peers_[op.peer_handle].data;
+  msg.context = data_context(op);
+  // The single-op path's fi_send uses the endpoint's default flags, which
+  // carry no delivery-complete: keep sends the same in a batch.
+  return status_from_fi(static_cast<int>(fi_sendmsg(ep_, &msg, FI_COMPLETION | more)));
+}
+
+std::uint64_t FabricEndpoint::msg_flags(std::uint64_t more) const noexcept {
+  return FI_COMPLETION | more | (delivery_complete_ ? static_cast<std::uint64_t>(FI_DELIVERY_COMPLETE) : 0);
 }
 
 Status FabricEndpoint::do_recv(const BackendOp& op) noexcept {

@@ -8,6 +8,7 @@
 #include <infiniband/verbs.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <bit>
 #include <cerrno>
@@ -982,10 +983,10 @@ void VerbsEndpoint::handle_release(std::uint32_t ci, std::uint8_t type, std::uin
 
 // ----------------------------------------------------------------- data path
 
-Status VerbsEndpoint::post_rc(const BackendOp& op) noexcept {
+Status VerbsEndpoint::rc_conn(const BackendOp& op, std::uint32_t& ci) noexcept {
   Impl& m = *impl_;
   if (op.peer_handle >= m.conns.size() || !m.conns[op.peer_handle].used) return Status::invalid_argument;
-  const auto ci = static_cast<std::uint32_t>(op.peer_handle);
+  ci = static_cast<std::uint32_t>(op.peer_handle);
   Conn& c = m.conns[ci];
   if (c.state == Conn::State::error) {
     mark_peer_broken(op.peer);
@@ -996,6 +997,64 @@ Status VerbsEndpoint::post_rc(const BackendOp& op) noexcept {
   // Handshake, reset or release still running.
   if (c.state != Conn::State::connected) return Status::would_block;
   if (op.remote && op.remote->key > 0xffffffffu) return Status::invalid_argument;
+  return Status::ok;
+}
+
+bool VerbsEndpoint::may_skip_signal(bool small_inline, std::uint32_t unsignaled_run, bool busy) const noexcept {
+  // An op alone on the QP (everything before it retired) is signalled even
+  // when it could go unsignalled: nothing behind it would close the tail,
+  // so it would wait for a fence WR (a second round trip) once the CQ runs
+  // dry. Only ops posted behind others in flight skip their completion.
+  return small_inline && options_.selective_signaling && unsignaled_run + 1 < kSignalInterval && busy;
+}
+
+void VerbsEndpoint::note_rc_posted(std::uint32_t ci, std::uint32_t index, std::uint64_t first, std::uint64_t last,
+                                   bool signaled) noexcept {
+  Impl& m = *impl_;
+  Conn& c = m.conns[ci];
+  c.wr_seq = last;
+  c.idle.touch();
+  SlotState& s = m.slots[index];
+  s.post_seq = first;  // first WR of the op (its range is [post_seq, qp_seq])
+  s.qp_seq = last;
+  s.conn = ci;
+  s.live = true;
+  s.unsignaled = !signaled;
+  if (signaled) {
+    c.unsignaled_run = 0;
+    c.last_signaled_seq = last;
+  } else {
+    c.ring[(c.ring_head + c.ring_count) % c.ring.size()] = {last, index};
+    ++c.ring_count;
+    ++c.unsignaled_run;
+  }
+}
+
+namespace {
+// The WR of a put, get or send of one chunk at offset 0 (sg_list, opcode,
+// rkey, remote address); flags and wr_id are the caller's.
+Status fill_data_wr(const BackendOp& op, Domain& domain, ibv_send_wr& wr, ibv_sge& sge) noexcept {
+  auto region = op.local->ldo().region(domain);
+  if (!region) return region.status();
+  sge.addr = reinterpret_cast<std::uintptr_t>(op.local->address());
+  sge.length = static_cast<std::uint32_t>(op.length);
+  sge.lkey = region->local_key;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = op.kind == OpKind::put ? IBV_WR_RDMA_WRITE : op.kind == OpKind::get ? IBV_WR_RDMA_READ : IBV_WR_SEND;
+  if (op.remote) {
+    wr.wr.rdma.rkey = static_cast<std::uint32_t>(op.remote->key);
+    wr.wr.rdma.remote_addr = op.remote_address;
+  }
+  return Status::ok;
+}
+}  // namespace
+
+Status VerbsEndpoint::post_rc(const BackendOp& op) noexcept {
+  Impl& m = *impl_;
+  std::uint32_t ci = 0;
+  if (const Status st = rc_conn(op, ci); st != Status::ok) return st;
+  Conn& c = m.conns[ci];
 
   ibv_sge sge{};
   ibv_send_wr wr{};
@@ -1006,39 +1065,25 @@ Status VerbsEndpoint::post_rc(const BackendOp& op) noexcept {
     sge.addr = reinterpret_cast<std::uintptr_t>(&w->result);
     sge.length = 8;
     sge.lkey = atomic_registration().local_key();
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
     wr.opcode = op.kind == OpKind::fetch_add ? IBV_WR_ATOMIC_FETCH_AND_ADD : IBV_WR_ATOMIC_CMP_AND_SWP;
     wr.wr.atomic.remote_addr = op.remote_address;
     wr.wr.atomic.rkey = static_cast<std::uint32_t>(op.remote->key);
     wr.wr.atomic.compare_add = op.kind == OpKind::fetch_add ? w->operand : w->compare;
     wr.wr.atomic.swap = w->operand;
   } else {
-    auto region = op.local->ldo().region(*domain_);
-    if (!region) return region.status();
-    sge.addr = reinterpret_cast<std::uintptr_t>(op.local->address());
-    sge.lkey = region->local_key;
+    if (const Status st = fill_data_wr(op, *domain_, wr, sge); st != Status::ok) return st;
     // The port's max_msg_sz (8 MiB on rxe) bounds one WR: larger RDMA
     // transfers go as several WRs, only the last one signalled.
     chunks = (op.length + max_msg_ - 1) / max_msg_;
     if (op.kind == OpKind::send && chunks > 1) return Status::invalid_argument;
-    wr.opcode = op.kind == OpKind::put ? IBV_WR_RDMA_WRITE : op.kind == OpKind::get ? IBV_WR_RDMA_READ : IBV_WR_SEND;
-    if (op.remote) wr.wr.rdma.rkey = static_cast<std::uint32_t>(op.remote->key);
   }
   // Keep two WRs of room for a fence or a window bind/invalidate.
   if (c.wr_seq - c.retired_seq + chunks + 2 > m.sq_depth) return Status::would_block;
 
   const bool small_inline = !atomic && op.kind != OpKind::get && op.length <= max_inline_;
-  // An op alone on the QP (everything before it retired) is signalled even
-  // when it could go unsignalled: nothing behind it would close the tail,
-  // so it would wait for a fence WR (a second round trip) once the CQ runs
-  // dry. Only ops posted behind others in flight skip their completion.
-  bool signaled = true;
-  if (small_inline && options_.selective_signaling && c.unsignaled_run + 1 < kSignalInterval &&
-      c.wr_seq != c.retired_seq) {
-    signaled = false;
-  }
-
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
+  const bool signaled = !may_skip_signal(small_inline, c.unsignaled_run, c.wr_seq != c.retired_seq);
   SlotState& s = m.slots[op.index];
   const std::uint64_t first = c.wr_seq + 1;
   std::uint64_t seq = c.wr_seq;
@@ -1070,20 +1115,89 @@ Status VerbsEndpoint::post_rc(const BackendOp& op) noexcept {
       return Status::ok;
     }
   }
-  c.wr_seq = seq;
-  c.idle.touch();
-  s.post_seq = first;  // first WR of the op (its range is [post_seq, qp_seq])
-  s.qp_seq = seq;
-  s.conn = ci;
-  s.live = true;
-  s.unsignaled = !signaled;
-  if (signaled) {
-    c.unsignaled_run = 0;
-    c.last_signaled_seq = seq;
-  } else {
-    c.ring[(c.ring_head + c.ring_count) % c.ring.size()] = {seq, op.index};
-    ++c.ring_count;
-    ++c.unsignaled_run;
+  note_rc_posted(ci, op.index, first, seq, signaled);
+  return Status::ok;
+}
+
+Status VerbsEndpoint::do_post_batch(std::span<const BackendOp* const> ops, std::size_t& posted) noexcept {
+  Impl& m = *impl_;
+  posted = 0;
+  std::size_t i = 0;
+  while (i < ops.size()) {
+    const BackendOp& head = *ops[i];
+    // An op of several WRs (beyond the port's max_msg_sz) goes alone, as
+    // do_post would post it.
+    if (head.kind == OpKind::recv || head.length > max_msg_) {
+      if (const Status st = do_post(head); st != Status::ok) return st;
+      ++posted;
+      ++i;
+      continue;
+    }
+    std::uint32_t ci = 0;
+    if (const Status st = rc_conn(head, ci); st != Status::ok) return st;
+    Conn& c = m.conns[ci];
+    // The run of consecutive single-WR ops to this QP, chained through
+    // wr.next and handed to the device with one ibv_post_send (one
+    // doorbell). Signalling and inline follow the single-op rules, an op
+    // counting as behind others in flight when an earlier op of the chain
+    // is (the chain posts in order).
+    std::array<ibv_send_wr, kBatchChain> wrs{};
+    std::array<ibv_sge, kBatchChain> sges{};
+    std::array<bool, kBatchChain> signaled{};
+    std::size_t n = 0;
+    Status stop = Status::ok;
+    std::uint64_t seq = c.wr_seq;
+    std::uint32_t run = c.unsignaled_run;
+    bool busy = c.wr_seq != c.retired_seq;
+    while (i + n < ops.size() && n < kBatchChain) {
+      const BackendOp& op = *ops[i + n];
+      if (n > 0 && (op.peer_handle != head.peer_handle || op.kind == OpKind::recv || op.length > max_msg_)) break;
+      if (op.remote && op.remote->key > 0xffffffffu) {
+        stop = Status::invalid_argument;
+        break;
+      }
+      // Keep two WRs of room for a fence or a window bind/invalidate.
+      if (seq - c.retired_seq + 1 + 2 > m.sq_depth) {
+        stop = Status::would_block;
+        break;
+      }
+      ibv_send_wr& wr = wrs[n];
+      if (const Status st = fill_data_wr(op, *domain_, wr, sges[n]); st != Status::ok) {
+        stop = st;
+        break;
+      }
+      const bool small_inline = op.kind != OpKind::get && op.length <= max_inline_;
+      signaled[n] = !may_skip_signal(small_inline, run, busy);
+      run = signaled[n] ? 0 : run + 1;
+      busy = true;
+      ++seq;
+      wr.send_flags = (signaled[n] ? static_cast<unsigned>(IBV_SEND_SIGNALED) : 0u) |
+                      (small_inline ? static_cast<unsigned>(IBV_SEND_INLINE) : 0u);
+      wr.wr_id = make_wr_id(kTagOp, seq, op.index);
+      if (n > 0) wrs[n - 1].next = &wr;
+      ++n;
+    }
+    if (n == 0) return stop;
+    ibv_send_wr* bad = nullptr;
+    const int rc = ibv_post_send(c.qp, wrs.data(), &bad);
+    // On failure, the WRs before bad_wr were posted and the rest were not.
+    std::size_t accepted = n;
+    if (rc != 0) {
+      accepted = 0;
+      for (std::size_t k = 0; k < n; ++k) {
+        if (&wrs[k] == bad) {
+          accepted = k;
+          break;
+        }
+      }
+    }
+    for (std::size_t k = 0; k < accepted; ++k) {
+      note_rc_posted(ci, ops[i + k]->index, c.wr_seq + 1, c.wr_seq + 1, signaled[k]);
+    }
+    posted += accepted;
+    i += accepted;
+    if (rc != 0) return rc == ENOMEM ? Status::would_block : Status::transport_error;
+    if (stop != Status::ok) return stop;
   }
   return Status::ok;
 }

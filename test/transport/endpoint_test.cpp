@@ -7,7 +7,12 @@
 // time blocked in the bootstrap.
 
 #include <catch2/catch.hpp>
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstring>
+#include <span>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -247,4 +252,179 @@ TEST_CASE("atomics under contention from two processes", "[fabric]") {
   CHECK(sentinel == 0x5a5a5a5a5a5a5a5aull);
   CHECK(s.ep->native_atomics() == rpt::expects_native_atomics(prov));
   for (auto& k : kids) CHECK(rpt::reap(k, 30s) == 0);
+}
+
+TEST_CASE("post_batch posts a prefix of mixed puts, gets and sends, each with its own completion", "[fabric]") {
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  constexpr std::uint64_t kTarget = 64 << 10;
+  constexpr std::uint64_t kGetA = 32768, kGetASize = 4097, kGetB = 40960, kGetBSize = 8;
+  constexpr std::uint64_t kSendC = 100, kSendF = 3000;
+  constexpr std::size_t kSlots = 8;  // the initiator's max_in_flight
+  constexpr std::size_t kOver = kSlots + 2;
+
+  auto kid = rpt::spawn(
+      [&]() -> int {
+        using regpool::BatchOp;
+        auto b = rpt::child_bootstrap(port);
+        regpool::EndpointConfig ec;
+        ec.max_in_flight = kSlots;
+        rpt::Stack s(prov, ec);
+        auto all = b->allgather({}, 20s);
+        auto parts = regpool::unpack_blobs(all[0]);
+        const auto peer = s.ep->insert_peer(parts[0]);
+        const RemoteRef ref = rpt::decode_or_die(parts[1]);
+        auto buf = s.alloc(64 << 10);
+        std::uint64_t at = 0;
+        // A slice of buf of `size` bytes filled with `seed` (0: zeroed).
+        auto piece = [&](std::uint64_t size, std::uint64_t seed) {
+          auto sl = rpt::slice_or_die(Slice::data(buf, at, size));
+          at += size + 5;  // odd gaps: unaligned starts
+          if (seed != 0) rpt::fill(sl.bytes(), seed);
+          else std::memset(sl.address(), 0, size);
+          return sl;
+        };
+        std::vector<Measure> puts;
+
+        // Empty batch: nothing posted, nothing counted.
+        const auto before = s.ep->stats().posted;
+        RPT_CHECK(s.ep->post_batch({}) == 0);
+        RPT_CHECK(s.ep->stats().posted == before);
+
+        // Mixed batch: every kind, with and without callbacks.
+        auto a = piece(8, 101), d = piece(64, 102);
+        auto c = piece(kSendC, 301), f = piece(kSendF, 302);
+        auto ga = piece(kGetASize, 0), gb = piece(kGetBSize, 0);
+        Completion seen[6] = {};
+        int calls = 0;
+        auto record = [&](int i) {
+          return regpool::Callback([&seen, &calls, i](const Completion& cc) {
+            seen[i] = cc;
+            ++calls;
+          });
+        };
+        std::array<BatchOp, 6> mixed = {
+            BatchOp::put(a, peer, ref, 1, record(0)),
+            BatchOp::get(peer, ref, kGetA, ga),
+            BatchOp::send(peer, c, record(2)),
+            BatchOp::put(d, peer, ref, 100),
+            BatchOp::get(peer, ref, kGetB, gb, record(4)),
+            BatchOp::send(peer, f),
+        };
+        RPT_CHECK(s.ep->post_batch(mixed) == mixed.size());
+        for (const auto& op : mixed) RPT_CHECK(op.status == Status::ok && op.token);
+        for (std::size_t i = 0; i < mixed.size(); ++i) {
+          for (std::size_t j = i + 1; j < mixed.size(); ++j) RPT_CHECK(!(mixed[i].token == mixed[j].token));
+        }
+        for (int i : {1, 3, 5}) {
+          seen[i] = s.ep->wait(mixed[i].token, 30s);
+          ++calls;
+        }
+        const auto deadline = std::chrono::steady_clock::now() + 30s;
+        while (calls < 6 && std::chrono::steady_clock::now() < deadline) s.ep->progress();
+        RPT_CHECK(calls == 6);
+        for (std::size_t i = 0; i < mixed.size(); ++i) {
+          RPT_CHECK(seen[i].status == Status::ok);
+          RPT_CHECK(seen[i].token == mixed[i].token);
+          RPT_CHECK(seen[i].op == mixed[i].kind);
+          RPT_CHECK(seen[i].bytes == mixed[i].local->length());
+        }
+        std::vector<std::byte> expect(kGetASize);
+        rpt::fill(expect, 7);
+        RPT_CHECK(std::memcmp(ga.address(), expect.data(), kGetASize) == 0);
+        expect.resize(kGetBSize);
+        rpt::fill(expect, 8);
+        RPT_CHECK(std::memcmp(gb.address(), expect.data(), kGetBSize) == 0);
+        puts.push_back(Measure{8, 1, rpt::hash(a.bytes())});
+        puts.push_back(Measure{64, 100, rpt::hash(d.bytes())});
+
+        // More ops than free slots: exactly the free ones are posted, the
+        // next reports would_block, the rest are not attempted.
+        std::vector<Slice> over;
+        std::vector<BatchOp> big;
+        for (std::size_t k = 0; k < kOver; ++k) over.push_back(piece(100 + k, 200 + k));
+        for (std::size_t k = 0; k < kOver; ++k) big.push_back(BatchOp::put(over[k], peer, ref, 1000 + k * 200));
+        const std::size_t n = s.ep->post_batch(big);
+        RPT_CHECK(n == kSlots);
+        RPT_CHECK(big[kSlots].status == Status::would_block && !big[kSlots].token);
+        for (std::size_t k = kSlots + 1; k < kOver; ++k) RPT_CHECK(big[k].status == Status::canceled);
+        for (std::size_t k = 0; k < n; ++k) RPT_CHECK(s.ep->wait(big[k].token, 30s).status == Status::ok);
+        // The rest, resubmitted.
+        RPT_CHECK(s.ep->post_batch(std::span(big).subspan(n)) == kOver - n);
+        for (std::size_t k = n; k < kOver; ++k) RPT_CHECK(s.ep->wait(big[k].token, 30s).status == Status::ok);
+        for (std::size_t k = 0; k < kOver; ++k) puts.push_back(Measure{100 + k, 1000 + k * 200, rpt::hash(over[k].bytes())});
+
+        // A failed check ends the batch there: the ops before it are posted.
+        auto g1 = piece(16, 400), g2 = piece(16, 401), g3 = piece(16, 402);
+        std::array<BatchOp, 3> checked = {
+            BatchOp::put(g1, peer, ref, 5000),
+            BatchOp::put(g2, peer, ref, kTarget - 8),  // 8 bytes past the exposure
+            BatchOp::put(g3, peer, ref, 5100),
+        };
+        RPT_CHECK(s.ep->post_batch(checked) == 1);
+        RPT_CHECK(checked[1].status == Status::out_of_bounds && checked[2].status == Status::canceled);
+        RPT_CHECK(s.ep->wait(checked[0].token, 30s).status == Status::ok);
+        puts.push_back(Measure{16, 5000, rpt::hash(g1.bytes())});
+
+        // A broken peer: nothing is posted, the first op says why.
+        s.ep->fail_peer(peer);
+        std::array<BatchOp, 2> broken = {BatchOp::put(g3, peer, ref, 5100), BatchOp::send(peer, c)};
+        RPT_CHECK(s.ep->post_batch(broken) == 0);
+        RPT_CHECK(broken[0].status == Status::peer_unreachable && broken[1].status == Status::canceled);
+        RPT_CHECK(s.ep->stats().in_flight == 0);
+
+        std::vector<std::byte> report(puts.size() * sizeof(Measure));
+        std::memcpy(report.data(), puts.data(), report.size());
+        (void)b->allgather(report, 60s);
+        return 0;
+      },
+      240);
+
+  rpt::Stack s(prov, target_config());
+  auto target = s.alloc(kTarget);
+  std::memset(target.data().data(), 0, kTarget);
+  rpt::fill(target.data().subspan(kGetA, kGetASize), 7);
+  rpt::fill(target.data().subspan(kGetB, kGetBSize), 8);
+  auto exposure = s.ep->expose(rpt::slice_or_die(Slice::data(target)), RemoteAccess::read_write);
+  REQUIRE(exposure.ok());
+  auto inbox = s.alloc(2 * 4096);
+  std::atomic<int> received{0};
+  std::uint64_t got[2] = {};
+  for (int k = 0; k < 2; ++k) {
+    auto slot = rpt::slice_or_die(Slice::data(inbox, k * 4096, 4096));
+    auto t = s.ep->post_recv(slot, [&got, &received, k](const Completion& c) {
+      if (c.status == Status::ok) got[k] = c.bytes;
+      received.fetch_add(1, std::memory_order_release);
+    });
+    REQUIRE(t.ok());
+  }
+  (void)boot->allgather(regpool::pack_blobs({s.ep->name(), rpt::encoded(*exposure)}), 20s);
+  auto report = boot->allgather({}, 120s)[1];
+  REQUIRE(report.size() % sizeof(Measure) == 0);
+  REQUIRE(report.size() / sizeof(Measure) == 2 + kOver + 1);
+  for (std::size_t i = 0; i < report.size() / sizeof(Measure); ++i) {
+    Measure m{};
+    std::memcpy(&m, report.data() + i * sizeof m, sizeof m);
+    INFO("put " << i << " at " << m.offset);
+    CHECK(rpt::hash({target.data().data() + m.offset, m.size}) == m.hash);
+  }
+  // The put after the failed check and the batch to the broken peer never
+  // reached the target.
+  CHECK(std::all_of(target.data().begin() + 5100, target.data().begin() + 5116,
+                    [](std::byte x) { return x == std::byte{0}; }));
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (received.load(std::memory_order_acquire) < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(1ms);
+  }
+  REQUIRE(received.load() == 2);
+  CHECK(got[0] == kSendC);
+  CHECK(got[1] == kSendF);
+  std::vector<std::byte> expect(kSendF);
+  rpt::fill(std::span(expect).first(kSendC), 301);
+  CHECK(std::memcmp(inbox.data().data(), expect.data(), kSendC) == 0);
+  rpt::fill(expect, 302);
+  CHECK(std::memcmp(inbox.data().data() + 4096, expect.data(), kSendF) == 0);
+  CHECK(rpt::reap(kid, 60s) == 0);
 }
