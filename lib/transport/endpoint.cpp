@@ -451,6 +451,7 @@ PeerId Endpoint::insert_peer(std::span<const std::byte> name) {
   Peer p;
   p.name.assign(name.begin(), name.end());
   p.handle = do_insert_peer(name);
+  p.message_limit = do_peer_message_limit(p.handle);
   p.used = true;
   const std::uint64_t handle = p.handle;
   std::size_t id = peers_.size();
@@ -1188,6 +1189,9 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
   if (needs_peer(kind)) {
     if (peer >= peers_.size() || !peers_[peer].used) return reject(Status::invalid_argument);
     if (peers_[peer].broken) return reject(Status::peer_unreachable);
+    // Refused here, never posted: on some transports (net) a message the
+    // peer's receive cannot absorb stalls the whole connection.
+    if (kind == OpKind::send && length > peers_[peer].message_limit) return reject(Status::message_too_large);
     peer_handle = peers_[peer].handle;
   }
   if (free_.empty()) {
