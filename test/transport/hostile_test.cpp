@@ -77,6 +77,9 @@ struct NameCase {
 std::vector<NameCase> name_cases(const std::string& prov, const std::vector<std::byte>& good) {
   std::vector<NameCase> c;
   const std::size_t dl = data_len_of(good);
+  // Where the addresses start: after the message limit field when there is
+  // one (net).
+  const std::size_t at = fw::kNameHeader + ((good[3] & std::byte{fw::kNameLimit}) != std::byte{0} ? fw::kNameLimitField : 0);
   c.push_back({"header only, 3 bytes", {good.begin(), good.begin() + 3}, "name length"});
   c.push_back({"truncated by one byte", {good.begin(), good.end() - 1}, "fields do not add up"});
   auto m = good;
@@ -117,38 +120,50 @@ std::vector<NameCase> name_cases(const std::string& prov, const std::vector<std:
   if (prov == "shm") {
     // The real name without its final NUL (lengths adjusted to agree).
     m = good;
-    m.erase(m.begin() + static_cast<std::ptrdiff_t>(fw::kNameHeader + dl - 1));
+    m.erase(m.begin() + static_cast<std::ptrdiff_t>(at + dl - 1));
     set_u16(m, 4, dl - 1);
     c.push_back({"shm name without its NUL", m, "not NUL-terminated"});
     m = good;
-    m[fw::kNameHeader + 2] = std::byte{'X'};  // "fi_Xhm://..."
+    m[at + 2] = std::byte{'X'};  // "fi_Xhm://..."
     c.push_back({"foreign scheme", m, "address scheme"});
     m = good;
-    m[fw::kNameHeader + dl - 2] = std::byte{'/'};
+    m[at + dl - 2] = std::byte{'/'};
     c.push_back({"slash in the shm name", m, "unexpected character"});
     m = good;
-    m[fw::kNameHeader + dl - 3] = std::byte{0};
+    m[at + dl - 3] = std::byte{0};
     c.push_back({"NUL inside the shm name", m, "unexpected character"});
   } else {
     m = good;
-    m[fw::kNameHeader] = std::byte{0x34};
+    m[at] = std::byte{0x34};
     c.push_back({"address family", m, "address family"});
     m = good;
-    m[fw::kNameHeader + 2] = std::byte{0};
-    m[fw::kNameHeader + 3] = std::byte{0};
+    m[at + 2] = std::byte{0};
+    m[at + 3] = std::byte{0};
     c.push_back({"port 0", m, "address port"});
     m = good;
-    m[fw::kNameHeader + 12] = std::byte{1};
+    m[at + 12] = std::byte{1};
     c.push_back({"sin_zero not zero", m, "address padding"});
     m = good;  // control address 17 bytes, data 15: lengths add up
     set_u16(m, 4, dl - 1);
     set_u16(m, 6, data_len_of(good) == 16 ? 17 : 17);
     c.push_back({"address lengths shifted", m, "address length"});
     m = good;
-    m[3] = std::byte{0};
+    m[3] = good[3] & std::byte{fw::kNameLimit};  // native atomics, the limit kept
     set_u16(m, 6, 0);
-    m.resize(fw::kNameHeader + dl);
+    m.resize(at + dl);
     c.push_back({"control address missing", m, "unsupported"});
+  }
+  if (at != fw::kNameHeader) {
+    // net: the message limit senders must respect.
+    m = good;
+    m[fw::kNameHeader] = std::byte{0xff};
+    m[fw::kNameHeader + 1] = std::byte{0x0f};
+    m[fw::kNameHeader + 2] = std::byte{0};
+    m[fw::kNameHeader + 3] = std::byte{0};
+    c.push_back({"message limit 4095", m, "message limit (below 4 KiB)"});
+    m = good;
+    m[3] = good[3] & ~std::byte{fw::kNameLimit};
+    c.push_back({"message limit without its flag", m, "fields do not add up"});
   }
   return c;
 }
