@@ -26,6 +26,7 @@ const char* to_string(Status s) noexcept {
     case Status::closed: return "closed";
     case Status::transport_error: return "transport error";
     case Status::truncated: return "truncated";
+    case Status::message_too_large: return "message too large for the peer";
   }
   return "unknown status";
 }

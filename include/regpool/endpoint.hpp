@@ -445,6 +445,9 @@ class REGPOOL_API Endpoint {
                     Callback cb = {}) noexcept;
   Result<Token> get(PeerId peer, const RemoteRef& remote, std::uint64_t remote_offset, const Slice& local,
                     Callback cb = {}) noexcept;
+  // A send longer than the peer accepts returns Status::message_too_large
+  // and sends nothing (the peer's name says how much it takes: on net, its
+  // FabricEndpointOptions::max_incoming_message; elsewhere no limit).
   Result<Token> send(PeerId peer, const Slice& local, Callback cb = {}) noexcept;
   // Receive one message from any peer into `local` (messages from one peer
   // are matched to posted receives in posting order).
@@ -617,6 +620,9 @@ class REGPOOL_API Endpoint {
   virtual std::vector<std::byte> do_name() const = 0;
   virtual std::uint64_t do_insert_peer(std::span<const std::byte> name) = 0;
   virtual void do_remove_peer(std::uint64_t handle) noexcept = 0;
+  // The largest message the peer behind `handle` accepts (what its name
+  // advertised); the default: any the transport carries.
+  virtual std::uint64_t do_peer_message_limit(std::uint64_t /*handle*/) const noexcept { return ~std::uint64_t{0}; }
   virtual std::chrono::milliseconds reconnect_settle() const noexcept { return std::chrono::milliseconds{0}; }
   virtual Result<std::uint64_t> do_reconnect(PeerId peer, std::uint64_t handle,
                                              std::span<const std::byte> name) noexcept;
@@ -671,6 +677,10 @@ class REGPOOL_API Endpoint {
     bool settling = false;
     Clock::time_point settle_until{};
     std::uint64_t handle = 0;
+    // Sends longer than this are refused (Status::message_too_large): the
+    // peer said it cannot take them without harm to the connection. Its
+    // name fixed it, so a reconnect keeps it.
+    std::uint64_t message_limit = ~std::uint64_t{0};
     std::vector<std::byte> name;
   };
 

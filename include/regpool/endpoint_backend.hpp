@@ -59,6 +59,12 @@
 //                                           by them, below 2^24); setup:
 //                                           throws Error on failure.
 //   void do_remove_peer(handle)             forget a peer (noexcept).
+//   std::uint64_t do_peer_message_limit(handle)
+//                                           optional: the largest message
+//                                           the peer accepts, from its name
+//                                           (default: no limit). The base
+//                                           refuses longer sends with
+//                                           Status::message_too_large.
 //   Result<std::uint64_t> do_reconnect(peer, handle, name)
 //                                           re-establish a broken peer; the
 //                                           default removes and re-inserts.

@@ -40,6 +40,7 @@ enum class Status : std::uint8_t {
   closed,             // the endpoint or pool is shut down
   transport_error,
   truncated,          // a message longer than its receive buffer: the buffer holds its first bytes
+  message_too_large,  // a send longer than the peer accepts (its advertised limit): refused, nothing sent
 };
 
 // Static strings; never allocates.

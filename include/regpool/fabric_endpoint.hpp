@@ -193,6 +193,19 @@ struct FabricEndpointOptions {
   // (FabricShmStats::lock_recoveries); otherwise the endpoint keeps
   // skipping and says so (FabricShmStats::region_stuck).
   std::chrono::milliseconds stuck_lock_patience{2000};
+  // The largest message peers may send to this endpoint, where a longer one
+  // would harm the connection instead of failing its own receive (net: a
+  // message longer than its receive plus the overflow area behind every
+  // receive stalls the connection, docs/provider-facts.md). The overflow
+  // area is this large (reserved address space: pages are touched only by
+  // the excess of messages longer than their receive), and the limit goes
+  // into name(): a peer's send() above it returns
+  // Status::message_too_large without sending. A message up to the limit
+  // that is longer than its receive fails that receive (out_of_bounds) and
+  // nothing else. 4 KiB .. 4 GiB - 1 (construction throws otherwise).
+  // Providers without the hazard (shm, tcp;ofi_rxm) advertise no limit and
+  // ignore it.
+  std::uint64_t max_incoming_message = std::uint64_t{16} << 20;
 };
 
 // What an shm endpoint saw of dead peers (relaxed snapshot).
@@ -264,6 +277,7 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   std::uint64_t do_insert_peer(std::span<const std::byte> name) override;
   void do_remove_peer(std::uint64_t handle) noexcept override;
   std::chrono::milliseconds reconnect_settle() const noexcept override;
+  std::uint64_t do_peer_message_limit(std::uint64_t handle) const noexcept override;
   Status do_post(const BackendOp& op) noexcept override;
   Status do_post_batch(std::span<const BackendOp* const> ops, std::size_t& posted) noexcept override;
   std::size_t do_poll(std::size_t max) noexcept override;
@@ -284,6 +298,8 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
     // so do_abandon can tell that entry was removed even after the handle
     // was reused.
     std::uint64_t incarnation = 0;
+    // The largest message the peer accepts (its name's limit; ~0 for none).
+    std::uint64_t message_limit = ~std::uint64_t{0};
     // shm: the peer's process, its regions' locks (when their layout is
     // known), and what the last check found.
     std::int64_t pid = 0;
@@ -462,8 +478,14 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   // tcp;ofi_rxm: where the excess of an oversized eager message goes, so
   // the provider never truncates one (which loses the connection's later
   // messages). Shared by all receives; its contents are never read.
-  std::vector<std::byte> overflow_;
+  // Receives' overflow area (do_recv): an anonymous mapping, untouched
+  // until a message overflows into it; null where receives need none.
+  std::byte* overflow_ = nullptr;
+  std::size_t overflow_size_ = 0;
   Registration overflow_reg_;
+  // The largest message this endpoint accepts, advertised in name_ (0: no
+  // limit; FabricEndpointOptions::max_incoming_message).
+  std::uint64_t message_limit_ = 0;
 
   // Emulated atomics: the control endpoint and its buffers.
   fid_av* ctrl_av_ = nullptr;

@@ -452,6 +452,7 @@ PeerId Endpoint::insert_peer(std::span<const std::byte> name) {
   Peer p;
   p.name.assign(name.begin(), name.end());
   p.handle = do_insert_peer(name);
+  p.message_limit = do_peer_message_limit(p.handle);
   p.used = true;
   const std::uint64_t handle = p.handle;
   std::size_t id = peers_.size();
@@ -1186,6 +1187,9 @@ Result<std::uint32_t> Endpoint::claim_slot_locked(OpKind kind, PeerId peer, cons
   if (needs_peer(kind)) {
     if (peer >= peers_.size() || !peers_[peer].used) return Status::invalid_argument;
     if (peers_[peer].broken) return Status::peer_unreachable;
+    // Refused here, never posted: on some transports (net) a message the
+    // peer's receive cannot absorb stalls the whole connection.
+    if (kind == OpKind::send && length > peers_[peer].message_limit) return Status::message_too_large;
     peer_handle = peers_[peer].handle;
   }
   if (free_.empty()) {

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -256,10 +257,39 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   peers_.reserve(16);
   // See do_recv: tcp;ofi_rxm loses a connection's stream on a truncated
   // eager message, net closes the connection on any truncated message. Any
-  // eager message fits slice + this area.
+  // eager message fits slice + this area; on net any message up to the
+  // advertised limit does, and peers send nothing longer (name_).
+  if (facts.oversize_stalls_connection) {
+    const std::uint64_t lim = options.max_incoming_message;
+    if (lim < fabric_wire::kMinMessageLimit || lim > fabric_wire::kMaxMessageLimit) {
+      throw Error(Status::invalid_argument, 0,
+                  "fabric endpoint: FabricEndpointOptions::max_incoming_message " + std::to_string(lim) +
+                      " is outside 4 KiB .. 4 GiB - 1");
+    }
+    if (!info->rx_attr || info->rx_attr->iov_limit < 2) {
+      throw Error(Status::unsupported, 0,
+                  "fabric endpoint: provider '" + prov +
+                      "' stalls a connection on an oversized message and offers no two-buffer receive to "
+                      "absorb one");
+    }
+    message_limit_ = lim;
+  }
   if (facts.truncation_breaks_connection && info->rx_attr && info->rx_attr->iov_limit >= 2) {
-    overflow_.assign(kRecvOverflowBytes, std::byte{0});
-    overflow_reg_ = domain_->register_memory(overflow_.data(), overflow_.size(), Access::local);
+    overflow_size_ = message_limit_ != 0 ? static_cast<std::size_t>(message_limit_) : kRecvOverflowBytes;
+    // Reserved, not touched: only the excess of an oversized message ever
+    // lands here, so an endpoint pays for the pages such messages wrote.
+    void* m = ::mmap(nullptr, overflow_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                     -1, 0);
+    if (m == MAP_FAILED) {
+      const int err = errno;
+      const std::size_t want = overflow_size_;
+      overflow_size_ = 0;
+      throw Error(Status::out_of_memory, -err,
+                  "fabric endpoint: cannot map the " + std::to_string(want) +
+                      "-byte receive overflow area: " + std::strerror(err));
+    }
+    overflow_ = static_cast<std::byte*>(m);
+    overflow_reg_ = domain_->register_memory(overflow_, overflow_size_, Access::local);
   }
   // Native atomics use the base's registered atomic words (start()).
   open_shm_watch(data_name);
@@ -269,7 +299,7 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   if (serving_) open_control();
   name_ = fabric_wire::encode_name(data_name, serving_ ? std::span<const std::byte>(ctrl_name_)
                                                        : std::span<const std::byte>(),
-                                   emulated_atomics_);
+                                   emulated_atomics_, message_limit_);
 }
 
 void FabricEndpoint::open_triplet(fid_av** av, fid_cq** cq, fid_ep** ep, const char* what) {
@@ -413,6 +443,9 @@ void FabricEndpoint::close_resources() noexcept {
   if (wait_fd_ >= 0) ::close(wait_fd_);
   wait_fd_ = -1;
   overflow_reg_.reset();
+  if (overflow_) ::munmap(overflow_, overflow_size_);
+  overflow_ = nullptr;
+  overflow_size_ = 0;
   // Nobody sleeps on the bell any more (shutdown() woke and joined the
   // sleepers): unmap it and remove its file. Peers' bells go with peers_.
   bell_.reset();
@@ -541,6 +574,7 @@ std::uint64_t FabricEndpoint::do_insert_peer(std::span<const std::byte> name) {
     }
     throw Error(Status::out_of_memory, -FI_ENOMEM, "fabric endpoint: out of memory inserting a peer");
   }
+  p.message_limit = parsed.message_limit != 0 ? parsed.message_limit : ~std::uint64_t{0};
   peers_[handle] = std::move(p);
   if (deaths_ && peers_[handle].pid != 0 && !peers_[handle].dead) {
     // From now on its death is seen by the epoll set (shm_sweep_deaths);
@@ -550,6 +584,10 @@ std::uint64_t FabricEndpoint::do_insert_peer(std::span<const std::byte> name) {
     }
   }
   return handle;
+}
+
+std::uint64_t FabricEndpoint::do_peer_message_limit(std::uint64_t handle) const noexcept {
+  return handle < peers_.size() && peers_[handle].used ? peers_[handle].message_limit : ~std::uint64_t{0};
 }
 
 PeerId FabricEndpoint::peer_of_addr(std::uint64_t addr) const noexcept {
@@ -757,7 +795,7 @@ Status FabricEndpoint::do_recv(const BackendOp& op) noexcept {
   if (shm_ && shm_region_blocked(own_data_)) return Status::would_block;
   auto region = op.local->ldo().region(*domain_);
   if (!region) return region.status();
-  if (overflow_.empty()) {
+  if (!overflow_) {
     return status_from_fi(static_cast<int>(
         fi_recv(ep_, op.local->address(), op.length, region->descriptor, FI_ADDR_UNSPEC, data_context(op))));
   }
@@ -769,8 +807,10 @@ Status FabricEndpoint::do_recv(const BackendOp& op) noexcept {
   // completion then reports out_of_bounds for the user's slice. Larger
   // (rendezvous) messages are truncated cleanly by the provider itself.
   // net closes the connection on any truncation of a send without
-  // delivery-complete (measured): the area saves it up to slice + 64 KiB.
-  iovec iov[2] = {{op.local->address(), op.length}, {overflow_.data(), overflow_.size()}};
+  // delivery-complete, and stalls it on a message longer than both buffers
+  // (measured): there the area is as large as the limit in our name, which
+  // peers' sends respect (Endpoint::submit), so nothing is ever truncated.
+  iovec iov[2] = {{op.local->address(), op.length}, {overflow_, overflow_size_}};
   void* desc[2] = {region->descriptor, overflow_reg_.descriptor()};
   return status_from_fi(static_cast<int>(fi_recvv(ep_, iov, desc, 2, FI_ADDR_UNSPEC, data_context(op))));
 }
@@ -1335,7 +1375,7 @@ bool FabricEndpoint::do_abandon(const BackendOp& op) noexcept {
     if (op.kind != OpKind::send && op.kind != OpKind::put) return false;
     return o.cma && fabric_shm::process_finished(o.pid);
   }
-  if (!probe_connections_ || overflow_.empty() || o.incarnation == 0) return false;
+  if (!probe_connections_ || !overflow_ || o.incarnation == 0) return false;
   for (const Probe& pr : probes_) {
     if (pr.state != ProbeState::free && pr.incarnation == o.incarnation) return pr.state == ProbeState::closed;
   }
@@ -1360,7 +1400,7 @@ bool FabricEndpoint::probe_connection(std::uint64_t incarnation) noexcept {
     }
   }
   if (slot == nullptr) return false;  // every probe still out: try again at the next scan
-  const ssize_t rc = fi_read(ep_, overflow_.data(), 1, overflow_reg_.descriptor(), peer->data, 0, FI_KEY_NOTAVAIL,
+  const ssize_t rc = fi_read(ep_, overflow_, 1, overflow_reg_.descriptor(), peer->data, 0, FI_KEY_NOTAVAIL,
                              static_cast<void*>(slot));
   if (rc == -FI_EAGAIN) return false;  // no room now: the next scan tries again
   // Refused outright: rxm has already taken the connection down (its

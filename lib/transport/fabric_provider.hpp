@@ -43,6 +43,12 @@ struct Facts {
   // connection is closed unless the send asked for delivery-complete):
   // receives carry an overflow area behind the slice.
   bool truncation_breaks_connection = false;
+  // ... and a message longer than the whole receive (slice + overflow area)
+  // stalls the connection while its sender is told ok (net, measured with
+  // transport-hostile: 70000 bytes into 64 + 64 KiB): the overflow area is
+  // as large as the limit the endpoint advertises in its name, and peers
+  // refuse longer sends (FabricEndpointOptions::max_incoming_message).
+  bool oversize_stalls_connection = false;
   // The CQ's FI_WAIT_FD descriptor reports readable with nothing to read,
   // so a sleeping wait on it spins (net: transport-source-wait measured
   // 35000 wake-ups in 0.4 s, 70 % of a core): open CQs without a wait
@@ -85,6 +91,7 @@ inline Facts facts(const std::string& provider) {
     f.software_atomics = true;
     f.refusal_keeps_connection = true;
     f.truncation_breaks_connection = true;
+    f.oversize_stalls_connection = true;
     f.cq_wait_fd_spins = true;
   } else if (layered) {
     // Any other rxm/rxd stack: treated like tcp;ofi_rxm where the layer is

@@ -105,6 +105,13 @@ inline const char* check_address(std::span<const std::byte> a, const AddrRules& 
 //    control address follows the data address. Set only with bit 1. An
 //    emulating endpoint without it takes no atomics (initiators refuse
 //    them at once with Status::unsupported) and may still issue them.
+//  - bit 2 (kNameLimit): a u32 (little endian) follows the header, before
+//    the addresses: the largest message this endpoint accepts, in bytes
+//    (at least kMinMessageLimit). Set where a longer message would harm
+//    the connection rather than fail its own receive (net stalls on a
+//    message longer than its receive + regpool's overflow area): senders
+//    refuse such a send locally (Status::message_too_large). Without the
+//    bit the endpoint takes any length the provider carries.
 // Version 1 (regpool before the control endpoint became optional) had bit
 // 0 only, meaning "emulates and serves"; its names are refused ("name
 // version"): peers must run the same name version, nothing is negotiated.
@@ -112,6 +119,12 @@ constexpr std::uint8_t kNameVersion = 2;
 constexpr std::size_t kNameHeader = 8;
 constexpr std::uint8_t kNameHasCtrl = 1;
 constexpr std::uint8_t kNameEmulates = 2;
+constexpr std::uint8_t kNameLimit = 4;
+constexpr std::size_t kNameLimitField = 4;
+// Smallest message limit a name may carry (and an endpoint may be opened
+// with): below it no control message or small payload would pass.
+constexpr std::uint64_t kMinMessageLimit = 4096;
+constexpr std::uint64_t kMaxMessageLimit = 0xffffffffu;
 // A control address must fit a control message (CtrlMsg::name).
 constexpr std::size_t kCtrlNameMax = 64;
 
@@ -120,6 +133,7 @@ struct ParsedName {
   std::span<const std::byte> ctrl;  // empty unless the endpoint serves emulated atomics
   bool has_ctrl = false;            // serves emulated atomics (ctrl is its control address)
   bool emulates = false;            // its atomics are emulated
+  std::uint64_t message_limit = 0;  // largest message it accepts; 0: no limit
 };
 
 inline const char* parse_name(std::span<const std::byte> name, const AddrRules& rules, ParsedName& out) noexcept {
@@ -131,17 +145,21 @@ inline const char* parse_name(std::span<const std::byte> name, const AddrRules& 
                                    : "name version (unknown)";
   }
   const auto flags = static_cast<std::uint8_t>(name[3]);
-  if ((flags & ~(kNameHasCtrl | kNameEmulates)) != 0) return "name flags (unknown bits)";
+  if ((flags & ~(kNameHasCtrl | kNameEmulates | kNameLimit)) != 0) return "name flags (unknown bits)";
   const bool has_ctrl = (flags & kNameHasCtrl) != 0;
   const bool emulates = (flags & kNameEmulates) != 0;
+  const std::size_t head = kNameHeader + ((flags & kNameLimit) != 0 ? kNameLimitField : 0);
   if (has_ctrl && !emulates) return "name flags (control address without emulated atomics)";
+  if (name.size() < head) return "name length (shorter than the message limit field)";
+  const std::uint64_t limit = head > kNameHeader ? le::get_u32(name.data() + kNameHeader) : 0;
+  if (head > kNameHeader && limit < kMinMessageLimit) return "message limit (below 4 KiB)";
   const std::size_t data_len = le::get_u16(name.data() + 4);
   const std::size_t ctrl_len = le::get_u16(name.data() + 6);
-  if (kNameHeader + data_len + ctrl_len != name.size()) return "name length (fields do not add up)";
+  if (head + data_len + ctrl_len != name.size()) return "name length (fields do not add up)";
   if (has_ctrl != (ctrl_len > 0)) return "control address length (disagrees with the flags)";
   if (ctrl_len > kCtrlNameMax) return "control address length (above 64)";
-  const auto data = name.subspan(kNameHeader, data_len);
-  const auto ctrl = name.subspan(kNameHeader + data_len, ctrl_len);
+  const auto data = name.subspan(head, data_len);
+  const auto ctrl = name.subspan(head + data_len, ctrl_len);
   if (const char* why = check_address(data, rules)) return why;
   if (has_ctrl) {
     if (const char* why = check_address(ctrl, rules)) return why;
@@ -150,22 +168,26 @@ inline const char* parse_name(std::span<const std::byte> name, const AddrRules& 
   out.ctrl = ctrl;
   out.has_ctrl = has_ctrl;
   out.emulates = emulates;
+  out.message_limit = limit;
   return nullptr;
 }
 
 // The name FabricEndpoint hands out (the inverse of parse_name for valid
-// input; ctrl empty unless `serves`).
+// input; ctrl empty unless `serves`; message_limit 0 for none, else within
+// kMinMessageLimit..kMaxMessageLimit, which the caller checked).
 inline std::vector<std::byte> encode_name(std::span<const std::byte> data, std::span<const std::byte> ctrl,
-                                          bool emulates) {
-  std::vector<std::byte> name(kNameHeader);
+                                          bool emulates, std::uint64_t message_limit) {
+  std::vector<std::byte> name(kNameHeader + (message_limit != 0 ? kNameLimitField : 0));
   name[0] = std::byte{'R'};
   name[1] = std::byte{'P'};
   name[2] = std::byte{kNameVersion};
   std::uint8_t flags = emulates ? kNameEmulates : 0;
   if (!ctrl.empty()) flags |= kNameHasCtrl;
+  if (message_limit != 0) flags |= kNameLimit;
   name[3] = std::byte{flags};
   le::put_u16(&name[4], static_cast<std::uint16_t>(data.size()));
   le::put_u16(&name[6], static_cast<std::uint16_t>(ctrl.size()));
+  if (message_limit != 0) le::put_u32(&name[kNameHeader], static_cast<std::uint32_t>(message_limit));
   name.insert(name.end(), data.begin(), data.end());
   name.insert(name.end(), ctrl.begin(), ctrl.end());
   return name;

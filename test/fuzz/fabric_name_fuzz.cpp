@@ -8,6 +8,9 @@
 //    spans lie inside the input, control present exactly with its flag, and
 //    only with the emulated-atomics flag (version 2); the version byte is
 //    the one this build speaks, the flags byte has no other bits;
+//  - a message limit (net's names) is present exactly with its flag, sits
+//    between header and addresses, and is at least 4 KiB: the sender's
+//    refusal of longer sends (Status::message_too_large) relies on it;
 //  - each accepted address satisfies the rules by construction, checked
 //    independently here (NUL-terminated string of the right scheme, exact
 //    sockaddr length and family, ...), so fi_av_insert never reads past it;
@@ -154,16 +157,24 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto* hi = name.data() + name.size();
   auto inside = [&](std::span<const std::byte> s) { return s.data() >= lo && s.data() + s.size() <= hi; };
   if (!inside(p.data) || !inside(p.ctrl)) std::abort();
-  if (fw::kNameHeader + p.data.size() + p.ctrl.size() != name.size()) std::abort();
+  const std::size_t head = fw::kNameHeader + (p.message_limit != 0 ? fw::kNameLimitField : 0);
+  if (head + p.data.size() + p.ctrl.size() != name.size()) std::abort();
+  // A limit is there only with its flag, and never below the minimum.
+  if (p.message_limit != 0 && (p.message_limit < fw::kMinMessageLimit || p.message_limit > fw::kMaxMessageLimit)) {
+    std::abort();
+  }
   if (p.has_ctrl != !p.ctrl.empty() || p.ctrl.size() > fw::kCtrlNameMax) std::abort();
   if (p.has_ctrl && !p.emulates) std::abort();  // a control address serves emulated atomics only
   if (name[2] != std::byte{fw::kNameVersion}) std::abort();
   const auto flags = static_cast<std::uint8_t>(name[3]);
-  if (flags != ((p.has_ctrl ? fw::kNameHasCtrl : 0) | (p.emulates ? fw::kNameEmulates : 0))) std::abort();
+  if (flags != ((p.has_ctrl ? fw::kNameHasCtrl : 0) | (p.emulates ? fw::kNameEmulates : 0) |
+                (p.message_limit != 0 ? fw::kNameLimit : 0))) {
+    std::abort();
+  }
   check_address_invariants(p.data, rules);
   if (p.has_ctrl) check_address_invariants(p.ctrl, rules);
   // Re-encode as FabricEndpoint::name() does.
-  const std::vector<std::byte> again = fw::encode_name(p.data, p.ctrl, p.emulates);
+  const std::vector<std::byte> again = fw::encode_name(p.data, p.ctrl, p.emulates, p.message_limit);
   if (again.size() != name.size() || std::memcmp(again.data(), name.data(), again.size()) != 0) std::abort();
   return 0;
 }

@@ -172,13 +172,10 @@ inline bool over_sockets(const std::string& backend) { return backend == "tcp" |
 inline bool connects_through_target_progress(const std::string& backend) {
   return backend == "tcp" || backend == "net" || backend == "verbs";
 }
-// A message of `bytes` sent into a 64-byte receive fails that receive and
-// leaves the connection working. net: only up to the receive plus regpool's
-// 64 KiB overflow area; a longer one stalls net's connection (measured,
-// docs/provider-facts.md), so it is not sent there.
-inline bool survives_oversized(const std::string& backend, std::uint64_t bytes) {
-  return backend != "net" || bytes <= 64 + (std::uint64_t{64} << 10);
-}
+// Peers refuse sends longer than an endpoint's advertised limit
+// (FabricEndpointOptions::max_incoming_message) only where a longer message
+// would stall the connection (net, docs/provider-facts.md).
+inline bool advertises_message_limit(const std::string& backend) { return backend == "net"; }
 // A 1 MiB send stays in flight until the receiver takes it (shm: CMA, the
 // receiver copies; tcp;ofi_rxm: rendezvous); net completes it once the
 // bytes are queued on the socket (membership-kill, measured).
@@ -209,9 +206,11 @@ inline regpool::FabricConfig fabric_config(const std::string& provider) {
 // An endpoint of `backend` on `domain` (the domain's own kind). Tests direct
 // atomics at either side: it serves them (on tcp this opens the control
 // endpoint of emulated atomics).
+// max_incoming: FabricEndpointOptions::max_incoming_message (0: its default).
 inline std::unique_ptr<regpool::Endpoint> open_endpoint(const std::shared_ptr<regpool::Domain>& domain,
                                                         const std::string& backend,
-                                                        const regpool::EndpointConfig& ec) {
+                                                        const regpool::EndpointConfig& ec,
+                                                        std::uint64_t max_incoming = 0) {
 #if REGPOOL_HAVE_VERBS
   if (backend == "verbs") return regpool::VerbsEndpoint::open(std::static_pointer_cast<regpool::VerbsDomain>(domain), ec);
 #endif
@@ -219,11 +218,13 @@ inline std::unique_ptr<regpool::Endpoint> open_endpoint(const std::shared_ptr<re
   if (backend != "verbs") {
     regpool::FabricEndpointOptions fo;
     fo.emulated_atomics = regpool::FabricEndpointOptions::EmulatedAtomics::serve;
+    if (max_incoming != 0) fo.max_incoming_message = max_incoming;
     return regpool::FabricEndpoint::open(std::static_pointer_cast<regpool::FabricDomain>(domain), ec, fo);
   }
 #endif
   (void)domain;
   (void)ec;
+  (void)max_incoming;
   throw regpool::Error(regpool::Status::unsupported, 0, "test: backend " + backend + " not built");
 }
 
@@ -234,14 +235,14 @@ struct Stack {
   std::unique_ptr<regpool::Endpoint> ep;
 
   explicit Stack(const std::string& backend, regpool::EndpointConfig ec = {},
-                 std::size_t arena = std::size_t{16} << 20) {
+                 std::size_t arena = std::size_t{16} << 20, std::uint64_t max_incoming = 0) {
 #if REGPOOL_HAVE_VERBS
     if (backend == "verbs") domain = regpool::VerbsDomain::open();
 #endif
 #if REGPOOL_HAVE_FABRIC
     if (backend != "verbs") domain = regpool::FabricDomain::open(fabric_config(backend));
 #endif
-    if (domain) ep = open_endpoint(domain, backend, ec);
+    if (domain) ep = open_endpoint(domain, backend, ec, max_incoming);
     if (!ep) throw regpool::Error(regpool::Status::unsupported, 0, "test: backend " + backend + " not built");
     regpool::PoolConfig pc;
     pc.arena_size = arena;

@@ -77,6 +77,9 @@ struct NameCase {
 std::vector<NameCase> name_cases(const std::string& prov, const std::vector<std::byte>& good) {
   std::vector<NameCase> c;
   const std::size_t dl = data_len_of(good);
+  // Where the addresses start: after the message limit field when there is
+  // one (net).
+  const std::size_t at = fw::kNameHeader + ((good[3] & std::byte{fw::kNameLimit}) != std::byte{0} ? fw::kNameLimitField : 0);
   c.push_back({"header only, 3 bytes", {good.begin(), good.begin() + 3}, "name length"});
   c.push_back({"truncated by one byte", {good.begin(), good.end() - 1}, "fields do not add up"});
   auto m = good;
@@ -102,7 +105,9 @@ std::vector<NameCase> name_cases(const std::string& prov, const std::vector<std:
   c.push_back({"data length 65535", m, "fields do not add up"});
   // Lengths that add up but describe no address of this provider.
   {
-    std::vector<std::byte> b = {std::byte{'R'}, std::byte{'P'}, std::byte{fw::kNameVersion}, good[3], std::byte{2}, std::byte{0},
+    // The same flags, without a message limit field (net's names have one).
+    const std::byte no_limit = good[3] & ~std::byte{fw::kNameLimit};
+    std::vector<std::byte> b = {std::byte{'R'}, std::byte{'P'}, std::byte{fw::kNameVersion}, no_limit, std::byte{2}, std::byte{0},
                                 std::byte{0},   std::byte{0}};
     const bool ctrl = (static_cast<unsigned>(good[3]) & 1) != 0;
     if (ctrl) b[6] = std::byte{1};
@@ -115,38 +120,50 @@ std::vector<NameCase> name_cases(const std::string& prov, const std::vector<std:
   if (prov == "shm") {
     // The real name without its final NUL (lengths adjusted to agree).
     m = good;
-    m.erase(m.begin() + static_cast<std::ptrdiff_t>(fw::kNameHeader + dl - 1));
+    m.erase(m.begin() + static_cast<std::ptrdiff_t>(at + dl - 1));
     set_u16(m, 4, dl - 1);
     c.push_back({"shm name without its NUL", m, "not NUL-terminated"});
     m = good;
-    m[fw::kNameHeader + 2] = std::byte{'X'};  // "fi_Xhm://..."
+    m[at + 2] = std::byte{'X'};  // "fi_Xhm://..."
     c.push_back({"foreign scheme", m, "address scheme"});
     m = good;
-    m[fw::kNameHeader + dl - 2] = std::byte{'/'};
+    m[at + dl - 2] = std::byte{'/'};
     c.push_back({"slash in the shm name", m, "unexpected character"});
     m = good;
-    m[fw::kNameHeader + dl - 3] = std::byte{0};
+    m[at + dl - 3] = std::byte{0};
     c.push_back({"NUL inside the shm name", m, "unexpected character"});
   } else {
     m = good;
-    m[fw::kNameHeader] = std::byte{0x34};
+    m[at] = std::byte{0x34};
     c.push_back({"address family", m, "address family"});
     m = good;
-    m[fw::kNameHeader + 2] = std::byte{0};
-    m[fw::kNameHeader + 3] = std::byte{0};
+    m[at + 2] = std::byte{0};
+    m[at + 3] = std::byte{0};
     c.push_back({"port 0", m, "address port"});
     m = good;
-    m[fw::kNameHeader + 12] = std::byte{1};
+    m[at + 12] = std::byte{1};
     c.push_back({"sin_zero not zero", m, "address padding"});
     m = good;  // control address 17 bytes, data 15: lengths add up
     set_u16(m, 4, dl - 1);
     set_u16(m, 6, data_len_of(good) == 16 ? 17 : 17);
     c.push_back({"address lengths shifted", m, "address length"});
     m = good;
-    m[3] = std::byte{0};
+    m[3] = good[3] & std::byte{fw::kNameLimit};  // native atomics, the limit kept
     set_u16(m, 6, 0);
-    m.resize(fw::kNameHeader + dl);
+    m.resize(at + dl);
     c.push_back({"control address missing", m, "unsupported"});
+  }
+  if (at != fw::kNameHeader) {
+    // net: the message limit senders must respect.
+    m = good;
+    m[fw::kNameHeader] = std::byte{0xff};
+    m[fw::kNameHeader + 1] = std::byte{0x0f};
+    m[fw::kNameHeader + 2] = std::byte{0};
+    m[fw::kNameHeader + 3] = std::byte{0};
+    c.push_back({"message limit 4095", m, "message limit (below 4 KiB)"});
+    m = good;
+    m[3] = good[3] & ~std::byte{fw::kNameLimit};
+    c.push_back({"message limit without its flag", m, "fields do not add up"});
   }
   return c;
 }
@@ -439,13 +456,58 @@ TEST_CASE("garbage control messages neither kill an emulating target nor disturb
 // ------------------------------------------------------------------ tcp failure modes
 
 namespace {
-constexpr std::uint64_t kOversized[] = {100, 4096, 70000};  // eager, eager, rendezvous on rxm
+// eager, eager, rendezvous on rxm; on net the last two used to stall the
+// connection (longer than the receive + a 64 KiB overflow area).
+constexpr std::uint64_t kOversized[] = {100, 4096, 70000, std::uint64_t{1} << 20};
 constexpr std::uint64_t kSmall = 32;
+// The limit the receiver of the "above the limit" case advertises, and
+// what its sender tries: one byte more, then exactly the limit.
+constexpr std::uint64_t kLimit = std::uint64_t{64} << 10;
 constexpr std::uint64_t kRecvLen = 64;
 constexpr int kFollowers = 3;
 }  // namespace
 
 namespace {
+// The sender's side of one oversized message: `big` bytes, then
+// kFollowers small ones the receiver checks. 0, or a child exit code.
+int send_oversized_then_followers(rpt::Stack& s, regpool::PeerId peer, regpool::Ldo& buf, std::uint64_t big) {
+  const Completion c = rpt::wait_ok(*s.ep, s.ep->send(peer, rpt::slice_or_die(Slice::data(buf, 0, big))), 20s);
+  RPT_CHECK(c.status == Status::ok);
+  for (int i = 0; i < kFollowers; ++i) {
+    auto m = rpt::slice_or_die(Slice::data(buf, 0, kSmall));
+    rpt::fill(m.bytes(), big + static_cast<std::uint64_t>(i));
+    RPT_CHECK(rpt::wait_ok(*s.ep, s.ep->send(peer, m), 20s).status == Status::ok);
+  }
+  RPT_CHECK(s.ep->usable(peer));
+  return 0;
+}
+
+// The receiver's side: the oversized message fails its own receive (never
+// more than the slice reported), and the followers arrive whole.
+void expect_oversized_then_followers(rpt::Stack& s, regpool::TcpBootstrap& boot, regpool::Ldo& slots,
+                                     std::uint64_t big) {
+  INFO("oversized message of " << big << " bytes into " << kRecvLen);
+  std::vector<regpool::Token> toks;
+  for (int i = 0; i <= kFollowers; ++i) {
+    auto t = s.ep->post_recv(rpt::slice_or_die(Slice::data(slots, kRecvLen * static_cast<std::uint64_t>(i), kRecvLen)));
+    REQUIRE(t.ok());
+    toks.push_back(*t);
+  }
+  (void)boot.allgather({}, 20s);
+  const Completion first = s.ep->wait(toks[0], 20s);
+  CHECK(first.status == Status::out_of_bounds);
+  CHECK(first.bytes == kRecvLen);  // never more than the slice
+  for (int i = 1; i <= kFollowers; ++i) {
+    INFO("follower " << i);
+    const Completion c = s.ep->wait(toks[static_cast<std::size_t>(i)], 20s);
+    CHECK(c.status == Status::ok);  // the channel survived
+    CHECK(c.bytes == kSmall);
+    std::vector<std::byte> want(kSmall);
+    rpt::fill(want, big + static_cast<std::uint64_t>(i - 1));
+    CHECK(std::memcmp(slots.data().data() + kRecvLen * static_cast<std::uint64_t>(i), want.data(), kSmall) == 0);
+  }
+}
+
 void oversized_case(const std::string& prov) {
   INFO("backend " << prov);
   auto boot = rpt::root_bootstrap();
@@ -457,16 +519,8 @@ void oversized_case(const std::string& prov) {
         const auto peer = s.ep->insert_peer(b->allgather({}, 20s)[0]);
         auto buf = s.alloc(1 << 20);
         for (std::uint64_t big : kOversized) {
-          if (!rpt::survives_oversized(prov, big)) continue;
           (void)b->allgather({}, 20s);  // receives are posted
-          const Completion c = rpt::wait_ok(*s.ep, s.ep->send(peer, rpt::slice_or_die(Slice::data(buf, 0, big))), 20s);
-          RPT_CHECK(c.status == Status::ok);
-          for (int i = 0; i < kFollowers; ++i) {
-            auto m = rpt::slice_or_die(Slice::data(buf, 0, kSmall));
-            rpt::fill(m.bytes(), big + static_cast<std::uint64_t>(i));
-            RPT_CHECK(rpt::wait_ok(*s.ep, s.ep->send(peer, m), 20s).status == Status::ok);
-          }
-          RPT_CHECK(s.ep->usable(peer));
+          if (const int rc = send_oversized_then_followers(s, peer, buf, big); rc != 0) return rc;
         }
         (void)b->allgather({}, 60s);
         return 0;
@@ -476,27 +530,7 @@ void oversized_case(const std::string& prov) {
   auto slots = s.alloc(kRecvLen * (kFollowers + 1));
   (void)boot->allgather(s.ep->name(), 20s);
   for (std::uint64_t big : kOversized) {
-    if (!rpt::survives_oversized(prov, big)) continue;
-    INFO("oversized message of " << big << " bytes into " << kRecvLen);
-    std::vector<regpool::Token> toks;
-    for (int i = 0; i <= kFollowers; ++i) {
-      auto t = s.ep->post_recv(rpt::slice_or_die(Slice::data(slots, kRecvLen * static_cast<std::uint64_t>(i), kRecvLen)));
-      REQUIRE(t.ok());
-      toks.push_back(*t);
-    }
-    (void)boot->allgather({}, 20s);
-    const Completion first = s.ep->wait(toks[0], 20s);
-    CHECK(first.status == Status::out_of_bounds);
-    CHECK(first.bytes == kRecvLen);  // never more than the slice
-    for (int i = 1; i <= kFollowers; ++i) {
-      INFO("follower " << i);
-      const Completion c = s.ep->wait(toks[static_cast<std::size_t>(i)], 20s);
-      CHECK(c.status == Status::ok);  // the channel survived
-      CHECK(c.bytes == kSmall);
-      std::vector<std::byte> want(kSmall);
-      rpt::fill(want, big + static_cast<std::uint64_t>(i - 1));
-      CHECK(std::memcmp(slots.data().data() + kRecvLen * static_cast<std::uint64_t>(i), want.data(), kSmall) == 0);
-    }
+    expect_oversized_then_followers(s, *boot, slots, big);
   }
   (void)boot->allgather({}, 60s);
   CHECK(rpt::reap(kid, 30s) == 0);
@@ -507,6 +541,50 @@ void oversized_case(const std::string& prov) {
 TEST_CASE("tcp, net: an oversized message fails its own receive and nothing else", "[fabric]") {
   for (const std::string& prov : rpt::backends()) {
     if (rpt::over_sockets(prov)) oversized_case(prov);
+  }
+}
+
+namespace {
+// A receiver advertising kLimit: on net a send of kLimit + 1 is refused by
+// the sender (message_too_large, nothing sent) and the connection carries
+// on; one of exactly kLimit fails only its receive. Elsewhere no limit is
+// advertised and kLimit + 1 fails only its receive too.
+void above_limit_case(const std::string& prov) {
+  INFO("backend " << prov);
+  const bool limited = rpt::advertises_message_limit(prov);
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  auto kid = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        rpt::Stack s(prov);
+        const auto peer = s.ep->insert_peer(b->allgather({}, 20s)[0]);
+        auto buf = s.alloc(kLimit + 1);
+        (void)b->allgather({}, 20s);  // receives are posted
+        if (limited) {
+          const auto r = s.ep->send(peer, rpt::slice_or_die(Slice::data(buf, 0, kLimit + 1)));
+          RPT_CHECK(!r.ok() && r.status() == Status::message_too_large);
+          RPT_CHECK(s.ep->usable(peer));
+          if (const int rc = send_oversized_then_followers(s, peer, buf, kLimit); rc != 0) return rc;
+        } else if (const int rc = send_oversized_then_followers(s, peer, buf, kLimit + 1); rc != 0) {
+          return rc;
+        }
+        (void)b->allgather({}, 60s);
+        return 0;
+      },
+      120);
+  rpt::Stack s(prov, {}, std::size_t{16} << 20, kLimit);
+  auto slots = s.alloc(kRecvLen * (kFollowers + 1));
+  (void)boot->allgather(s.ep->name(), 20s);
+  expect_oversized_then_followers(s, *boot, slots, limited ? kLimit : kLimit + 1);
+  (void)boot->allgather({}, 60s);
+  CHECK(rpt::reap(kid, 30s) == 0);
+}
+}  // namespace
+
+TEST_CASE("tcp, net: a send above the receiver's advertised limit never reaches the connection", "[fabric]") {
+  for (const std::string& prov : rpt::backends()) {
+    if (rpt::over_sockets(prov)) above_limit_case(prov);
   }
 }
 
