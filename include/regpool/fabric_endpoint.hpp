@@ -348,6 +348,7 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   void count_reply_peers() noexcept;
   std::size_t poll_data(std::size_t max) noexcept;
   std::size_t poll_ctrl() noexcept;
+  std::size_t poll_ctrl_paced() noexcept;
   REGPOOL_LOCAL void serve_request(const fabric_wire::CtrlMsg& req) noexcept;
   REGPOOL_LOCAL void handle_reply(const fabric_wire::CtrlMsg& rep) noexcept;
   void drop_reply(std::size_t r) noexcept;
@@ -497,6 +498,11 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   std::vector<std::byte> ctrl_buffers_;  // requests out (per slot), then rx, then replies
   Registration ctrl_reg_;
   std::vector<EmuOp> emu_;
+  // Pacing of the control CQ's polls (poll_ctrl_paced): polls left at
+  // every poll since the last control activity, and polls skipped since the
+  // last one while idle.
+  std::uint32_t ctrl_busy_ = 0;
+  std::uint32_t ctrl_skipped_ = 0;
   std::unique_ptr<std::byte[]> ctrl_contexts_;  // fi_context2 per request send, rx and reply
   // Reply buffers (control_slots of them), apart from the receive buffers
   // so a reply the provider cannot take never holds a receive buffer.
