@@ -380,6 +380,8 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   Status do_get(const BackendOp& op, std::uint64_t more) noexcept;
   Status do_send(const BackendOp& op, std::uint64_t more) noexcept;
   // Flags of a put through fi_writemsg.
+  Status rma_msg(bool write, const BackendOp& op, void* buf, void* desc, std::uint64_t dest,
+                 std::uint64_t flags) noexcept;
   std::uint64_t msg_flags(std::uint64_t more) const noexcept;
   // Whether the target's shm bell rings after `op` is posted.
   bool rings_target(const BackendOp& op) const noexcept;

@@ -1082,6 +1082,28 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     draining = false;
   }
 
+  // An rts or a grant: exposes p.local to the peer for `access`, writes the
+  // reference behind the notice's header, keeps the exposure on the op
+  // (dropped, i.e. revoked, when the op stopped `waiting` meanwhile) and
+  // sends the notice.
+  Status post_notice(std::shared_ptr<MessengerCore> self, Post& p, RemoteAccess access, bool Op::*waiting,
+                     void (MessengerCore::*on_done)(std::uint32_t, std::uint32_t, const Completion&)) noexcept {
+    auto x = ep.expose(p.local, access, p.peer);
+    if (!x) return x.status();
+    const auto wire = x->encode();
+    std::memcpy(p.msg.address() + mw::kHeaderSize, wire.data(), wire.size());
+    {
+      std::lock_guard<std::mutex> g(mu);
+      Op& o = ops[p.op];
+      if (o.gen != p.gen || o.state != State::active || !(o.*waiting)) return Status::ok;  // failed meanwhile: revoke
+      o.exposure = std::move(*x);
+    }
+    const std::uint32_t i = p.op, gen = p.gen;
+    auto t = ep.send(p.peer, p.msg,
+                     [self = std::move(self), i, gen, on_done](const Completion& c) { ((*self).*on_done)(i, gen, c); });
+    return t.status();
+  }
+
   Status execute(Post& p) noexcept {
     // Moved into the one callback each post makes: one reference count
     // round trip per post instead of two.
@@ -1098,44 +1120,16 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
                          [self = std::move(self), i, gen](const Completion& c) { self->on_sent(i, gen, c); });
         return t.status();
       }
-      case PostKind::rts: {
-        auto x = ep.expose(p.local, RemoteAccess::read_only, p.peer);
-        if (!x) return x.status();
-        const auto wire = x->encode();
-        std::memcpy(p.msg.address() + mw::kHeaderSize, wire.data(), wire.size());
-        {
-          std::lock_guard<std::mutex> g(mu);
-          Op& o = ops[p.op];
-          if (o.gen != p.gen || o.state != State::active || !o.fin_wait) return Status::ok;  // failed meanwhile: revoke
-          o.exposure = std::move(*x);
-        }
-        const std::uint32_t i = p.op, gen = p.gen;
-        auto t = ep.send(p.peer, p.msg,
-                         [self = std::move(self), i, gen](const Completion& c) { self->on_sent(i, gen, c); });
-        return t.status();
-      }
+      case PostKind::rts:
+        return post_notice(std::move(self), p, RemoteAccess::read_only, &Op::fin_wait, &MessengerCore::on_sent);
       case PostKind::get: {
         const std::uint32_t i = p.op, gen = p.gen;
         auto t = ep.get(p.peer, p.ref, p.remote_offset, p.local,
                         [self = std::move(self), i, gen](const Completion& c) { self->on_got(i, gen, c); });
         return t.status();
       }
-      case PostKind::grant: {
-        auto x = ep.expose(p.local, RemoteAccess::write_only, p.peer);
-        if (!x) return x.status();
-        const auto wire = x->encode();
-        std::memcpy(p.msg.address() + mw::kHeaderSize, wire.data(), wire.size());
-        {
-          std::lock_guard<std::mutex> g(mu);
-          Op& o = ops[p.op];
-          if (o.gen != p.gen || o.state != State::active || !o.put_wait) return Status::ok;  // failed meanwhile: revoke
-          o.exposure = std::move(*x);
-        }
-        const std::uint32_t i = p.op, gen = p.gen;
-        auto t = ep.send(p.peer, p.msg,
-                         [self = std::move(self), i, gen](const Completion& c) { self->on_granted(i, gen, c); });
-        return t.status();
-      }
+      case PostKind::grant:
+        return post_notice(std::move(self), p, RemoteAccess::write_only, &Op::put_wait, &MessengerCore::on_granted);
       case PostKind::put: {
         const std::uint32_t i = p.op, gen = p.gen;
         auto t = ep.put(p.local, p.peer, p.ref, p.remote_offset,

@@ -726,8 +726,14 @@ Status FabricEndpoint::do_put(const BackendOp& op, std::uint64_t more) noexcept 
     return status_from_fi(static_cast<int>(fi_write(ep_, buf, op.length, region->descriptor, dest, op.remote_address,
                                                 op.remote->key, data_context(op))));
   }
+  return rma_msg(true, op, buf, region->descriptor, dest, msg_flags(more));
+}
+
+// One put or get through fi_writemsg/fi_readmsg: the calls that take flags
+// (FI_MORE for a batch, delivery-complete for a put).
+Status FabricEndpoint::rma_msg(bool write, const BackendOp& op, void* buf, void* desc, fi_addr_t dest,
+                               std::uint64_t flags) noexcept {
   iovec iov{buf, op.length};
-  void* desc = region->descriptor;
   fi_rma_iov rma{op.remote_address, op.length, op.remote->key};
   fi_msg_rma msg{};
   msg.msg_iov = &iov;
@@ -737,7 +743,7 @@ Status FabricEndpoint::do_put(const BackendOp& op, std::uint64_t more) noexcept 
   msg.rma_iov = &rma;
   msg.rma_iov_count = 1;
   msg.context = data_context(op);
-  return status_from_fi(static_cast<int>(fi_writemsg(ep_, &msg, msg_flags(more))));
+  return status_from_fi(static_cast<int>(write ? fi_writemsg(ep_, &msg, flags) : fi_readmsg(ep_, &msg, flags)));
 }
 
 Status FabricEndpoint::do_get(const BackendOp& op, std::uint64_t more) noexcept {
@@ -751,20 +757,10 @@ Status FabricEndpoint::do_get(const BackendOp& op, std::uint64_t more) noexcept 
                                                peers_[op.peer_handle].data, op.remote_address, op.remote->key,
                                                data_context(op))));
   }
-  iovec iov{op.local->address(), op.length};
-  void* desc = region->descriptor;
-  fi_rma_iov rma{op.remote_address, op.length, op.remote->key};
-  fi_msg_rma msg{};
-  msg.msg_iov = &iov;
-  msg.desc = &desc;
-  msg.iov_count = 1;
-  msg.addr = peers_[op.peer_handle].data;
-  msg.rma_iov = &rma;
-  msg.rma_iov_count = 1;
-  msg.context = data_context(op);
   // A get completes when its bytes are here: delivery-complete is a
   // transmit flag, never asked of a read.
-  return status_from_fi(static_cast<int>(fi_readmsg(ep_, &msg, FI_COMPLETION | more)));
+  return rma_msg(false, op, op.local->address(), region->descriptor, peers_[op.peer_handle].data,
+                 FI_COMPLETION | more);
 }
 
 Status FabricEndpoint::do_send(const BackendOp& op, std::uint64_t more) noexcept {
