@@ -614,6 +614,34 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     }
   }
 
+  // Queues op i's next chunk (bytes [issued, issued + chunk) of its buffer)
+  // as a get from or a put to `remote_offset` of its peer's reference;
+  // false, with rdv_status set, when it cannot.
+  bool push_chunk(std::uint32_t i, PostKind kind, std::uint64_t remote_offset) noexcept {
+    Op& o = ops[i];
+    const std::uint64_t n = std::min(chunk, o.want - o.issued);
+    auto local = o.buf.select(o.issued, n);
+    if (!local) {
+      o.rdv_status = local.status();
+      return false;
+    }
+    Post p;
+    p.kind = kind;
+    p.peer = o.peer;
+    p.op = i;
+    p.gen = o.gen;
+    p.local = std::move(*local);
+    p.ref = o.ref;
+    p.remote_offset = remote_offset;
+    if (!push_post(std::move(p))) {
+      o.rdv_status = Status::would_block;
+      return false;
+    }
+    o.issued += n;
+    ++o.gets;
+    return true;
+  }
+
   // Issues the puts of split send i that the per-message depth allows
   // (its bytes leave only after the grant: no Messenger-wide cap, the
   // receiver's gets are capped on its side); once none is in flight and
@@ -621,26 +649,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   void issue_puts(std::uint32_t i) noexcept {
     Op& o = ops[i];
     while (o.gets < cfg.rendezvous_depth && o.issued < o.want && o.rdv_status == Status::ok) {
-      const std::uint64_t n = std::min(chunk, o.want - o.issued);
-      auto local = o.buf.select(o.issued, n);
-      if (!local) {
-        o.rdv_status = local.status();
-        break;
-      }
-      Post p;
-      p.kind = PostKind::put;
-      p.peer = o.peer;
-      p.op = i;
-      p.gen = o.gen;
-      p.local = std::move(*local);
-      p.ref = o.ref;
-      p.remote_offset = o.issued - o.put_base;
-      if (!push_post(std::move(p))) {
-        o.rdv_status = Status::would_block;
-        break;
-      }
-      o.issued += n;
-      ++o.gets;
+      if (!push_chunk(i, PostKind::put, o.issued - o.put_base)) break;
     }
     if (o.gets != 0 || (o.issued < o.want && o.rdv_status == Status::ok)) return;
     if (o.want != 0) {
@@ -670,26 +679,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
         if (o.gets == 0) enqueue_fetch(i);
         return;
       }
-      const std::uint64_t n = std::min(chunk, o.want - o.issued);
-      auto local = o.buf.select(o.issued, n);
-      if (!local) {
-        o.rdv_status = local.status();
-        break;
-      }
-      Post p;
-      p.kind = PostKind::get;
-      p.peer = o.peer;
-      p.op = i;
-      p.gen = o.gen;
-      p.local = std::move(*local);
-      p.ref = o.ref;
-      p.remote_offset = o.issued;
-      if (!push_post(std::move(p))) {
-        o.rdv_status = Status::would_block;
-        break;
-      }
-      o.issued += n;
-      ++o.gets;
+      if (!push_chunk(i, PostKind::get, o.issued)) break;
       ++gets_in_flight;
     }
     if (o.gets == 0 && (o.issued >= o.want || o.rdv_status != Status::ok)) finish_rendezvous_recv(i);
