@@ -502,7 +502,7 @@ DeathWatch::~DeathWatch() {
 
 DeathWatch::Watch DeathWatch::watch(std::uint64_t token, std::int64_t pid) noexcept {
   forget(token);
-  if (pid <= 0 || pid > INT32_MAX) return Watch::unavailable;
+  if (pid <= 0 || pid > INT32_MAX || token > 0xffffffffu) return Watch::unavailable;
 #ifdef SYS_pidfd_open
   if (epoll_ < 0) {
     epoll_ = ::epoll_create1(EPOLL_CLOEXEC);
@@ -526,7 +526,7 @@ DeathWatch::Watch DeathWatch::watch(std::uint64_t token, std::int64_t pid) noexc
   }
   epoll_event ev{};
   ev.events = EPOLLIN;
-  ev.data.u64 = token;
+  ev.data.u64 = event_data(token, pfd);
   if (::epoll_ctl(epoll_, EPOLL_CTL_ADD, pfd, &ev) != 0) {
     ::close(pfd);
     return Watch::unavailable;
@@ -541,7 +541,12 @@ DeathWatch::Watch DeathWatch::watch(std::uint64_t token, std::int64_t pid) noexc
 
 void DeathWatch::forget(std::uint64_t token) noexcept {
   if (token >= fds_.size() || fds_[token] < 0) return;
-  ::close(fds_[token]);  // its only reference: the epoll set drops it
+  // Taken out of the set explicitly: close() alone would leave it there
+  // while a forked child still holds the pidfd (the set keys on the open
+  // file, not on our descriptor), and its exit would later be reported
+  // under a token reused for another peer.
+  (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, fds_[token], nullptr);
+  ::close(fds_[token]);
   fds_[token] = -1;
 }
 
@@ -553,8 +558,11 @@ std::size_t DeathWatch::collect(std::span<std::uint64_t> out) noexcept {
   const int n = ::epoll_wait(epoll_, ev, want, 0);
   std::size_t got = 0;
   for (int i = 0; i < n; ++i) {
-    const std::uint64_t token = ev[i].data.u64;
-    if (!watching(token)) continue;
+    // Token and descriptor both: an event of a watch since replaced is not
+    // the current watch's.
+    const std::uint64_t token = ev[i].data.u64 & 0xffffffffu;
+    const int fd = static_cast<int>(ev[i].data.u64 >> 32);
+    if (!watching(token) || fds_[token] != fd) continue;
     out[got++] = token;
     forget(token);  // level-triggered: a dead pid would be reported for ever
   }

@@ -241,8 +241,8 @@ class DeathWatch {
   DeathWatch& operator=(const DeathWatch&) = delete;
   ~DeathWatch();
 
-  // Starts watching `pid` under `token` (replacing any watch of that
-  // token). exited: the pid no longer exists (ESRCH), or has already exited.
+  // Starts watching `pid` under `token` (below 2^32; replacing any watch
+  // of that token). exited: the pid no longer exists (ESRCH), or has already exited.
   Watch watch(std::uint64_t token, std::int64_t pid) noexcept;
   bool watching(std::uint64_t token) const noexcept { return token < fds_.size() && fds_[token] >= 0; }
   // Stops watching `token` (closing its pidfd takes it out of the set).
@@ -253,6 +253,9 @@ class DeathWatch {
   std::size_t collect(std::span<std::uint64_t> out) noexcept;
 
  private:
+  static std::uint64_t event_data(std::uint64_t token, int fd) noexcept {
+    return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(fd)) << 32) | (token & 0xffffffffu);
+  }
   int epoll_ = -1;
   std::vector<int> fds_;  // pidfd per token, -1 = not watched
 };

@@ -552,4 +552,29 @@ TEST_CASE("the death watch reports exited processes by token, once, zombies incl
   ::waitpid(a, nullptr, 0);
   CHECK(watch.watch(3, a) == W::exited);  // reaped: ESRCH
   CHECK(watch.watch(4, 0) == W::unavailable);
+
+  // A watch replaced while a forked child still holds the old pidfd (every
+  // fork of a server does): the old process's exit is not reported under
+  // the token's new watch.
+  const pid_t c = spawn();
+  const pid_t d = spawn();
+  REQUIRE(watch.watch(5, c) == W::watching);
+  const pid_t holder = spawn();  // inherits the pidfd of c
+  watch.forget(5);
+  REQUIRE(watch.watch(5, d) == W::watching);
+  ::kill(c, SIGKILL);
+  ::waitpid(c, nullptr, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK(watch.collect(out) == 0);
+  CHECK(watch.watching(5));
+  ::kill(d, SIGKILL);
+  n = 0;
+  for (int i = 0; i < 2000 && n == 0; ++i) {
+    n = watch.collect(out);
+    if (n == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(n == 1);
+  ::waitpid(d, nullptr, 0);
+  ::kill(holder, SIGKILL);
+  ::waitpid(holder, nullptr, 0);
 }
