@@ -1,5 +1,6 @@
 // bench-patterns: message rate of small records (8-256 B) over the ring
-// channel, the aggregation buffer and plain untagged send, in the same run;
+// channel, the aggregation buffer and plain untagged and tagged send
+// (Messenger), in the same run;
 // then the one-way latency of paced records at each flush setting of the
 // aggregation buffer, beside ring and plain send.
 //
@@ -28,6 +29,7 @@
 
 #include "regpool/aggregator.hpp"
 #include "regpool/bootstrap.hpp"
+#include "regpool/messaging.hpp"
 #include "regpool/pool.hpp"
 #include "regpool/ring_channel.hpp"
 #include "regpool/slice.hpp"
@@ -67,7 +69,7 @@ struct Options {
   std::uint64_t records = 200000;
   std::uint64_t paced = 5000;
   std::chrono::microseconds gap{20};
-  std::string methods = "send,ring,ring-batch,aggregate";
+  std::string methods = "send,tagged,ring,ring-batch,aggregate";
   bool json = false;
   bool smoke = false;
 };
@@ -228,6 +230,48 @@ Result receive(const Case& c, std::uint64_t count, Stack& s, regpool::TcpBootstr
     }
     return t.result();
   }
+  if (c.method == "tagged") {
+    // Tagged send (Messenger): kRecvPosted receives from the peer, any tag,
+    // each re-posted once read (they match in posting order).
+    static std::unique_ptr<regpool::Messenger> m;  // one per endpoint (owns its receives)
+    static std::vector<regpool::Ldo> tbufs;
+    static std::vector<std::uint8_t> tready;
+    static std::vector<std::uint32_t> tgot;
+    if (!m) {
+      m = std::make_unique<regpool::Messenger>(*s.ep, *s.pool);
+      for (std::size_t i = 0; i < kRecvPosted; ++i) tbufs.push_back(*s.pool->allocate(256));
+      tready.assign(kRecvPosted, 0);
+      tgot.assign(kRecvPosted, 0);
+    }
+    auto post = [&](std::size_t k) {
+      tready[k] = 0;
+      auto tk = m->recv(regpool::kAnyPeer, 0, ~std::uint64_t{0}, *Slice::data(tbufs[k], 0, 256),
+                        [k](regpool::MessageCompletion& done) {
+                          tgot[k] = static_cast<std::uint32_t>(done.received);
+                          tready[k] = done.status == Status::ok ? 1 : 2;
+                        });
+      if (!tk) die("tagged recv", tk.status());
+    };
+    // Posted once for all cases, and matched in posting order: the oldest
+    // receive is where the last case stopped.
+    static std::size_t head = 0;
+    static bool posted = false;
+    if (!posted) {
+      for (std::size_t k = 0; k < kRecvPosted; ++k) post(k);
+      posted = true;
+    }
+    (void)b.allgather({}, 30s);
+    while (t.n < count && Clock::now() < bound) {
+      (void)m->progress();
+      while (tready[head] != 0) {
+        if (tready[head] != 1) die("tagged receive failed");
+        t.record(std::span<const std::byte>(tbufs[head].data().data(), tgot[head]), c.paced);
+        post(head);
+        head = (head + 1) % kRecvPosted;
+      }
+    }
+    return t.result();
+  }
   // Plain untagged send: kRecvPosted receives, each re-posted once read.
   static std::vector<regpool::Ldo> bufs;
   static std::vector<std::uint8_t> ready;
@@ -237,7 +281,9 @@ Result receive(const Case& c, std::uint64_t count, Stack& s, regpool::TcpBootstr
     ready.assign(kRecvPosted, 0);
     got.assign(kRecvPosted, 0);
   }
-  std::size_t posted_head = 0;  // receives complete in posting order
+  // Receives complete in posting order: the oldest is where the last case
+  // stopped (a case's count need not be a multiple of kRecvPosted).
+  static std::size_t posted_head = 0;
   auto post = [&](std::size_t k) {
     ready[k] = 0;
     auto tk = s.ep->post_recv(*Slice::data(bufs[k], 0, 256), [k](const regpool::Completion& done) {
@@ -308,6 +354,35 @@ void send_all(const Case& c, std::uint64_t count, const Options& o, Stack& s, re
       if (c.paced) (void)agg.progress();  // notices the deadline between records
     }
     if (const Status d = agg.drain(60s); d != Status::ok) die("aggregate drain", d);
+    b.barrier(60s);
+    return;
+  }
+  if (c.method == "tagged") {
+    // Tagged send: the same window, through the Messenger (eager: copied
+    // into a bounce LDO, so a send completes once handed over).
+    static std::unique_ptr<regpool::Messenger> m;
+    if (!m) m = std::make_unique<regpool::Messenger>(*s.ep, *s.pool);
+    std::vector<regpool::MessageToken> tokens(kSendWindow);
+    auto buf = *s.pool->allocate(256);
+    (void)b.allgather({}, 30s);
+    const auto start = Clock::now();
+    for (std::uint64_t i = 0; i < count; ++i) {
+      pace(c, o, start, i, [&] { (void)m->progress(); });
+      const std::size_t w = i % kSendWindow;
+      if (tokens[w]) {
+        const auto done = m->wait(tokens[w], 60s);
+        if (done.status != Status::ok) die("tagged send", done.status);
+      }
+      auto sl = *Slice::data(buf, 0, c.size);
+      stamp(sl.bytes(), i);
+      auto t = m->send(peer, i, sl);
+      if (!t) die("tagged send post", t.status());
+      tokens[w] = *t;
+      if (c.paced) (void)m->progress();
+    }
+    for (auto& t : tokens) {
+      if (t) (void)m->wait(t, 60s);
+    }
     b.barrier(60s);
     return;
   }
@@ -465,7 +540,7 @@ int main(int argc, char** argv) {
   }
   const std::vector<std::size_t> sizes = o.smoke ? std::vector<std::size_t>{8, 256}
                                                  : std::vector<std::size_t>{8, 16, 32, 64, 128, 256};
-  const std::vector<std::string> methods = {"send", "ring", "ring-batch", "aggregate"};
+  const std::vector<std::string> methods = {"send", "tagged", "ring", "ring-batch", "aggregate"};
   std::vector<std::pair<Case, Result>> all;
   for (const auto& m : methods) {
     if (("," + o.methods + ",").find("," + m + ",") == std::string::npos) continue;
