@@ -230,81 +230,52 @@ Result receive(const Case& c, std::uint64_t count, Stack& s, regpool::TcpBootstr
     }
     return t.result();
   }
-  if (c.method == "tagged") {
-    // Tagged send (Messenger): kRecvPosted receives from the peer, any tag,
-    // each re-posted once read (they match in posting order).
-    static std::unique_ptr<regpool::Messenger> m;  // one per endpoint (owns its receives)
-    static std::vector<regpool::Ldo> tbufs;
-    static std::vector<std::uint8_t> tready;
-    static std::vector<std::uint32_t> tgot;
-    if (!m) {
-      m = std::make_unique<regpool::Messenger>(*s.ep, *s.pool);
-      for (std::size_t i = 0; i < kRecvPosted; ++i) tbufs.push_back(*s.pool->allocate(256));
-      tready.assign(kRecvPosted, 0);
-      tgot.assign(kRecvPosted, 0);
-    }
-    auto post = [&](std::size_t k) {
-      tready[k] = 0;
-      auto tk = m->recv(regpool::kAnyPeer, 0, ~std::uint64_t{0}, *Slice::data(tbufs[k], 0, 256),
-                        [k](regpool::MessageCompletion& done) {
-                          tgot[k] = static_cast<std::uint32_t>(done.received);
-                          tready[k] = done.status == Status::ok ? 1 : 2;
-                        });
-      if (!tk) die("tagged recv", tk.status());
-    };
-    // Posted once for all cases, and matched in posting order: the oldest
-    // receive is where the last case stopped.
-    static std::size_t head = 0;
-    static bool posted = false;
-    if (!posted) {
-      for (std::size_t k = 0; k < kRecvPosted; ++k) post(k);
-      posted = true;
-    }
-    (void)b.allgather({}, 30s);
-    while (t.n < count && Clock::now() < bound) {
-      (void)m->progress();
-      while (tready[head] != 0) {
-        if (tready[head] != 1) die("tagged receive failed");
-        t.record(std::span<const std::byte>(tbufs[head].data().data(), tgot[head]), c.paced);
-        post(head);
-        head = (head + 1) % kRecvPosted;
-      }
-    }
-    return t.result();
-  }
-  // Plain untagged send: kRecvPosted receives, each re-posted once read.
-  static std::vector<regpool::Ldo> bufs;
-  static std::vector<std::uint8_t> ready;
-  static std::vector<std::uint32_t> got;
-  if (bufs.empty()) {
-    for (std::size_t i = 0; i < kRecvPosted; ++i) bufs.push_back(*s.pool->allocate(256));
-    ready.assign(kRecvPosted, 0);
-    got.assign(kRecvPosted, 0);
-  }
-  // Receives complete in posting order: the oldest is where the last case
+  // kRecvPosted receives (tagged: Messenger, any source and tag; plain:
+  // untagged), posted once for all cases and each re-posted once read.
+  // They complete in posting order: the oldest is where the last case
   // stopped (a case's count need not be a multiple of kRecvPosted).
-  static std::size_t posted_head = 0;
-  auto post = [&](std::size_t k) {
-    ready[k] = 0;
-    auto tk = s.ep->post_recv(*Slice::data(bufs[k], 0, 256), [k](const regpool::Completion& done) {
-      got[k] = static_cast<std::uint32_t>(done.bytes);
-      ready[k] = done.status == Status::ok ? 1 : 2;
-    });
-    if (!tk) die("post_recv", tk.status());
+  struct Posted {
+    std::vector<regpool::Ldo> bufs;
+    std::vector<std::uint8_t> ready;  // 0 posted, 1 ok, 2 failed
+    std::vector<std::uint32_t> got;
+    std::size_t head = 0;
   };
-  static bool posted = false;
-  if (!posted) {
+  const bool tagged = c.method == "tagged";
+  static std::unique_ptr<regpool::Messenger> m;  // one per endpoint (owns its receives)
+  static Posted posted[2];
+  Posted& r = posted[tagged ? 1 : 0];
+  auto post = [&](std::size_t k) {
+    r.ready[k] = 0;
+    auto sl = *Slice::data(r.bufs[k], 0, 256);
+    Status st = Status::ok;
+    if (tagged) {
+      st = m->recv(regpool::kAnyPeer, 0, ~std::uint64_t{0}, sl, [&r, k](regpool::MessageCompletion& done) {
+              r.got[k] = static_cast<std::uint32_t>(done.received);
+              r.ready[k] = done.status == Status::ok ? 1 : 2;
+            }).status();
+    } else {
+      st = s.ep->post_recv(sl, [&r, k](const regpool::Completion& done) {
+              r.got[k] = static_cast<std::uint32_t>(done.bytes);
+              r.ready[k] = done.status == Status::ok ? 1 : 2;
+            }).status();
+    }
+    if (st != Status::ok) die(c.method + " receive post", st);
+  };
+  if (r.bufs.empty()) {
+    if (tagged) m = std::make_unique<regpool::Messenger>(*s.ep, *s.pool);
+    for (std::size_t i = 0; i < kRecvPosted; ++i) r.bufs.push_back(*s.pool->allocate(256));
+    r.ready.assign(kRecvPosted, 0);
+    r.got.assign(kRecvPosted, 0);
     for (std::size_t k = 0; k < kRecvPosted; ++k) post(k);
-    posted = true;
   }
   (void)b.allgather({}, 30s);
   while (t.n < count && Clock::now() < bound) {
-    (void)s.ep->progress();
-    while (ready[posted_head] != 0) {
-      if (ready[posted_head] != 1) die("receive failed");
-      t.record(std::span<const std::byte>(bufs[posted_head].data().data(), got[posted_head]), c.paced);
-      post(posted_head);
-      posted_head = (posted_head + 1) % kRecvPosted;
+    (void)(tagged ? m->progress() : s.ep->progress());
+    while (r.ready[r.head] != 0) {
+      if (r.ready[r.head] != 1) die(c.method + " receive failed");
+      t.record(std::span<const std::byte>(r.bufs[r.head].data().data(), r.got[r.head]), c.paced);
+      post(r.head);
+      r.head = (r.head + 1) % kRecvPosted;
     }
   }
   return t.result();
