@@ -538,9 +538,13 @@ struct Side {
   }
   bool emulated_atomics = false;
 
-  // serve_atomics: open the control endpoint that serves emulated atomics
-  // (tcp); --peers runs no atomics and skips its cost (about 1 s per open).
-  Side(const Config& c, bool loopback, const char* name, bool serve_atomics = true) {
+  // peers: a --peers side (longer post bound, below). Only a run with
+  // atomic ops opens the control endpoint that serves emulated atomics
+  // (tcp): its CQ is polled every few progress() calls, and on net and
+  // tcp;ofi_rxm each CQ read is an epoll_wait (about 2.6 us), a cost a
+  // send or put run should not carry (nor --peers: about 1 s per open).
+  Side(const Config& c, bool loopback, const char* name, bool peers = false) {
+    const bool serve_atomics = c.atomic && !peers;
     regpool::EndpointConfig ec;
     // Plus the Messenger's posted receives and rendezvous gets (--ops tagged).
     ec.max_in_flight = 2 * kMaxWindow + 16 + 256;
@@ -554,7 +558,7 @@ struct Side {
     // the cores with every other client: under emulation (Soft-RoCE guest,
     // 33 processes on 2 vCPUs) that took longer than 5 s. Liveness is still
     // checked between posts (peers_wait).
-    if (!serve_atomics) ec.post_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(kPeersTimeout);
+    if (peers) ec.post_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(kPeersTimeout);
     ec.wait_mode = c.wait;
     if (is_verbs(c.provider)) {
 #if PERF_HAVE_VERBS
@@ -584,7 +588,7 @@ struct Side {
     provider = fd->provider_name();
     domain = fd;
     make_pool(c, name);
-    // Runs may direct atomics at either side (emulated on tcp): serve them.
+    // Runs with atomic ops may direct them at either side (emulated on tcp): serve them.
     regpool::FabricEndpointOptions fo;
     if (serve_atomics) fo.emulated_atomics = regpool::FabricEndpointOptions::EmulatedAtomics::serve;
     auto fep = regpool::FabricEndpoint::open(fd, ec, fo);
@@ -1781,7 +1785,7 @@ std::chrono::milliseconds peers_setup_timeout(std::uint64_t n) {
 // BOUNCES UNEXPECTED RSSDELTA CPUNS QPS" (QPS: verbs RC queue pairs, else -1).
 void peers_server(const Config& c, regpool::TcpBootstrap& boot, std::FILE* out) {
   const std::uint64_t n = static_cast<std::uint64_t>(boot.size() - 1);
-  Side s(c, true, "perf-peers-server", false);
+  Side s(c, true, "perf-peers-server", true);
   regpool::MessengerConfig mc = tagged_config(c);
   mc.max_peers = std::max<std::size_t>(mc.max_peers, n + 1);
   regpool::Messenger m(*s.ep, *s.pool, mc);
@@ -1845,7 +1849,7 @@ void peers_server(const Config& c, regpool::TcpBootstrap& boot, std::FILE* out) 
 
 // Ranks 1..N.
 void peers_client(const Config& c, regpool::TcpBootstrap& boot) {
-  Side s(c, true, "perf-peers-client", false);
+  Side s(c, true, "perf-peers-client", true);
   regpool::Messenger m(*s.ep, *s.pool, tagged_config(c));
   auto tx = s.alloc(c.max_size());
   const Slice tx_all = must(Slice::data(tx), "send slice");
