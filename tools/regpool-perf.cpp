@@ -182,6 +182,10 @@ void usage(std::FILE* to) {
 
       "  --tagged-threshold N  the Messenger's eager threshold for --ops tagged\n"
       "                   (default: the provider's measured default)\n"
+      "  --tagged-split S the Messenger's split rendezvous for --ops tagged: SIZE\n"
+      "                   (split every rendezvous receive of at least SIZE bytes),\n"
+      "                   off (never), or default (the backend's: from 1 MiB on shm,\n"
+      "                   backing off when the sender's half comes late; never elsewhere)\n"
       "  --expose-mode M  standard or scoped: the ExposureMode the expose test uses\n"
       "                   (default standard)\n"
       "  --perftest       latency only, with perftest's definitions (tools/README.md):\n"
@@ -238,6 +242,10 @@ struct Config {
   // --cold: the span bandwidth tests rotate over on each side (0: hot).
   std::uint64_t cold_bytes = 0;
   std::uint64_t tagged_threshold = 0;  // MessengerConfig::eager_threshold (0 = provider default)
+  // MessengerConfig::rendezvous_split (0 = the backend's default, adaptive;
+  // UINT64_MAX = never; anything else: split every rendezvous of at least
+  // that many bytes). The receiver decides, so the server needs it too.
+  std::uint64_t tagged_split = 0;
   regpool::ExposureMode expose_mode = regpool::ExposureMode::standard;
   // How both sides wait for completions (EndpointConfig::wait_mode).
   regpool::WaitMode wait = regpool::WaitMode::spin;
@@ -253,7 +261,7 @@ struct Config {
     std::ostringstream o;
     o << "provider=" << provider << "\nwait=" << regpool::to_string(wait) << "\niters=" << iters << "\nwindow=" << window << "\nops=" << (put ? "put," : "")
       << (get ? "get," : "") << (send ? "send," : "") << (atomic ? "atomic," : "") << (expose ? "expose," : "")
-      << (tagged ? "tagged," : "") << (memcpy ? "memcpy," : "") << "\ncold_bytes=" << cold_bytes << "\ntagged_threshold=" << tagged_threshold << "\nexpose_mode=" << regpool::to_string(expose_mode)
+      << (tagged ? "tagged," : "") << (memcpy ? "memcpy," : "") << "\ncold_bytes=" << cold_bytes << "\ntagged_threshold=" << tagged_threshold << "\ntagged_split=" << tagged_split << "\nexpose_mode=" << regpool::to_string(expose_mode)
       << "\nperftest=" << (perftest ? 1 : 0) << "\nverbs_inline=" << verbs_inline
       << "\nverbs_signal=" << (verbs_signal_all ? "all" : "selective") << "\nsizes=";
     for (std::size_t i = 0; i < sizes.size(); ++i) o << (i ? "," : "") << sizes[i];
@@ -287,6 +295,7 @@ struct Config {
       }
       if (k == "cold_bytes") c.cold_bytes = std::strtoull(v.c_str(), nullptr, 10);
       if (k == "tagged_threshold") c.tagged_threshold = std::strtoull(v.c_str(), nullptr, 10);
+      if (k == "tagged_split") c.tagged_split = std::strtoull(v.c_str(), nullptr, 10);
       if (k == "perftest") c.perftest = v == "1";
       if (k == "verbs_inline") c.verbs_inline = std::strtoll(v.c_str(), nullptr, 10);
       if (k == "verbs_signal") c.verbs_signal_all = v == "all";
@@ -439,6 +448,17 @@ Options parse_args(int argc, char** argv, bool& help) {
     } else if (is_option(a, "--tagged-threshold")) {
       o.config.tagged_threshold = regpool_tools::parse_uint(option_value(argc, argv, i, "--tagged-threshold"),
                                                             "--tagged-threshold", 64, std::uint64_t{1} << 30);
+      client_only_option = true;
+    } else if (is_option(a, "--tagged-split")) {
+      const std::string v = option_value(argc, argv, i, "--tagged-split");
+      if (v == "off") {
+        o.config.tagged_split = ~std::uint64_t{0};
+      } else if (v == "default") {
+        o.config.tagged_split = 0;
+      } else {
+        o.config.tagged_split = regpool_tools::parse_size(v, "--tagged-split");
+        if (o.config.tagged_split == 0) throw UsageError("--tagged-split: a size above 0, off or default");
+      }
       client_only_option = true;
     } else if (is_option(a, "--expose-mode")) {
       not_for_peers = a;
@@ -834,6 +854,7 @@ ExposeResult measure_expose(Side& s, const Slice& slice, regpool::ExposureMode m
 regpool::MessengerConfig tagged_config(const Config& c) {
   regpool::MessengerConfig mc;
   mc.eager_threshold = c.tagged_threshold;
+  mc.rendezvous_split = c.tagged_split;
   mc.receive_buffers = 64;
   return mc;
 }
@@ -856,8 +877,20 @@ void serve_tagged(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpool
   for (const auto size : c.sizes) {
     const Slice in = must(rx_all.select(0, size), "receive slice");
     boot.barrier(kBootTimeout);
-    for (std::uint64_t i = 0; i < c.iters + kWarmupOps; ++i) {
-      (void)mwait(m, m.recv(peer, 1, 0, in), "tagged latency");
+    // The receive for the next ping is posted before the pong goes out, as
+    // in the send ping-pong (serve_send_pingpong): a ping that arrived
+    // before its receive would be an unexpected message (held, then copied
+    // out when the receive comes), which the send row never measures.
+    const std::uint64_t pings = c.iters + kWarmupOps;
+    auto post_ping = [&]() {
+      auto t = m.recv(peer, 1, 0, in);
+      if (!t) op_failed(t.status(), "tagged latency receive");
+      return *t;
+    };
+    regpool::MessageToken next = post_ping();
+    for (std::uint64_t i = 0; i < pings; ++i) {
+      (void)mwait(m, next, "tagged latency");
+      if (i + 1 < pings) next = post_ping();
       (void)mwait(m, m.send(peer, 2, in), "tagged pong");
     }
     boot.barrier(kBootTimeout);

@@ -406,10 +406,15 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   }
 
   // Sends op i now (a credit is available and nothing is queued before it).
-  void dispatch_send(std::uint32_t i) noexcept {
+  // Its bytes are `data`, or o.buf when null (an op that waited for
+  // credits). Given `data`, an eager send copies from it and o.buf is
+  // never set: the op holds no reference to the caller's object (one
+  // reference count round trip less per eager message).
+  void dispatch_send(std::uint32_t i, const Slice* data = nullptr) noexcept {
     Op& o = ops[i];
     PeerState& ps = peers[o.peer];
-    const std::uint64_t len = o.buf.length();
+    const Slice& src = data ? *data : o.buf;
+    const std::uint64_t len = src.length();
     mw::Header h;
     h.space = o.space;
     h.tag = o.tag;
@@ -424,8 +429,8 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       auto m = alloc_message(mw::kHeaderSize + len);
       if (!m) return complete(i, m.status());
       h.type = mw::Type::eager;
-      std::memcpy(m->data().data() + mw::kHeaderSize, o.buf.address(), len);
-      o.buf = Slice{};  // copied: the user's bytes are free
+      std::memcpy(m->data().data() + mw::kHeaderSize, src.address(), len);
+      if (!data) o.buf = Slice{};  // copied: the user's bytes are free
       p.kind = PostKind::send;
       p.local = *Slice::data(std::move(*m));
       ++st.eager_sent;
@@ -433,6 +438,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       auto m = alloc_message(mw::kRtsSize);
       if (!m) return complete(i, m.status());
       h.type = mw::Type::rts;
+      if (data) o.buf = *data;  // read by the receiver's gets (and our puts) until the fin
       o.rendezvous = true;
       o.fin_wait = true;
       o.deadline = deadline_for(len);
@@ -1206,6 +1212,65 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     peers[peer] = PeerState{};
   }
 
+  // What a wait() round found of the operation it waits for.
+  enum class Awaited : std::uint8_t { pending, done, invalid };
+
+  // One round of progress (Messenger::progress, and each round of wait):
+  // the endpoint's, then the Messenger's own work (lazy reposts, the scan,
+  // queued posts) in one lock round, in which the operation `token` names,
+  // when one is given, is looked at too: done, its completion is moved to
+  // `out` and its slot freed, so wait() takes no lock round of its own;
+  // then the callbacks that became ready. Returns how many callbacks ran.
+  std::size_t progress_round(MessageToken token, Awaited& awaited, MessageCompletion& out) noexcept {
+    const bool idle = ep.progress() == 0;
+    {
+      std::unique_lock<std::mutex> g(mu);
+      // Nothing arrived this round: the time to repost emptied bounces.
+      if (idle && !lazy.empty() && !closed) repost_lazy_locked();
+      // The scan's rate limit on the coarse clock (a precise reading costs
+      // about 100 ns on this kind of VM, and this runs every spin round);
+      // the scan itself, once per millisecond or so, takes a precise one.
+      if (platform::CoarseClock::now() >= next_scan && !closed) {
+        const auto now = Clock::now();
+        next_scan = now + std::chrono::milliseconds{1};
+        scan_locked(now);
+      }
+      // Whoever queues a post later drains it itself; the usual spin round
+      // has nothing to post.
+      if (post_count != 0 || !graveyard.empty()) drain(g);
+      if (token) {
+        Op* o = find(token);
+        if (!o || o->has_cb) {
+          awaited = Awaited::invalid;
+        } else if (o->state == State::done) {
+          awaited = Awaited::done;
+          out = std::move(o->result);
+          free_op(static_cast<std::uint32_t>(token.value & 0xffffffffu));
+        }
+      }
+      if (ready_count == 0) return 0;
+    }
+    std::size_t delivered = 0;
+    for (;;) {
+      MessageCompletion done;
+      MessageCallback cb;
+      {
+        std::lock_guard<std::mutex> g(mu);
+        if (ready_count == 0) break;
+        const std::uint32_t i = ready[ready_head];
+        ready_head = (ready_head + 1) % ready.size();
+        --ready_count;
+        Op& o = ops[i];
+        done = std::move(o.result);
+        cb = std::move(o.cb);
+        free_op(i);
+      }
+      cb(done);
+      ++delivered;
+    }
+    return delivered;
+  }
+
   void scan_locked(Clock::time_point now) noexcept {
     repost_lazy_locked();
     // Dead peers and deadlines.
@@ -1387,7 +1452,6 @@ Result<MessageToken> Messenger::send(PeerId peer, std::uint64_t tag, const Slice
     Core::Op& o = c.ops[*r];
     o.peer = peer;
     o.tag = tag;
-    o.buf = data;
     o.has_cb = static_cast<bool>(cb);
     o.cb = std::move(cb);
     o.result.peer = peer;
@@ -1397,12 +1461,13 @@ Result<MessageToken> Messenger::send(PeerId peer, std::uint64_t tag, const Slice
     Core::PeerState& ps = c.peers[peer];
     if (ps.credits == 0 || ps.qhead != kNone) {
       ++c.st.credit_stalls;
+      o.buf = data;  // held until its credit comes
       o.state = Core::State::queued;
       o.next = kNone;
       if (ps.qtail != kNone) c.ops[ps.qtail].next = *r; else ps.qhead = *r;
       ps.qtail = *r;
     } else {
-      c.dispatch_send(*r);
+      c.dispatch_send(*r, &data);
     }
     c.drain(g);
   }
@@ -1590,45 +1655,9 @@ Status Messenger::cancel(MessageToken token) noexcept {
 }
 
 std::size_t Messenger::progress() noexcept {
-  Core& c = *core_;
-  const bool idle = c.ep.progress() == 0;
-  {
-    std::unique_lock<std::mutex> g(c.mu);
-    // Nothing arrived this round: the time to repost emptied bounces.
-    if (idle && !c.lazy.empty() && !c.closed) c.repost_lazy_locked();
-    // The scan's rate limit on the coarse clock (a precise reading costs
-    // about 100 ns on this kind of VM, and this runs every spin round); the
-    // scan itself, once per millisecond or so, takes a precise one.
-    if (platform::CoarseClock::now() >= c.next_scan && !c.closed) {
-      const auto now = Clock::now();
-      c.next_scan = now + std::chrono::milliseconds{1};
-      c.scan_locked(now);
-    }
-    // The usual spin-wait round: nothing to post, nothing to deliver. One
-    // lock round trip instead of three (whoever queues a post later drains
-    // it itself).
-    if (c.post_count == 0 && c.graveyard.empty() && c.ready_count == 0) return 0;
-    c.drain(g);
-  }
-  std::size_t delivered = 0;
-  for (;;) {
-    MessageCompletion done;
-    MessageCallback cb;
-    {
-      std::lock_guard<std::mutex> g(c.mu);
-      if (c.ready_count == 0) break;
-      const std::uint32_t i = c.ready[c.ready_head];
-      c.ready_head = (c.ready_head + 1) % c.ready.size();
-      --c.ready_count;
-      Core::Op& o = c.ops[i];
-      done = std::move(o.result);
-      cb = std::move(o.cb);
-      c.free_op(i);
-    }
-    cb(done);
-    ++delivered;
-  }
-  return delivered;
+  Core::Awaited none = Core::Awaited::pending;
+  MessageCompletion unused;
+  return core_->progress_round(MessageToken{}, none, unused);
 }
 
 MessageCompletion Messenger::wait(MessageToken token, std::chrono::milliseconds timeout) noexcept {
@@ -1643,22 +1672,18 @@ MessageCompletion Messenger::wait(MessageToken token, std::chrono::milliseconds 
   const WaitMode mode = c.ep.config().wait_mode;
   const auto spin = mode == WaitMode::adaptive ? Clock::duration(c.ep.config().wait_spin) : Clock::duration::zero();
   auto last_work = mode == WaitMode::spin ? Clock::time_point{} : Clock::now();
+  MessageCompletion done;
   for (;;) {
-    if (progress() > 0 && mode != WaitMode::spin) last_work = Clock::now();
-    {
-      std::lock_guard<std::mutex> g(c.mu);
-      Core::Op* o = c.find(token);
-      if (!o || o->has_cb) {
-        MessageCompletion bad;
-        bad.token = token;
-        bad.status = Status::invalid_argument;
-        return bad;
-      }
-      if (o->state == Core::State::done) {
-        MessageCompletion done = std::move(o->result);
-        c.free_op(static_cast<std::uint32_t>(token.value & 0xffffffffu));
-        return done;
-      }
+    // The round looks at the operation in its own lock round: no second
+    // one per spin round for the lookup.
+    Core::Awaited awaited = Core::Awaited::pending;
+    if (c.progress_round(token, awaited, done) > 0 && mode != WaitMode::spin) last_work = Clock::now();
+    if (awaited == Core::Awaited::done) return done;
+    if (awaited == Core::Awaited::invalid) {
+      MessageCompletion bad;
+      bad.token = token;
+      bad.status = Status::invalid_argument;
+      return bad;
     }
     if (platform::CoarseClock::reached(until)) {
       MessageCompletion pending;

@@ -4,6 +4,7 @@
 
 #include "platform/coarse_clock.hpp"
 #include "platform/futex.hpp"
+#include "transport/stack_batch.hpp"
 
 #include <poll.h>
 #include <sched.h>
@@ -291,22 +292,21 @@ void Endpoint::unlock_and_release(std::unique_lock<std::mutex>& lk) noexcept {
     bool more = false;
     {
       // Destroyed at the end of this block, after the unlock below.
-      Slice batch[kReleaseBatch];
-      std::size_t n = 0;
-      while (n < kReleaseBatch && release_count_ > 0) {
+      detail::StackBatch<Slice, kReleaseBatch> batch;
+      while (!batch.full() && release_count_ > 0) {
         const std::uint32_t index = releases_[release_head_];
         release_head_ = (release_head_ + 1) % releases_.size();
         --release_count_;
         Slot& s = slots_[index];
-        batch[n++] = std::move(s.local);
+        batch.emplace(std::move(s.local));
         s.release_pending = false;
         maybe_free_locked(index);
       }
-      while (n < kReleaseBatch && release_list_ != kNoExposure) {
+      while (!batch.full() && release_list_ != kNoExposure) {
         const std::uint32_t index = release_list_;
         ExposureEntry& e = exposures_[index];
         release_list_ = e.next;
-        batch[n++] = std::move(e.parked);
+        batch.emplace(std::move(e.parked));
         free_exposure_locked(index);
       }
       more = release_count_ > 0 || release_list_ != kNoExposure;
@@ -1585,25 +1585,26 @@ std::size_t Endpoint::progress_counting(std::size_t& events) noexcept {
   // only when there is something to deliver.
   while (ready_count_ > 0) {
     {
-      Callback cbs[kDeliverBatch];
-      Completion results[kDeliverBatch];
-      std::size_t k = 0;
-      while (ready_count_ > 0 && k < kDeliverBatch) {
+      struct Delivery {
+        Callback cb;
+        Completion result;
+      };
+      detail::StackBatch<Delivery, kDeliverBatch> batch;
+      while (ready_count_ > 0 && !batch.full()) {
         const std::uint32_t index = ready_[ready_head_];
         ready_head_ = (ready_head_ + 1) % ready_.size();
         --ready_count_;
         Slot& s = slots_[index];
-        cbs[k] = std::move(s.cb);
-        results[k] = s.result;
-        ++k;
+        batch.emplace(std::move(s.cb), s.result);
         s.user_pending = false;
         maybe_free_locked(index);
       }
       // Callbacks run, and are destroyed (end of this block), without the
       // mutex.
       g.unlock();
+      const std::size_t k = batch.size();
       for (std::size_t i = 0; i < k; ++i) {
-        if (cbs[i]) cbs[i](results[i]);
+        if (batch[i].cb) batch[i].cb(batch[i].result);
       }
       delivered += k;
       if (k < kDeliverBatch) return delivered;

@@ -337,6 +337,16 @@ def mode_perf(tool, readme, provider):
             lat = r["latency_us"]
             check(r["error"] is None and lat is not None and lat["iters"] == 20 and positive(lat["median"]) and
                   positive(r["bandwidth_MBps"]), f"{r['op']} {r['size']}: latency and bandwidth")
+    # The split rendezvous forced and off (--tagged-split, passed to the
+    # server, which receives and decides): a 1 MiB rendezvous either way.
+    for split in ("4K", "off"):
+        rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", "1M", "--iters", "10",
+                            "--window", "4", "--ops", "tagged", "--tagged-split", split, "--json"], timeout=240)
+        check(rc == 0, f"perf {provider} --tagged-split {split} exits 0 (got {rc}: {err})")
+        if rc == 0:
+            r = json.loads(out)["results"]
+            check(len(r) == 1 and r[0]["op"] == "tagged" and r[0]["error"] is None and
+                  positive(r[0]["bandwidth_MBps"]), f"perf --tagged-split {split}: one tagged 1 MiB row")
     # Text output and a subset of ops.
     rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", "64", "--iters", "5",
                         "--ops", "put", "--progress"], timeout=240)
@@ -661,7 +671,9 @@ BAD_ARGS = {
                      ["--client"], ["--loopback", "--expose-mode", "loose"], ["--server", "--expose-mode", "scoped"], ["--loopback", "--wait", "nap"],
                      ["--loopback", "--cold-bytes", "0"], ["--loopback", "--cold-bytes", "3G"],
                      ["--server", "--cold"], ["--peers", "0"], ["--peers", "2,x"], ["--peers", "2", "--server"],
-                     ["--peers", "2", "--ops", "put"], ["--peers", "2", "--cold"], ["--peers", "2", "--port", "9"]],
+                     ["--peers", "2", "--ops", "put"], ["--peers", "2", "--cold"], ["--peers", "2", "--port", "9"],
+                     ["--loopback", "--tagged-split", "0"], ["--loopback", "--tagged-split", "sometimes"],
+                     ["--server", "--tagged-split", "off"]],
 }
 
 
