@@ -1744,16 +1744,19 @@ Completion Endpoint::wait(Token token, std::chrono::milliseconds timeout) noexce
   IdleState idle_state;
   for (;;) {
     std::uint64_t seen = 0;
+    std::size_t events = 0;
+    bool deliver = false;
     {
       Lock lk(*this);
       Slot& s = slots_[index];
       if (s.gen != gen || !s.user_pending || s.has_callback) return bad;
-      if (s.completed) {
+      auto take = [&] {
         Completion c = s.result;
         s.user_pending = false;
         maybe_free_locked(index);
         return c;
-      }
+      };
+      if (s.completed) return take();
       if (platform::CoarseClock::reached(deadline)) {
         Completion c = s.result;
         c.status = Status::in_progress;
@@ -1768,9 +1771,16 @@ Completion Endpoint::wait(Token token, std::chrono::milliseconds timeout) noexce
         continue;
       }
       seen = activity_;
+      // This round's poll under the same hold of the mutex: a spin round
+      // takes it once, not twice (a put on shm completes inside its post,
+      // so its wait is this one round).
+      if (!stopping_.load(std::memory_order_relaxed)) events = poll_locked();
+      // Callbacks of other ops that became ready run before we return, as
+      // progress() would run them.
+      deliver = ready_count_ > 0;
+      if (s.completed && !deliver) return take();
     }
-    std::size_t events = 0;
-    const std::size_t delivered = progress_counting(events);
+    const std::size_t delivered = deliver ? progress_counting(events) : 0;
     idle(delivered + events, deadline, seen, idle_state);
   }
 }

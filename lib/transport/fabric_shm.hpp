@@ -26,6 +26,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -129,6 +130,13 @@ class RegionLock {
   // and give it back at once (the provider's own protocol), so this never
   // waits.
   bool held() noexcept;
+  // true when the lock is still held after `patience`: held(), and while
+  // it is, a spin (pauses and plain reads, retrying only when the word says
+  // free, as pthread_spin_lock's own wait does) that ends when the holder
+  // lets go or after `patience`. A live holder lets go within its own
+  // provider call; a dead one never does, so this is bounded, never a wait
+  // for ever.
+  bool held_for(std::chrono::nanoseconds patience) noexcept;
   // Releases the lock on behalf of a holder proven dead.
   void force_release() noexcept;
 
