@@ -778,7 +778,10 @@ void check_peer_alive(const std::string& what) {
 // coarse clock, a shorter one reads the precise clock, which in the
 // Soft-RoCE guest (clocksource hpet) is a system call of about 1.5 us per
 // operation. The phase deadline is read only once a slice has run out.
-regpool::Completion wait_watching(Side& s, regpool::Token t, const std::string& what) {
+// `what` is a C string: the latency loops call this once per operation,
+// and a std::string built there (a heap allocation past 15 characters)
+// would be inside every sample, which perftest's loops do not pay.
+regpool::Completion wait_watching(Side& s, regpool::Token t, const char* what) {
   Clock::time_point deadline{};
   for (;;) {
     const auto c = s.ep->wait(t, 1s);
@@ -786,7 +789,7 @@ regpool::Completion wait_watching(Side& s, regpool::Token t, const std::string& 
     check_peer_alive(what);
     const auto now = Clock::now();
     if (deadline == Clock::time_point{}) deadline = now + kPhaseTimeout;
-    if (now > deadline) throw regpool::Error(Status::timeout, 0, what + ": " + g_peer_label + " silent");
+    if (now > deadline) throw regpool::Error(Status::timeout, 0, std::string(what) + ": " + g_peer_label + " silent");
   }
 }
 
@@ -1157,12 +1160,13 @@ template <class Post>
 double windowed(Side& s, std::uint64_t n, std::uint64_t window, Post post, ProgressLine& pl, const std::string& op,
                 std::uint64_t size) {
   std::vector<regpool::Token> ring(window);
+  const std::string what = op + " bandwidth";  // built once, not per op
   const auto t0 = Clock::now();
   std::uint64_t posted = 0, done = 0;
   for (; posted < std::min(n, window); ++posted) ring[posted % window] = post();
   while (done < n) {
-    auto c = wait_watching(s, ring[done % window], op + " bandwidth");
-    if (c.status != Status::ok) op_failed(c.status, op + " bandwidth");
+    auto c = wait_watching(s, ring[done % window], what.c_str());
+    if (c.status != Status::ok) op_failed(c.status, what);
     ++done;
     if (posted < n) {
       ring[posted % window] = post();
@@ -1182,6 +1186,7 @@ double windowed_batches(Side& s, std::uint64_t n, std::uint64_t window, std::uin
                         ProgressLine& pl, const std::string& op, std::uint64_t size) {
   std::vector<regpool::Token> ring(window);
   std::vector<regpool::BatchOp> ops(batch);
+  const std::string what = op + " bandwidth";  // built once, not per op
   std::uint64_t posted = 0, done = 0;
   auto post = [&](std::uint64_t count) {
     for (std::uint64_t i = 0; i < count; ++i) fill(ops[i]);
@@ -1194,8 +1199,8 @@ double windowed_batches(Side& s, std::uint64_t n, std::uint64_t window, std::uin
   const auto t0 = Clock::now();
   while (posted < std::min(n, window)) post(std::min({batch, n - posted, window - posted}));
   while (done < n) {
-    auto c = wait_watching(s, ring[done % window], op + " bandwidth");
-    if (c.status != Status::ok) op_failed(c.status, op + " bandwidth");
+    auto c = wait_watching(s, ring[done % window], what.c_str());
+    if (c.status != Status::ok) op_failed(c.status, what);
     ++done;
     const std::uint64_t room = window - (posted - done);
     const std::uint64_t next = std::min(batch, n - posted);
@@ -1206,7 +1211,7 @@ double windowed_batches(Side& s, std::uint64_t n, std::uint64_t window, std::uin
 }
 
 // Unwraps a posted token or throws (so `windowed` stores only good ones).
-regpool::Token token_or_throw(regpool::Result<regpool::Token> t, const std::string& what) {
+regpool::Token token_or_throw(regpool::Result<regpool::Token> t, const char* what) {
   if (!t) op_failed(t.status(), what);
   return *t;
 }
@@ -1289,7 +1294,7 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
           }
         }
         auto post = [&]() {
-          return token_or_throw(is_put ? s.ep->put(local, peer, *ref, 0) : s.ep->get(peer, *ref, 0, local), op);
+          return token_or_throw(is_put ? s.ep->put(local, peer, *ref, 0) : s.ep->get(peer, *ref, 0, local), op.c_str());
         };
         for (int w = 0; w < kWarmupOps; ++w) (void)wait_ok(s, post(), op.c_str());
         std::vector<double> lat;
@@ -1313,7 +1318,7 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
           const std::uint64_t j = k++ % slots.size();
           return token_or_throw(is_put ? s.ep->put(slots[j], peer, *ref, j * size)
                                        : s.ep->get(peer, *ref, j * size, slots[j]),
-                                op);
+                                op.c_str());
         };
         auto fill_slot = [&](regpool::BatchOp& b) {
           const std::uint64_t j = k++ % slots.size();
@@ -1371,7 +1376,7 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
         }
         set_latency(r, std::move(lat));
         if (bandwidth) {
-          const double secs = windowed(s, c.iters, c.window, [&]() { return token_or_throw(post(), op); }, pl, op, 8);
+          const double secs = windowed(s, c.iters, c.window, [&]() { return token_or_throw(post(), op.c_str()); }, pl, op, 8);
           r.has_bandwidth = true;
           r.bw_ops = c.iters;
           r.mbps = static_cast<double>(c.iters * 8) / secs / 1e6;

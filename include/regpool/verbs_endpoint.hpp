@@ -72,11 +72,14 @@
 // IBV_WR_ATOMIC_FETCH_AND_ADD / CMP_AND_SWP (native NIC atomics; atomic
 // against other verbs atomics on the same device, not against CPU atomics on
 // the target). Puts and sends up to the QP's max_inline_data are posted with
-// IBV_SEND_INLINE, and of those only every kSignalInterval-th is signalled
-// (selective signalling): an RC send queue completes in order, so a signalled
-// completion also completes the unsignalled ones posted before it. An op
-// posted while nothing else is in flight on its QP is always signalled (a
-// lone op would otherwise wait for the fence below: a second round trip). An
+// IBV_SEND_INLINE, and of those at most kSignalInterval - 1 in a row go
+// unsignalled (selective signalling): an RC send queue completes in order,
+// so a signalled completion also completes the unsignalled ones posted
+// before it. An op posted while nothing else is in flight on its QP is
+// always signalled (a lone op would otherwise wait for the fence below: a
+// second round trip), and a run of unsignalled ops stays under half of the
+// WRs in flight ahead of it, so a stream that waits for its oldest op gets
+// a completion every half window instead of draining the queue. An
 // unsignalled tail is closed by a signalled zero-length RDMA WRITE once the
 // CQ runs dry, so every op still gets its completion.
 //
@@ -290,8 +293,10 @@ class REGPOOL_API VerbsEndpoint final : public Endpoint {
   // The connection of op's peer (`ci`) when it can take a WR now; else
   // why not (would_block while connecting, peer_unreachable, ...).
   Status rc_conn(const BackendOp& op, std::uint32_t& ci) noexcept;
-  // Whether an op may go unsignalled (selective signalling, see above).
-  bool may_skip_signal(bool small_inline, std::uint32_t unsignaled_run, bool busy) const noexcept;
+  // Whether an op may go unsignalled (selective signalling, see above),
+  // after `unsignaled_run` unsignalled ops, with `in_flight` WRs of its QP
+  // posted and not yet retired.
+  bool may_skip_signal(bool small_inline, std::uint32_t unsignaled_run, std::uint64_t in_flight) const noexcept;
   // Bookkeeping of an op posted on `ci` as WRs [first, last].
   void note_rc_posted(std::uint32_t ci, std::uint32_t index, std::uint64_t first, std::uint64_t last,
                       bool signaled) noexcept;

@@ -93,6 +93,13 @@ bool cpus_oversubscribed(std::chrono::steady_clock::time_point now) noexcept {
 
 bool needs_peer(OpKind k) noexcept { return k != OpKind::recv; }
 
+// A statistics counter written only under the endpoint's mutex (stats()
+// reads it from any thread, relaxed): a load and a store instead of a
+// locked read-modify-write, on the path of every operation.
+void bump_locked(std::atomic<std::uint64_t>& counter) noexcept {
+  counter.store(counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+}
+
 using platform::wait_deadline;
 
 // Between retries with the mutex released: let the thread that holds or
@@ -165,11 +172,24 @@ struct Endpoint::Slot {
 };
 
 // State kept out of the public header because its types need <thread>,
-// <condition_variable> and <unordered_map>. Only setup, shutdown, wait() in
-// progress-thread mode, a completion some thread is sleeping on
-// (waiters_ > 0) and scoped exposures (expose, revoke, the end of their
-// quarantine) reach it: the post path never follows impl_.
+// <condition_variable> and <unordered_map>, or because it is an
+// implementation detail of the op deadlines. Setup, shutdown, wait(), a
+// completion some thread is sleeping on (waiters_ > 0), scoped exposures
+// (expose, revoke, the end of their quarantine) and accept_locked (the
+// deadline span) reach it.
 struct Endpoint::Impl {
+  // No backend-owned op has a deadline before this (a lower bound: lowered
+  // at accept, recomputed by the expiry scan), so the scan walks the slots
+  // only once some deadline may have passed, not every interval.
+  Clock::time_point next_op_deadline = Clock::time_point::max();
+  // accept_locked's deadline span (deadline_for's, in floating point) for
+  // the last op's kind (receive or not) and length; Clock::duration::max():
+  // no deadline. An op of the same kind and length as the one before reuses
+  // it: floating point is software under qemu TCG (the Soft-RoCE guest).
+  bool span_valid = false;
+  bool span_recv = false;
+  std::uint64_t span_length = 0;
+  Clock::duration span{};
   std::thread progress_thread;
   // progress_or_idle()'s state between calls, and who is using it.
   IdleState idle_state;
@@ -288,20 +308,30 @@ void Endpoint::unlock_and_release(std::unique_lock<std::mutex>& lk) noexcept {
     lk.unlock();
     return;
   }
+  auto take_release = [this]() -> Slice {
+    const std::uint32_t index = releases_[release_head_];
+    release_head_ = (release_head_ + 1) % releases_.size();
+    --release_count_;
+    Slot& s = slots_[index];
+    Slice local = std::move(s.local);
+    s.release_pending = false;
+    maybe_free_locked(index);
+    return local;
+  };
+  if (release_count_ == 1 && release_list_ == kNoExposure) {
+    // One op's reference: the usual case after a completion, without the
+    // batch below (its loop and bookkeeping are a visible part of a verbs
+    // op under qemu TCG). Destroyed on return, after the unlock.
+    const Slice one = take_release();
+    lk.unlock();
+    return;
+  }
   for (;;) {
     bool more = false;
     {
       // Destroyed at the end of this block, after the unlock below.
       detail::StackBatch<Slice, kReleaseBatch> batch;
-      while (!batch.full() && release_count_ > 0) {
-        const std::uint32_t index = releases_[release_head_];
-        release_head_ = (release_head_ + 1) % releases_.size();
-        --release_count_;
-        Slot& s = slots_[index];
-        batch.emplace(std::move(s.local));
-        s.release_pending = false;
-        maybe_free_locked(index);
-      }
+      while (!batch.full() && release_count_ > 0) batch.emplace(take_release());
       while (!batch.full() && release_list_ != kNoExposure) {
         const std::uint32_t index = release_list_;
         ExposureEntry& e = exposures_[index];
@@ -1236,11 +1266,23 @@ void Endpoint::accept_locked(std::uint32_t index) noexcept {
   Slot& s = slots_[index];
   // A coarse reading plus one tick: never before the precise post time, at
   // most one tick (4 ms here) after it, for a seventh of the cost.
-  s.deadline = deadline_for(s.desc.kind, s.desc.length,
-                            platform::CoarseClock::now() + platform::CoarseClock::tick());
+  Impl& m = *impl_;
+  const bool recv = s.desc.kind == OpKind::recv;
+  if (!m.span_valid || s.desc.length != m.span_length || recv != m.span_recv) {
+    // deadline_for from the epoch is the span itself (or max: none).
+    const Clock::time_point d = deadline_for(s.desc.kind, s.desc.length, Clock::time_point{});
+    m.span = d == Clock::time_point::max() ? Clock::duration::max() : d.time_since_epoch();
+    m.span_length = s.desc.length;
+    m.span_recv = recv;
+    m.span_valid = true;
+  }
+  s.deadline = m.span == Clock::duration::max()
+                   ? Clock::time_point::max()
+                   : platform::CoarseClock::after(platform::CoarseClock::now() + platform::CoarseClock::tick(), m.span);
+  if (s.deadline < m.next_op_deadline) m.next_op_deadline = s.deadline;
   s.backend_owned = true;
   ++backend_owned_;
-  posted_.fetch_add(1, std::memory_order_relaxed);
+  bump_locked(posted_);
 }
 
 void Endpoint::refuse_locked(std::uint32_t index, Slice& local) noexcept {
@@ -1457,7 +1499,7 @@ std::size_t Endpoint::poll_locked() noexcept {
   if ((backend_owned_ > 0 || quarantine_head_ != kNoExposure) && platform::CoarseClock::now() >= next_expiry_scan_) {
     const auto now = Clock::now();
     next_expiry_scan_ = now + kExpiryScanInterval;
-    if (backend_owned_ > 0) expire_locked(now);
+    if (backend_owned_ > 0 && now >= impl_->next_op_deadline) expire_locked(now);
     expire_quarantine_locked(now);
     if (backend_owned_ > 0 && now >= next_abandon_scan_) {
       next_abandon_scan_ = now + kAbandonScanInterval;
@@ -1468,9 +1510,14 @@ std::size_t Endpoint::poll_locked() noexcept {
 }
 
 void Endpoint::expire_locked(Clock::time_point now) noexcept {
+  Clock::time_point next = Clock::time_point::max();
   for (std::size_t i = 0; i < config_.max_in_flight; ++i) {
     Slot& s = slots_[i];
-    if (!s.backend_owned || s.completed || s.deadline > now) continue;
+    if (!s.backend_owned || s.completed) continue;
+    if (s.deadline > now) {
+      next = std::min(next, s.deadline);
+      continue;
+    }
     timeouts_.fetch_add(1, std::memory_order_relaxed);
     finish_locked(s, static_cast<std::uint32_t>(i), Status::timeout, 0, 0, kAnyPeer);
     // Whatever state the connection is in, it did not answer in time: make
@@ -1478,6 +1525,7 @@ void Endpoint::expire_locked(Clock::time_point now) noexcept {
     if (s.desc.peer != kAnyPeer && s.desc.peer < peers_.size()) peers_[s.desc.peer].broken = true;
     do_cancel(s.desc);
   }
+  impl_->next_op_deadline = next;
 }
 
 void Endpoint::complete(std::uint32_t index, Status status, std::uint64_t bytes, PeerId peer) noexcept {
@@ -1511,8 +1559,8 @@ void Endpoint::finish_locked(Slot& s, std::uint32_t index, Status st, std::uint6
   s.result.bytes = bytes;
   s.result.value = value;
   if (peer != kAnyPeer) s.result.peer = peer;
-  completed_.fetch_add(1, std::memory_order_relaxed);
-  if (st != Status::ok) failed_.fetch_add(1, std::memory_order_relaxed);
+  bump_locked(completed_);
+  if (st != Status::ok) bump_locked(failed_);
   if (st == Status::peer_unreachable && s.desc.peer != kAnyPeer && s.desc.peer < peers_.size()) {
     peers_[s.desc.peer].broken = true;
   }
@@ -1745,18 +1793,32 @@ Completion Endpoint::wait(Token token, std::chrono::milliseconds timeout) noexce
   for (;;) {
     std::uint64_t seen = 0;
     std::size_t events = 0;
-    bool deliver = false;
+    bool deliver = true;  // run progress_counting after the look
     {
       Lock lk(*this);
       Slot& s = slots_[index];
       if (s.gen != gen || !s.user_pending || s.has_callback) return bad;
-      auto take = [&] {
+      // The round's poll goes under the same hold as the look at the slot:
+      // one mutex round per spin round instead of two, and an op this poll
+      // completes is returned now instead of one round later (under qemu
+      // TCG, where the Soft-RoCE guest runs user code about ten times
+      // slower than a CPU, each round is a visible part of a verbs op's
+      // latency). Only when no callback is waiting to be delivered, and
+      // only if this poll makes none ready: callbacks go out through
+      // progress_counting before wait() returns, as they always did.
+      bool polled = false;
+      if (!s.completed && !threaded && ready_count_ == 0 && !stopping_.load(std::memory_order_relaxed)) {
+        seen = activity_;
+        events = poll_locked();
+        polled = true;
+        deliver = ready_count_ > 0;
+      }
+      if (s.completed && !(polled && deliver)) {
         Completion c = s.result;
         s.user_pending = false;
         maybe_free_locked(index);
         return c;
-      };
-      if (s.completed) return take();
+      }
       if (platform::CoarseClock::reached(deadline)) {
         Completion c = s.result;
         c.status = Status::in_progress;
@@ -1770,15 +1832,7 @@ Completion Endpoint::wait(Token token, std::chrono::milliseconds timeout) noexce
         waiters_.fetch_sub(1, std::memory_order_relaxed);
         continue;
       }
-      seen = activity_;
-      // This round's poll under the same hold of the mutex: a spin round
-      // takes it once, not twice (a put on shm completes inside its post,
-      // so its wait is this one round).
-      if (!stopping_.load(std::memory_order_relaxed)) events = poll_locked();
-      // Callbacks of other ops that became ready run before we return, as
-      // progress() would run them.
-      deliver = ready_count_ > 0;
-      if (s.completed && !deliver) return take();
+      if (!polled) seen = activity_;
     }
     const std::size_t delivered = deliver ? progress_counting(events) : 0;
     idle(delivered + events, deadline, seen, idle_state);

@@ -1000,12 +1000,21 @@ Status VerbsEndpoint::rc_conn(const BackendOp& op, std::uint32_t& ci) noexcept {
   return Status::ok;
 }
 
-bool VerbsEndpoint::may_skip_signal(bool small_inline, std::uint32_t unsignaled_run, bool busy) const noexcept {
+bool VerbsEndpoint::may_skip_signal(bool small_inline, std::uint32_t unsignaled_run,
+                                    std::uint64_t in_flight) const noexcept {
   // An op alone on the QP (everything before it retired) is signalled even
   // when it could go unsignalled: nothing behind it would close the tail,
   // so it would wait for a fence WR (a second round trip) once the CQ runs
-  // dry. Only ops posted behind others in flight skip their completion.
-  return small_inline && options_.selective_signaling && unsignaled_run + 1 < kSignalInterval && busy;
+  // dry. Behind others in flight, a run of unsignalled ops stays under half
+  // of what is in flight: an application that keeps W ops in flight and
+  // waits for the oldest (a stream) then gets a signalled completion every
+  // W/2 ops or so, and posts the next ones while the other half is still
+  // on the wire. With runs up to kSignalInterval - 1 regardless, a stream
+  // with a window of 16 retired a whole window at once, when its last
+  // (signalled) op completed, and the queue ran empty before the next
+  // window was posted.
+  return small_inline && options_.selective_signaling && unsignaled_run + 1 < kSignalInterval &&
+         2 * (std::uint64_t{unsignaled_run} + 1) < in_flight;
 }
 
 void VerbsEndpoint::note_rc_posted(std::uint32_t ci, std::uint32_t index, std::uint64_t first, std::uint64_t last,
@@ -1076,14 +1085,15 @@ Status VerbsEndpoint::post_rc(const BackendOp& op) noexcept {
     if (const Status st = fill_data_wr(op, *domain_, wr, sge); st != Status::ok) return st;
     // The port's max_msg_sz (8 MiB on rxe) bounds one WR: larger RDMA
     // transfers go as several WRs, only the last one signalled.
-    chunks = (op.length + max_msg_ - 1) / max_msg_;
+    // (A division only when needed: it is a helper call under qemu TCG.)
+    chunks = op.length <= max_msg_ ? 1 : (op.length + max_msg_ - 1) / max_msg_;
     if (op.kind == OpKind::send && chunks > 1) return Status::invalid_argument;
   }
   // Keep two WRs of room for a fence or a window bind/invalidate.
   if (c.wr_seq - c.retired_seq + chunks + 2 > m.sq_depth) return Status::would_block;
 
   const bool small_inline = !atomic && op.kind != OpKind::get && op.length <= max_inline_;
-  const bool signaled = !may_skip_signal(small_inline, c.unsignaled_run, c.wr_seq != c.retired_seq);
+  const bool signaled = !may_skip_signal(small_inline, c.unsignaled_run, c.wr_seq - c.retired_seq);
   SlotState& s = m.slots[op.index];
   const std::uint64_t first = c.wr_seq + 1;
   std::uint64_t seq = c.wr_seq;
@@ -1138,9 +1148,9 @@ Status VerbsEndpoint::do_post_batch(std::span<const BackendOp* const> ops, std::
     Conn& c = m.conns[ci];
     // The run of consecutive single-WR ops to this QP, chained through
     // wr.next and handed to the device with one ibv_post_send (one
-    // doorbell). Signalling and inline follow the single-op rules, an op
-    // counting as behind others in flight when an earlier op of the chain
-    // is (the chain posts in order).
+    // doorbell). Signalling and inline follow the single-op rules, the ops
+    // of the chain before an op counting as in flight ahead of it (the
+    // chain posts in order).
     std::array<ibv_send_wr, kBatchChain> wrs{};
     std::array<ibv_sge, kBatchChain> sges{};
     std::array<bool, kBatchChain> signaled{};
@@ -1148,7 +1158,6 @@ Status VerbsEndpoint::do_post_batch(std::span<const BackendOp* const> ops, std::
     Status stop = Status::ok;
     std::uint64_t seq = c.wr_seq;
     std::uint32_t run = c.unsignaled_run;
-    bool busy = c.wr_seq != c.retired_seq;
     while (i + n < ops.size() && n < kBatchChain) {
       const BackendOp& op = *ops[i + n];
       if (n > 0 && (op.peer_handle != head.peer_handle || op.kind == OpKind::recv || op.length > max_msg_)) break;
@@ -1167,9 +1176,8 @@ Status VerbsEndpoint::do_post_batch(std::span<const BackendOp* const> ops, std::
         break;
       }
       const bool small_inline = op.kind != OpKind::get && op.length <= max_inline_;
-      signaled[n] = !may_skip_signal(small_inline, run, busy);
+      signaled[n] = !may_skip_signal(small_inline, run, seq - c.retired_seq);
       run = signaled[n] ? 0 : run + 1;
-      busy = true;
       ++seq;
       wr.send_flags = (signaled[n] ? static_cast<unsigned>(IBV_SEND_SIGNALED) : 0u) |
                       (small_inline ? static_cast<unsigned>(IBV_SEND_INLINE) : 0u);

@@ -113,9 +113,11 @@ TEST_CASE("reconnect with unsignalled ops outstanding answers every op and retur
   auto s8 = rpt::slice_or_die(Slice::data(src, 0, 8));
   REQUIRE(rpt::wait_ok(*a.ep, a.ep->put(s8, pb, e->ref(), 0)).status == Status::ok);  // connected
   std::vector<regpool::Token> tokens;
-  // Fewer than kSignalInterval: the first goes signalled (it is alone on the
-  // QP), the four behind it unsignalled, and no fence yet.
-  for (int i = 0; i < 5; ++i) {
+  // Fewer than kSignalInterval, posted without a poll in between: the first
+  // goes signalled (it is alone on the QP), then each op may go unsignalled
+  // only while its run stays under half of the WRs in flight ahead of it
+  // (S S S U S U U U): the last three are an unsignalled tail, no fence yet.
+  for (int i = 0; i < 8; ++i) {
     auto t = a.ep->put(s8, pb, e->ref(), 8 * i);
     REQUIRE(t.ok());
     tokens.push_back(*t);
