@@ -1363,8 +1363,11 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
   } else if (endpoint.transfer_traits().initiator_copies) {
     // The receiver's gets alone would leave the sender's CPU idle while
     // the receiver's copies every byte (docs/messaging.md, "Split
-    // rendezvous"); 1 MiB: below it the extra grant and done cost more
-    // than half a copy saves.
+    // rendezvous"). 1 MiB: half a copy saved there (about 35 us) is ten
+    // times what the grant and the done add on idle CPUs; the gain is
+    // measured idle at 4 MiB only, and bench/split-crossover at 256 KiB
+    // to 16 MiB on a loaded machine (load 11 on 2 CPUs) showed neither a
+    // gain nor a loss at any size beyond the spread of identical runs.
     c.split_from = std::uint64_t{1} << 20;
     c.split_adaptive = true;
   }
