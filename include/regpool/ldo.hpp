@@ -31,6 +31,14 @@ struct ControlBlock;
 struct LdoAccess;  // the library's own way in (lib/pool/access.hpp)
 }
 class Pool;
+class Ldo;
+
+// A failed Result<Ldo> holds an empty handle, so destroying a Result<Ldo>
+// is the handle's own null test (error.hpp, kResultKeepsEmpty).
+namespace detail {
+template <>
+inline constexpr bool kResultKeepsEmpty<Ldo> = true;
+}
 
 inline constexpr std::size_t kWireHeaderSize = 24;
 
