@@ -60,6 +60,14 @@ class REGPOOL_API Error : public std::runtime_error {
 };
 
 namespace detail {
+// Handle types whose empty (default-constructed) state is cheap to make and
+// whose destructor does nothing for it (Ldo): a Result of one holds a T
+// even when it failed (an empty one), so destroying the Result is T's
+// destructor alone, with no test of the status first. Opt in by
+// specialising to true next to the type, before any Result<T> is used.
+template <class T>
+inline constexpr bool kResultKeepsEmpty = false;
+
 // Storage and lifetime of Result<T>. Two specialisations instead of
 // `~Result() requires ... = default`, which clang < 16 (Debian 12 ships 14)
 // rejects: for trivially copyable T the whole Result stays trivially
@@ -82,21 +90,23 @@ class ResultStorage<T, false> {
  protected:
   ResultStorage() noexcept = default;
   ResultStorage(ResultStorage&& o) noexcept(std::is_nothrow_move_constructible_v<T>) : status_(o.status_) {
-    if (has_value()) new (&storage_) T(std::move(*o.ptr()));
+    if (holds_t()) new (&storage_) T(std::move(*o.ptr()));
   }
   ResultStorage& operator=(ResultStorage&& o) noexcept(std::is_nothrow_move_constructible_v<T>) {
     if (this != &o) {
       reset();
       status_ = o.status_;
-      if (has_value()) new (&storage_) T(std::move(*o.ptr()));
+      if (holds_t()) new (&storage_) T(std::move(*o.ptr()));
     }
     return *this;
   }
   ~ResultStorage() { reset(); }
 
   bool has_value() const noexcept { return status_ == Status::ok; }
+  // Whether storage_ holds a constructed T: the value, or an empty one.
+  bool holds_t() const noexcept { return kResultKeepsEmpty<T> || has_value(); }
   void reset() noexcept {
-    if (has_value()) ptr()->~T();
+    if (holds_t()) ptr()->~T();
   }
   T* ptr() noexcept { return std::launder(reinterpret_cast<T*>(&storage_)); }
   const T* ptr() const noexcept { return std::launder(reinterpret_cast<const T*>(&storage_)); }
@@ -121,6 +131,7 @@ class [[nodiscard]] Result : private detail::ResultStorage<T> {
   Result(Status status) noexcept {  // NOLINT: implicit by design
     if (status == Status::ok) std::abort();  // an ok Result must carry a value
     this->status_ = status;
+    if constexpr (detail::kResultKeepsEmpty<T>) new (&this->storage_) T();
   }
   Result(Result&&) = default;
   Result& operator=(Result&&) = default;

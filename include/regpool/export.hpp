@@ -24,7 +24,7 @@
 #endif
 
 // REGPOOL_HOT: on the few exported functions a data-path loop calls once per
-// object (allocate, the drop, base/data). A consumer built as PIC or PIE
+// object (allocate, the drop, data; base() is inline). A consumer built as PIC or PIE
 // (the default) then calls them through the GOT directly instead of through a
 // PLT entry: one indirect jump less per call (bench-alloc measured it); the
 // symbol is bound when the library loads instead of at its first call.

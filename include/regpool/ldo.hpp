@@ -31,6 +31,14 @@ struct ControlBlock;
 struct LdoAccess;  // the library's own way in (lib/pool/access.hpp)
 }
 class Pool;
+class Ldo;
+
+// A failed Result<Ldo> holds an empty handle, so destroying a Result<Ldo>
+// is the handle's own null test (error.hpp, kResultKeepsEmpty).
+namespace detail {
+template <>
+inline constexpr bool kResultKeepsEmpty<Ldo> = true;
+}
 
 inline constexpr std::size_t kWireHeaderSize = 24;
 
@@ -101,15 +109,26 @@ struct UserMemory {
 
 // A reference-counted handle to an LDO. Copying bumps an atomic refcount;
 // the last drop returns the bytes to their pool (or runs the user cleanup).
-// Thread-safety: distinct handles to one object may be copied and dropped
-// from any threads concurrently; the object's bytes are shared, so
-// concurrent writes to them are the application's to order. One handle
-// object must not be mutated from two threads at once (like shared_ptr).
+// Ownership: each non-empty handle owns one reference; a moved-from or
+// reset handle is empty (base() == nullptr). Thread-safety: distinct
+// handles to one object may be copied and dropped from any threads
+// concurrently; the object's bytes are shared, so concurrent writes to
+// them are the application's to order. One handle object must not be
+// mutated from two threads at once (like shared_ptr).
+//
+// The handle is two pointers: the object's control block (opaque, inside
+// the library) and the address of its bytes, which never changes for the
+// object's life, so base() is a read of the handle, not a call into the
+// library. Everything that can change (section sizes, type id, refcount)
+// stays in the control block, shared by all handles of the object.
 class REGPOOL_API Ldo {
  public:
   Ldo() noexcept = default;
   Ldo(const Ldo& o) noexcept;
-  Ldo(Ldo&& o) noexcept : cb_(o.cb_) { o.cb_ = nullptr; }
+  Ldo(Ldo&& o) noexcept : cb_(o.cb_), base_(o.base_) {
+    o.cb_ = nullptr;
+    o.base_ = nullptr;
+  }
   Ldo& operator=(const Ldo& o) noexcept;
   Ldo& operator=(Ldo&& o) noexcept;
   ~Ldo() {
@@ -135,7 +154,7 @@ class REGPOOL_API Ldo {
   // Header + padded meta + data: the bytes a transfer of the whole object moves.
   std::uint64_t wire_size() const noexcept { return data_offset() + data_size(); }
 
-  REGPOOL_HOT std::byte* base() const noexcept;  // the wire header
+  std::byte* base() const noexcept { return base_; }  // the wire header; nullptr if empty
   std::span<std::byte> meta() const noexcept;
   REGPOOL_HOT std::span<std::byte> data() const noexcept;
   std::span<std::byte> wire() const noexcept { return {base(), static_cast<std::size_t>(wire_size())}; }
@@ -159,7 +178,7 @@ class REGPOOL_API Ldo {
   // Library-internal (reached through detail::LdoAccess): adopt a reference,
   // look at or give up the control block.
   friend struct detail::LdoAccess;
-  explicit Ldo(detail::ControlBlock* adopted) noexcept : cb_(adopted) {}
+  Ldo(detail::ControlBlock* adopted, std::byte* base) noexcept : cb_(adopted), base_(base) {}
   // Drops the reference of a non-empty handle that is going away (reset()
   // without clearing it).
   REGPOOL_HOT void drop() noexcept;
@@ -167,10 +186,12 @@ class REGPOOL_API Ldo {
   detail::ControlBlock* release_control_block() noexcept {
     auto* c = cb_;
     cb_ = nullptr;
+    base_ = nullptr;
     return c;
   }
 
   detail::ControlBlock* cb_ = nullptr;
+  std::byte* base_ = nullptr;  // the object's first byte (its wire header); null iff cb_ is
 };
 
 }  // namespace regpool

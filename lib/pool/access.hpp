@@ -12,8 +12,9 @@
 namespace regpool::detail {
 
 struct LdoAccess {
-  // A handle that takes over one reference the caller holds on `cb`.
-  static Ldo adopt(ControlBlock* cb) noexcept { return Ldo(cb); }
+  // A handle that takes over one reference the caller holds on `cb`, whose
+  // object starts at `base` (base_of(cb); callers usually have it already).
+  static Ldo adopt(ControlBlock* cb, std::byte* base) noexcept { return Ldo(cb, base); }
   static ControlBlock* block(const Ldo& ldo) noexcept { return ldo.control_block(); }
   // Gives up the handle's reference without dropping it: the caller now
   // owns it (and gives it back with adopt()).

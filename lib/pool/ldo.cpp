@@ -93,8 +93,8 @@ T get_le(const std::byte* p) noexcept {
   return v;
 }
 
-void write_header(detail::ControlBlock* cb) noexcept {
-  WireHeader{cb->type_id, 0, cb->meta_size, cb->data_size}.encode(detail::base_of(cb));
+void write_header(const detail::ControlBlock* cb, std::byte* base) noexcept {
+  WireHeader{cb->type_id, 0, cb->meta_size, cb->data_size}.encode(base);
 }
 
 }  // namespace
@@ -111,7 +111,7 @@ WireHeader WireHeader::decode(const std::byte* in) noexcept {
                     get_le<std::uint64_t>(in + 16)};
 }
 
-Ldo::Ldo(const Ldo& o) noexcept : cb_(o.cb_) {
+Ldo::Ldo(const Ldo& o) noexcept : cb_(o.cb_), base_(o.base_) {
   if (cb_) detail::retain(cb_);
 }
 
@@ -119,6 +119,7 @@ Ldo& Ldo::operator=(const Ldo& o) noexcept {
   if (o.cb_) detail::retain(o.cb_);
   if (cb_) detail::release(cb_);
   cb_ = o.cb_;
+  base_ = o.base_;
   return *this;
 }
 
@@ -126,7 +127,9 @@ Ldo& Ldo::operator=(Ldo&& o) noexcept {
   if (this != &o) {
     if (cb_) detail::release(cb_);
     cb_ = o.cb_;
+    base_ = o.base_;
     o.cb_ = nullptr;
+    o.base_ = nullptr;
   }
   return *this;
 }
@@ -136,6 +139,7 @@ void Ldo::reset() noexcept {
   // drop's cache-hit path then saves no registers.
   detail::ControlBlock* cb = cb_;
   cb_ = nullptr;
+  base_ = nullptr;
   if (cb) detail::release(cb);
 }
 
@@ -151,22 +155,21 @@ std::uint32_t Ldo::type_id() const noexcept { return cb_ ? cb_->type_id : 0; }
 void Ldo::set_type_id(std::uint32_t id) noexcept {
   if (!cb_) return;
   cb_->type_id = id;
-  write_header(cb_);
+  write_header(cb_, base_);
 }
 
 std::uint64_t Ldo::meta_size() const noexcept { return cb_ ? cb_->meta_size : 0; }
 std::uint64_t Ldo::data_size() const noexcept { return cb_ ? cb_->data_size : 0; }
 std::uint64_t Ldo::capacity() const noexcept { return cb_ ? cb_->capacity - kWireHeaderSize : 0; }
-std::byte* Ldo::base() const noexcept { return cb_ ? detail::base_of(cb_) : nullptr; }
 
 std::span<std::byte> Ldo::meta() const noexcept {
   if (!cb_) return {};
-  return {detail::base_of(cb_) + kWireHeaderSize, static_cast<std::size_t>(cb_->meta_size)};
+  return {base_ + kWireHeaderSize, static_cast<std::size_t>(cb_->meta_size)};
 }
 
 std::span<std::byte> Ldo::data() const noexcept {
   if (!cb_) return {};
-  return {detail::base_of(cb_) + data_offset_for(cb_->meta_size), static_cast<std::size_t>(cb_->data_size)};
+  return {base_ + data_offset_for(cb_->meta_size), static_cast<std::size_t>(cb_->data_size)};
 }
 
 Status Ldo::resize(std::uint64_t new_data, std::uint64_t new_meta) noexcept {
@@ -177,13 +180,13 @@ Status Ldo::resize(std::uint64_t new_data, std::uint64_t new_meta) noexcept {
   if (new_off - kWireHeaderSize > room - new_data) return Status::capacity_exceeded;
   const std::uint64_t old_off = data_offset_for(cb_->meta_size);
   if (new_off != old_off) {
-    std::byte* b = detail::base_of(cb_);
+    std::byte* b = base_;
     const std::uint64_t keep = new_data < cb_->data_size ? new_data : cb_->data_size;
     std::memmove(b + new_off, b + old_off, static_cast<std::size_t>(keep));
   }
   cb_->meta_size = new_meta;
   cb_->data_size = new_data;
-  write_header(cb_);
+  write_header(cb_, base_);
   return Status::ok;
 }
 
@@ -201,14 +204,14 @@ Result<Ldo> Ldo::clone() const noexcept {
   detail::PoolCore* core = cb_->arena->pool();
   auto r = core->allocate(LdoShape{cb_->data_size, cb_->meta_size, cb_->type_id, capacity()});
   if (!r) return r.status();
-  Ldo copy(*r);
+  Ldo copy(*r, detail::base_of(*r));
   std::memcpy(copy.base(), base(), static_cast<std::size_t>(wire_size()));
   return copy;
 }
 
 Result<DomainRegion> Ldo::region(Domain& domain) const noexcept {
   if (!cb_) return Status::invalid_argument;
-  std::byte* b = detail::base_of(cb_);
+  std::byte* b = base_;
   auto fill = [&](const Registration& r) {
     DomainRegion d;
     d.descriptor = r.descriptor();
@@ -271,8 +274,8 @@ Ldo Ldo::wrap(UserMemory user) {
   ub->data_size = user.data_size;
   ub->memory = user.memory;
   ub->access = user.access;
-  Ldo ldo(ub);  // from here on, a throw releases the block (and runs no cleanup yet)
-  write_header(ub);
+  Ldo ldo(ub, ub->memory.data());  // from here on, a throw releases the block (and runs no cleanup yet)
+  write_header(ub, ub->memory.data());
   for (auto& d : user.eager_domains) {
     if (!d) throw Error(Status::invalid_argument, 0, "Ldo::wrap: null domain");
     const std::uint32_t n = ub->registered.load(std::memory_order_relaxed);

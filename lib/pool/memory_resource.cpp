@@ -33,15 +33,17 @@ void* PoolResource::do_allocate(std::size_t bytes, std::size_t alignment) {
   auto r = pool_->allocate(shape);
   if (!r) throw std::bad_alloc();
   // The container owns the reference now; do_deallocate gives it back.
-  detail::ControlBlock* cb = detail::LdoAccess::release(*r);
-  return detail::base_of(cb) + off;
+  std::byte* const base = r->base();
+  detail::LdoAccess::release(*r);
+  return base + off;
 }
 
 void PoolResource::do_deallocate(void* p, std::size_t /*bytes*/, std::size_t alignment) {
   const std::uint64_t off = data_offset_for_alignment(alignment);
   detail::PoolCore* core = detail::PoolAccess::core(*pool_);
-  detail::ControlBlock* cb = core ? core->block_at(static_cast<std::byte*>(p) - off) : nullptr;
-  if (cb) detail::LdoAccess::adopt(cb);  // drops the reference taken in do_allocate
+  std::byte* const base = static_cast<std::byte*>(p) - off;
+  detail::ControlBlock* cb = core ? core->block_at(base) : nullptr;
+  if (cb) detail::LdoAccess::adopt(cb, base);  // drops the reference taken in do_allocate
 }
 
 bool PoolResource::do_is_equal(const std::pmr::memory_resource& other) const noexcept {

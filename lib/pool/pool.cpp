@@ -91,7 +91,7 @@ int asymmetric_fence_command() noexcept {
 void fold(Counters& into, const ThreadCache& tc) noexcept {
   const Counters& from = tc.counters;
   for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
-    shared_add(into.allocs[c], tc.bins[c].allocations());
+    shared_add(into.allocs[c], tc.allocations(c));
     shared_add(into.frees[c], tc.bins[c].frees.get());
   }
   shared_add(into.large_allocs, from.large_allocs.get());
@@ -313,7 +313,7 @@ Result<ControlBlock*> PoolCore::allocate_small(std::size_t cls) noexcept {
     auto& bin = tc->bins[cls];
     if (bin.size() == 0) {
       std::lock_guard g(central.mutex);
-      const std::uint32_t batch = std::max<std::uint32_t>(1, bin.limit / 2);
+      const std::uint32_t batch = std::max<std::uint32_t>(1, bin.limit() / 2);
       Status s = Status::ok;
       // The central list's front ends on top of the stack: allocated first.
       std::uint32_t n = 0;
@@ -331,7 +331,7 @@ Result<ControlBlock*> PoolCore::allocate_small(std::size_t cls) noexcept {
       if (n == 0) return s;
       if (n < batch) std::copy(bin.slots + (batch - n), bin.slots + batch, bin.slots);
       bin.set_size(n);
-      bin.moved.add(n);
+      tc->moved[cls].add(n);
     }
     // Counted by the bin (Bin::allocations).
     const std::uint32_t left = bin.size() - 1;
@@ -488,7 +488,8 @@ Result<ControlBlock*> PoolCore::allocate_slow(std::uint64_t total, std::uint64_t
   return r;
 }
 
-void PoolCore::push_central(std::size_t cls, ThreadCache::Bin& from, std::uint32_t count) noexcept {
+void PoolCore::push_central(ThreadCache* tc, std::size_t cls, std::uint32_t count) noexcept {
+  ThreadCache::Bin& from = tc->bins[cls];
   count = std::min(count, from.size());
   {
     std::lock_guard g(central_[cls].mutex);
@@ -501,7 +502,7 @@ void PoolCore::push_central(std::size_t cls, ThreadCache::Bin& from, std::uint32
   // The newest slots (the cache-hot ones) stay, at the bottom now.
   std::copy(from.slots + count, from.slots + from.size(), from.slots);
   from.set_size(from.size() - count);
-  from.moved.add(-std::uint64_t{count});  // unsigned wrap: moved is in minus out
+  tc->moved[cls].add(-std::uint64_t{count});  // unsigned wrap: moved is in minus out
 }
 
 void PoolCore::maybe_release_slab_locked(std::size_t cls, ControlBlock* any_slot) noexcept {
@@ -645,7 +646,7 @@ void PoolCore::free_busy(ControlBlock* cb, ThreadCache* tc) noexcept {
   if (cb->kind == BlockKind::slab_slot) {
     const std::size_t cls = cb->size_class;
     auto& bin = tc->bins[cls];
-    if (bin.size() == bin.limit) push_central(cls, bin, std::max<std::uint32_t>(1, bin.limit / 2));
+    if (bin.size() == bin.limit()) push_central(tc, cls, std::max<std::uint32_t>(1, bin.limit() / 2));
     bin.slots[bin.size()] = cb;
     bin.set_size(bin.size() + 1);
     bin.frees.add(1);
@@ -707,7 +708,7 @@ void PoolCore::free_detached(ControlBlock* cb) noexcept {
 void PoolCore::flush_cache(ThreadCache* tc) noexcept {
   for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
     auto& bin = tc->bins[c];
-    if (bin.size()) push_central(c, bin, bin.size());
+    if (bin.size()) push_central(tc, c, bin.size());
   }
   std::lock_guard g(mutex_);
   for (std::uint32_t i = 0; i < tc->span_count; ++i) free_span_locked(tc->spans[i]->arena, tc->spans[i]->span_page);
@@ -861,7 +862,7 @@ std::uint64_t PoolCore::live_objects() const noexcept {
   for (const ThreadCache& tc : registry_->caches) {
     add(tc.counters);
     for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
-      allocs += tc.bins[c].allocations();
+      allocs += tc.allocations(c);
       frees += tc.bins[c].frees.get();
     }
   }
@@ -962,7 +963,7 @@ PoolStats PoolCore::stats() const {
     for (const ThreadCache& tc : registry_->caches) {
       add(tc.counters);
       for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
-        sum.allocs[c].add(tc.bins[c].allocations());
+        sum.allocs[c].add(tc.allocations(c));
         sum.frees[c].add(tc.bins[c].frees.get());
       }
     }
@@ -1086,35 +1087,40 @@ Pool::~Pool() {
 }
 
 namespace {
-// Everything but a cache hit; out of line so Pool::allocate's hit path
-// saves no registers and ends here with a tail call.
-[[gnu::noinline]] Result<Ldo> allocate_miss(detail::PoolCore* core, const LdoShape& shape) noexcept {
+// Everything but a cache hit, out of line. Each takes the pool and the
+// arguments of the Pool::allocate overload that calls it in the same order,
+// so the hit path keeps its arguments where they arrived and GCC, which
+// does not turn a call returning through memory into a tail call, saves
+// the return slot only on the way here (shrink-wrapped): the hit path
+// pushes no register.
+[[gnu::noinline]] Result<Ldo> allocate_miss(const Pool& pool, const LdoShape& shape) noexcept {
+  detail::PoolCore* core = detail::PoolAccess::core(pool);
   if (!core) return Status::closed;
   auto r = core->allocate_slow_path(shape);
   if (!r) return r.status();
-  return detail::LdoAccess::adopt(*r);
+  return detail::LdoAccess::adopt(*r, detail::base_of(*r));
 }
-// The same for Pool::allocate(data, meta): sizes in registers, so that
-// function needs no stack frame of its own.
-[[gnu::noinline]] Result<Ldo> allocate_miss_sized(detail::PoolCore* core, std::uint64_t data_size,
+[[gnu::noinline]] Result<Ldo> allocate_miss_sized(const Pool& pool, std::uint64_t data_size,
                                                   std::uint64_t meta_size) noexcept {
-  return allocate_miss(core, LdoShape{data_size, meta_size, 0, 0});
+  return allocate_miss(pool, LdoShape{data_size, meta_size, 0, 0});
 }
 }  // namespace
 
 Result<Ldo> Pool::allocate(const LdoShape& shape) noexcept {
+  std::byte* base;
   if (core_) [[likely]]
-    if (detail::ControlBlock* cb = core_->allocate_cached(shape)) [[likely]]
-      return detail::LdoAccess::adopt(cb);
-  return allocate_miss(core_, shape);
+    if (detail::ControlBlock* cb = core_->allocate_cached(shape, &base)) [[likely]]
+      return detail::LdoAccess::adopt(cb, base);
+  return allocate_miss(*this, shape);
 }
 
 Result<Ldo> Pool::allocate(std::uint64_t data_size, std::uint64_t meta_size) noexcept {
+  std::byte* base;
   if (core_) [[likely]]
-    if (detail::ControlBlock* cb = core_->allocate_cached(data_size, meta_size, 0, 0, Zeroing::pool_default))
+    if (detail::ControlBlock* cb = core_->allocate_cached(data_size, meta_size, 0, 0, Zeroing::pool_default, &base))
         [[likely]]
-      return detail::LdoAccess::adopt(cb);
-  return allocate_miss_sized(core_, data_size, meta_size);
+      return detail::LdoAccess::adopt(cb, base);
+  return allocate_miss_sized(*this, data_size, meta_size);
 }
 
 std::size_t Pool::trim() noexcept { return core_ ? core_->trim() : 0; }

@@ -43,10 +43,21 @@
 namespace regpool::detail {
 
 // A counter written by one thread and read by others: a relaxed load+store
-// instead of a locked add keeps the fast path free of atomic RMWs.
+// instead of a locked add keeps the fast path free of atomic RMWs. On
+// x86-64 the load+store is one add to memory without a lock prefix (GCC
+// emits three instructions for the two atomic accesses): with one writer
+// it is the same thing, and the store half of an aligned 8-byte add is
+// atomic, so a reader on another thread sees the old or the new value.
 struct OwnerCounter {
   std::atomic<std::uint64_t> v{0};
-  [[gnu::always_inline]] void add(std::uint64_t n) noexcept { v.store(v.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+  static_assert(sizeof(v) == sizeof(std::uint64_t) && std::atomic<std::uint64_t>::is_always_lock_free);
+  [[gnu::always_inline]] void add(std::uint64_t n) noexcept {
+#if defined(__x86_64__) && defined(__GNUC__)
+    asm("addq %1, %0" : "+m"(*reinterpret_cast<std::uint64_t*>(&v)) : "er"(n));
+#else
+    v.store(v.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+#endif
+  }
   std::uint64_t get() const noexcept { return v.load(std::memory_order_relaxed); }
 };
 
@@ -103,39 +114,54 @@ struct ThreadCache {
   // A bin is an array stack of free slots of one size class: push and pop
   // touch only the bin, never the neighbouring control blocks (a
   // doubly-linked list would write into the next block on every operation).
-  // The top (slots[count - 1]) is the most recently freed, cache-hot slot.
+  // The top (top[-1]) is the most recently freed, cache-hot slot.
   //
-  // A bin counts its own traffic so that a cache hit updates one counter,
-  // not two: drops onto the bin (`frees`) and slots moved between the bin
-  // and the central list (`moved`: refills minus flushes). Every change of
-  // `count` is one of these or an allocation from the bin, so the
-  // allocations are derived: moved + frees - count (allocations()).
-  // count is read by stats() on other threads, hence atomic (relaxed loads
-  // and stores by the owner: plain moves).
+  // Each size class counts its own traffic so that a cache hit updates one
+  // counter, not two: drops onto the bin (Bin::frees) and slots moved
+  // between the bin and the central list (moved[c]: refills minus
+  // flushes). Every change of the bin's size is one of these or an
+  // allocation from the bin, so the allocations are derived: moved + frees
+  // - size (allocations()).
+  // The stack is kept as pointers (its top and the end of its storage), not
+  // as a count and a limit: a cache hit's pop is then a load of the top, a
+  // compare with `slots`, a load below it and a store, and a drop's push
+  // the same against `end`, with no index to scale and no base to load.
+  // A Bin is 32 bytes (moved lives apart, off the hit path), so finding a
+  // class's bin is one shift. top is read by stats() on other threads,
+  // hence atomic (relaxed loads and stores by the owner: plain moves).
   struct Bin {
     ControlBlock** slots = nullptr;  // cache_limit(c) entries in `storage`
-    std::atomic<std::uint32_t> count{0};
-    std::uint32_t limit = 0;
-    OwnerCounter moved;  // slots in from the central list minus slots out (wraps)
+    std::atomic<ControlBlock**> top{nullptr};  // one past the newest; == slots when empty
+    ControlBlock** end = nullptr;              // slots + limit(): full
     OwnerCounter frees;  // drops pushed onto this bin
 
-    std::uint32_t size() const noexcept { return count.load(std::memory_order_relaxed); }
-    void set_size(std::uint32_t n) noexcept { count.store(n, std::memory_order_relaxed); }
-    // Allocations served from this bin: exact on the owning thread or once
-    // it is quiescent; elsewhere a snapshot whose parts may be read at
-    // slightly different moments (as all of stats()).
-    std::uint64_t allocations() const noexcept { return moved.get() + frees.get() - size(); }
+    std::uint32_t limit() const noexcept { return static_cast<std::uint32_t>(end - slots); }
+    std::uint32_t size() const noexcept {
+      return static_cast<std::uint32_t>(top.load(std::memory_order_relaxed) - slots);
+    }
+    void set_size(std::uint32_t n) noexcept { top.store(slots + n, std::memory_order_relaxed); }
   };
+  static_assert(sizeof(Bin) == 32);
+  // Allocations served from bin c: exact on the owning thread or once it is
+  // quiescent; elsewhere a snapshot whose parts may be read at slightly
+  // different moments (as all of stats()).
+  std::uint64_t allocations(std::size_t c) const noexcept {
+    return moved[c].get() + bins[c].frees.get() - bins[c].size();
+  }
   ThreadCache() noexcept {
     ControlBlock** next = storage.data();
     for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
       bins[c].slots = next;
-      bins[c].limit = cache_limit(c);
-      next += bins[c].limit;
+      bins[c].top.store(next, std::memory_order_relaxed);
+      next += cache_limit(c);
+      bins[c].end = next;
     }
   }
   ThreadCache(const ThreadCache&) = delete;
   ThreadCache& operator=(const ThreadCache&) = delete;
+
+  // First, so that a class's bin is at tc + 32 * class (no offset to add).
+  std::array<Bin, kNumSizeClasses> bins;
 
   PoolCore* core = nullptr;
   // Non-zero while the owning thread is inside a drop of this pool's
@@ -145,7 +171,8 @@ struct ThreadCache {
   // drop's cache hit reads this instead of the pool's detached_, in the
   // cache line it writes anyway.
   std::atomic<std::uint32_t> closed{0};
-  std::array<Bin, kNumSizeClasses> bins;
+  // Per class: slots in from the central list minus slots out (wraps).
+  std::array<OwnerCounter, kNumSizeClasses> moved;
   // Recently freed spans, oldest first; span_count of them are valid.
   std::uint32_t span_count = 0;
   std::array<ControlBlock*, kSpanCacheEntries> spans{};
@@ -185,7 +212,8 @@ class PoolCore {
   // Any allocation: the cache fast path, then the slow path. Failures are
   // counted in failed_allocations_.
   Result<ControlBlock*> allocate(const LdoShape& shape) noexcept {
-    if (ControlBlock* cb = allocate_cached(shape)) [[likely]]
+    std::byte* base;
+    if (ControlBlock* cb = allocate_cached(shape, &base)) [[likely]]
       return cb;
     return allocate_slow_path(shape);
   }
@@ -200,14 +228,16 @@ class PoolCore {
   // cache, initialised and with its wire header written, or nullptr when
   // the cache cannot serve the request (empty bin or no fitting span, no
   // cache, invalid sizes, zeroing: allocate_slow_path sorts those out).
+  // On success *base receives the object's address (base_of(cb)), which
+  // the wire header's write has computed anyway.
   // Always nullptr once the pool has closed: close empties the caches and
   // later drops bypass them. It calls nothing, so callers can keep their
   // fast path free of register saves and reach the slow path by a tail call.
-  ControlBlock* allocate_cached(const LdoShape& shape) noexcept {
-    return allocate_cached(shape.data_size, shape.meta_size, shape.type_id, shape.capacity, shape.zeroing);
+  ControlBlock* allocate_cached(const LdoShape& shape, std::byte** base) noexcept {
+    return allocate_cached(shape.data_size, shape.meta_size, shape.type_id, shape.capacity, shape.zeroing, base);
   }
   [[gnu::always_inline]] ControlBlock* allocate_cached(std::uint64_t data, std::uint64_t meta, std::uint32_t type_id,
-                                                       std::uint64_t cap, Zeroing zeroing) noexcept {
+                                                       std::uint64_t cap, Zeroing zeroing, std::byte** base) noexcept {
     // One test for all three sizes and the zeroing: each size is below
     // kMaxObjectBytes (a power of two) iff their OR is, so the sums below
     // cannot overflow; a zeroed allocation's limit is 0, so it always fails.
@@ -224,11 +254,11 @@ class PoolCore {
     if (total <= kMaxSmallObject) [[likely]] {
       const std::size_t cls = class_of(total);
       auto& bin = tc->bins[cls];
-      const std::uint32_t n = bin.size();
-      if (n == 0) [[unlikely]]
+      ControlBlock** const top = bin.top.load(std::memory_order_relaxed);
+      if (top == bin.slots) [[unlikely]]
         return nullptr;
-      cb = bin.slots[n - 1];
-      bin.set_size(n - 1);
+      cb = top[-1];
+      bin.top.store(top - 1, std::memory_order_relaxed);
     } else {
       // Only the newest cached span here (the loop that drops and
       // reallocates one size); allocate_slow_path searches them all.
@@ -242,7 +272,7 @@ class PoolCore {
       tc->counters.large_allocs.add(1);
       tc->counters.large_bytes_alloc.add(cb->capacity);
     }
-    init_object(cb, data, meta, type_id);
+    *base = init_object(cb, data, meta, type_id);
     return cb;
   }
 
@@ -259,10 +289,10 @@ class PoolCore {
       return;
     if (!tc->closed.load(std::memory_order_relaxed)) [[likely]] {
       auto& bin = tc->bins[cls];
-      const std::uint32_t n = bin.size();
-      if (n < bin.limit) [[likely]] {
-        bin.slots[n] = cb;
-        bin.set_size(n + 1);
+      ControlBlock** const top = bin.top.load(std::memory_order_relaxed);
+      if (top != bin.end) [[likely]] {
+        *top = cb;
+        bin.top.store(top + 1, std::memory_order_relaxed);
         bin.frees.add(1);
         tc->busy.store(0, std::memory_order_release);
         return;
@@ -378,7 +408,8 @@ class PoolCore {
   bool flush_central_spans() noexcept;
   // What every allocation does last: the control block's fields and the
   // wire header (a pool object's bytes start at arena base + its granule).
-  static void init_object(ControlBlock* cb, std::uint64_t data, std::uint64_t meta, std::uint32_t type_id) noexcept {
+  // Returns the object's address.
+  static std::byte* init_object(ControlBlock* cb, std::uint64_t data, std::uint64_t meta, std::uint32_t type_id) noexcept {
     // kFreshSlot stays set while a slot's first object lives and is
     // cleared by its drop (destroy() in ldo.cpp): the only reader is the
     // allocation that may zero the slot, and a live slot is never
@@ -386,7 +417,9 @@ class PoolCore {
     cb->type_id = type_id;
     cb->meta_size = meta;
     cb->data_size = data;
-    write_wire_header(cb->arena->object_of(cb), type_id, meta, data);
+    std::byte* const base = cb->arena->object_of(cb);
+    write_wire_header(base, type_id, meta, data);
+    return base;
   }
 
   ThreadCache* thread_cache() noexcept {
@@ -412,8 +445,8 @@ class PoolCore {
   void free_uncached(ControlBlock* cb) noexcept;
   // Central list refill for class c: carve a slab. Caller holds central_[c].
   Status carve_slab(std::size_t cls) noexcept;
-  // Moves the `count` oldest (bottom) slots of a bin to the central list.
-  void push_central(std::size_t cls, ThreadCache::Bin& from, std::uint32_t count) noexcept;  // locks central
+  // Moves the `count` oldest (bottom) slots of tc's bin of class cls to the central list.
+  void push_central(ThreadCache* tc, std::size_t cls, std::uint32_t count) noexcept;  // locks central
   void push_central_locked(std::size_t cls, ControlBlock* cb) noexcept;
   void pop_central_locked(std::size_t cls, ControlBlock* cb) noexcept;
   void free_large_locked(ControlBlock* cb) noexcept;  // caller holds mutex_

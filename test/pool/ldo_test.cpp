@@ -94,6 +94,41 @@ TEST_CASE("copies share, the last drop releases", "[ldo]") {
   CHECK(empty.resize(1, 0) == Status::invalid_argument);
 }
 
+TEST_CASE("the handle carries its object's address; moved-from and failed handles are empty", "[ldo]") {
+  auto d = std::make_shared<FakeDomain>();
+  Pool pool({d}, cfg2());
+  Ldo a = *pool.allocate(LdoShape{100, 16, 7, 0});
+  std::byte* const base = a.base();
+  REQUIRE(base != nullptr);
+  CHECK(a.wire().data() == base);
+  CHECK(a.meta().data() == base + kWireHeaderSize);
+  CHECK(a.data().data() == base + data_offset_for(16));
+  // A resize through one handle moves the data section for every handle:
+  // only the address, which never changes, is kept in the handle.
+  Ldo b = a;
+  REQUIRE(b.resize(50, 40) == Status::ok);
+  CHECK(a.data().data() == base + data_offset_for(40));
+  CHECK(a.data().size() == 50);
+  Ldo m = std::move(b);
+  CHECK(m.base() == base);
+  CHECK(b.base() == nullptr);  // NOLINT(bugprone-use-after-move)
+  m.reset();
+  CHECK(m.base() == nullptr);
+  CHECK_FALSE(m);
+  // A failed allocation's Result (which keeps an empty handle) moves and
+  // destroys without touching the pool.
+  const auto live = pool.stats().live_objects;
+  Result<Ldo> bad = pool.allocate(kMaxObjectBytes + 1);
+  CHECK(bad.status() == Status::invalid_argument);
+  Result<Ldo> moved = std::move(bad);
+  CHECK(moved.status() == Status::invalid_argument);
+  moved = pool.allocate(64);
+  REQUIRE(moved.ok());
+  CHECK(pool.stats().live_objects == live + 1);
+  moved = Result<Ldo>(Status::closed);
+  CHECK(pool.stats().live_objects == live);
+}
+
 TEST_CASE("resize within capacity keeps data; beyond capacity fails", "[ldo]") {
   auto d = std::make_shared<FakeDomain>();
   Pool pool({d}, cfg2());
