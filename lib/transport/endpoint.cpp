@@ -1819,7 +1819,10 @@ Completion Endpoint::wait(Token token, std::chrono::milliseconds timeout) noexce
         maybe_free_locked(index);
         return c;
       }
-      if (platform::CoarseClock::reached(deadline)) {
+      // An op this round's poll completed while it also made callbacks
+      // ready is returned next round, after they go out, whatever the
+      // deadline: never in_progress once it is complete.
+      if (!s.completed && platform::CoarseClock::reached(deadline)) {
         Completion c = s.result;
         c.status = Status::in_progress;
         return c;
