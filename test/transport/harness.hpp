@@ -186,6 +186,12 @@ inline bool key_refusal_breaks_connection(const std::string& backend) { return b
 // fetch_add/compare_swap run on the NIC/provider rather than emulated
 // (net's atomics are its own software: regpool emulates, as on tcp).
 inline bool expects_native_atomics(const std::string& backend) { return backend == "shm" || backend == "verbs"; }
+// The endpoint finds a dead peer by itself and fails posts and operations
+// to it with peer_unreachable (instead of a post or op timeout): shm by the
+// peer's pid, net by its endpoint's listening socket refusing a connect
+// while posts to it wait (docs/provider-facts.md). tcp;ofi_rxm and verbs
+// know only what the connection reports.
+inline bool finds_dead_peers(const std::string& backend) { return backend == "shm" || backend == "net"; }
 // A live peer removed and inserted again needs nothing from that peer
 // (connectionless libfabric endpoints); on verbs the re-insert is a new RC
 // connection that the peer must take up while it progresses.
