@@ -371,7 +371,7 @@ TEST_CASE("a target killed while our put, get, send or atomic is in flight fails
   INFO("op in flight at the kill: " << regpool::to_string(c.status));
   CHECK(c.status != Status::in_progress);
   CHECK(Clock::now() - t0 < kBound);
-  if (prov == "net") {
+  if (rpt::is_net(prov)) {
     // net fails the ops on a connection whose peer died, and an emulated
     // atomic whose reply the dead peer owes is failed once its listener
     // refuses a probe: never left to op_timeout.
