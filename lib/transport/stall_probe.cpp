@@ -9,28 +9,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <utility>
 
 namespace regpool::tcp {
-
-StallProbe::StallProbe(StallProbe&& o) noexcept { *this = std::move(o); }
-
-StallProbe& StallProbe::operator=(StallProbe&& o) noexcept {
-  if (this == &o) return *this;
-  close_fd();
-  policy_ = o.policy_;
-  std::memcpy(addr_, o.addr_, sizeof addr_);
-  addr_len_ = o.addr_len_;
-  fd_ = std::exchange(o.fd_, -1);
-  gone_ = o.gone_;
-  probes_ = o.probes_;
-  since_ = o.since_;
-  last_ = o.last_;
-  next_ = o.next_;
-  started_ = o.started_;
-  gap_ = o.gap_;
-  return *this;
-}
 
 StallProbe::~StallProbe() { close_fd(); }
 

@@ -23,7 +23,8 @@
 // A probe that has no answer within `answer_within` counts as no verdict.
 // A post that goes through ends the stall.
 //
-// Internal. Not thread-safe: one owner (an endpoint, under its mutex).
+// Internal. Not thread-safe: one owner (an endpoint, under its mutex), which
+// holds it by pointer (it owns a socket and is neither copied nor moved).
 // Never blocks: the connect is non-blocking and its outcome is read with
 // poll(2) of timeout 0 on later calls.
 
@@ -48,8 +49,6 @@ class StallProbe {
   explicit StallProbe(const Policy& policy) noexcept : policy_(policy) {}
   StallProbe(const StallProbe&) = delete;
   StallProbe& operator=(const StallProbe&) = delete;
-  StallProbe(StallProbe&& o) noexcept;
-  StallProbe& operator=(StallProbe&& o) noexcept;
   ~StallProbe();
 
   // Where the peer listens: a struct sockaddr_in (16 bytes, AF_INET) or
