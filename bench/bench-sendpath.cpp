@@ -82,7 +82,8 @@ class Direct {
     hints->caps = tagged ? FI_MSG | FI_TAGGED : FI_MSG;
     hints->mode = FI_CONTEXT | FI_CONTEXT2;
     hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
-    hints->fabric_attr->prov_name = ::strdup(provider == "tcp" ? "tcp;ofi_rxm" : provider.c_str());
+    // Same provider as regpool's FabricConfig: its "tcp" is libfabric's net.
+    hints->fabric_attr->prov_name = ::strdup(provider == "tcp" ? "net" : provider.c_str());
     const char* node = provider != "shm" ? "127.0.0.1" : nullptr;
     const int rc = fi_getinfo(FI_VERSION(1, 17), node, nullptr, node ? FI_SOURCE : 0, hints, &info_);
     fi_freeinfo(hints);

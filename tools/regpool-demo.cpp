@@ -35,7 +35,7 @@ constexpr std::uint64_t kObjectSize = 1 << 20;
 void usage(std::FILE* to) {
   std::fprintf(to,
                "usage: regpool-demo [--provider shm|tcp] [--rounds N]\n"
-               "  --provider NAME  libfabric provider (default shm; tcp runs tcp;ofi_rxm on 127.0.0.1)\n"
+               "  --provider NAME  libfabric provider (default shm; tcp runs libfabric's net on 127.0.0.1)\n"
                "  --rounds N       put/get/send rounds in the data phase (default 100)\n");
 }
 

@@ -154,7 +154,7 @@ void usage(std::FILE* to) {
       "                   Takes --provider (default shm), --sizes, --iters, --window,\n"
       "                   --wait, --tagged-threshold, --json\n"
       "Client and loopback options:\n"
-      "  --provider NAME  libfabric provider: shm, tcp (runs tcp;ofi_rxm), or any other\n"
+      "  --provider NAME  libfabric provider: shm, tcp (libfabric's net), tcp;ofi_rxm, or any other\n"
       "                   name fi_getinfo knows (default shm with --loopback, else tcp);\n"
       "                   verbs[:DEV] uses regpool's own verbs transport (RC queue\n"
       "                   pairs) on device DEV (default: first with an active port)\n"
@@ -603,7 +603,7 @@ struct Side {
 #if REGPOOL_HAVE_FABRIC
     regpool::FabricConfig fc;
     fc.provider = c.provider;
-    if (c.provider == "tcp" && loopback) fc.node = "127.0.0.1";
+    if ((c.provider == "tcp" || c.provider == "net" || c.provider == "tcp;ofi_rxm") && loopback) fc.node = "127.0.0.1";
     auto fd = regpool::FabricDomain::open(fc);
     provider = fd->provider_name();
     domain = fd;

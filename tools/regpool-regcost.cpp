@@ -117,7 +117,7 @@ void usage(std::FILE* to) {
       "  --domain LIST   comma-separated domains (default: host,shm,tcp, plus verbs\n"
       "                  when a verbs device exists):\n"
       "                    host          mlock(2) pinning (HostDomain)\n"
-      "                    shm, tcp      libfabric providers (tcp runs tcp;ofi_rxm on\n"
+      "                    shm, tcp      libfabric providers (tcp runs libfabric's net on\n"
       "                                  127.0.0.1); these SIMULATE registration\n"
       "                    fabric:NAME   any libfabric provider by name\n"
       "                    verbs[:DEV]   ibv_reg_mr on a verbs device (default: first)\n"

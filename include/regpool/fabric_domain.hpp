@@ -49,9 +49,12 @@ struct fid_mr;
 namespace regpool {
 
 struct FabricConfig {
-  // Provider name as fi_getinfo understands it: "shm", "tcp" (becomes
-  // "tcp;ofi_rxm" for RDM endpoints), "verbs", "efa", "cxi", in any case.
-  // Empty picks the best available RDM provider.
+  // Provider name as fi_getinfo understands it: "shm", "net", "tcp;ofi_rxm",
+  // "verbs", "efa", "cxi", in any case. "tcp" means "net" (libfabric's
+  // native RDM over TCP sockets: 1.4-2.2x the speed of tcp;ofi_rxm at small
+  // and medium sizes, docs/provider-facts.md); "tcp;ofi_rxm" selects the
+  // rxm layer over tcp explicitly. Empty picks the best available RDM
+  // provider.
   std::string provider;
   // Node/service for fi_getinfo with FI_SOURCE, e.g. "127.0.0.1" to keep
   // tcp on loopback. Empty lets the provider choose.

@@ -72,6 +72,22 @@
 //    its own region lock only once its holder is proven dead
 //    (FabricEndpointOptions::peer_check_interval, stuck_lock_patience;
 //    shm_stats()).
+//  - net and dead peers (libfabric 1.17 answers -FI_EAGAIN for ever to a
+//    post aimed at a peer whose process is gone, as it does for a while to
+//    a live peer that has not taken the connection yet): when posts to a
+//    peer keep being refused for 100 ms, or an emulated atomic's reply has
+//    been owed for as long, the endpoint connects (non-blocking) to the
+//    TCP address in the peer's name, where its endpoint listens. A refused
+//    connect proves the endpoint gone: the post returns peer_unreachable,
+//    the peer's operations in flight complete peer_unreachable and the peer
+//    is marked broken (dead_peers_found()). An accepted connect, no answer
+//    or an unreachable host proves nothing: the peer is probed again, less
+//    often, and post_timeout / op_timeout bound the wait as before. net
+//    also cancels an op alike when the target refused it and when the
+//    connection closed under it (prov_errno is then a stale errno): such a
+//    completion waits for the same probe (one connect round trip) and
+//    reports peer_unreachable when the listener is gone, else the refusal
+//    (bad_key for an RMA, out_of_bounds for a send).
 //  - Hostile peers: insert_peer checks every field of a name against the
 //    local provider's address format and length before any provider call
 //    (Error(Status::malformed) naming the field). An emulating target checks
@@ -109,6 +125,9 @@ class Bell;
 class DeathWatch;
 class RegionLock;
 }  // namespace fabric_shm
+namespace tcp {
+class StallProbe;
+}  // namespace tcp
 
 struct FabricEndpointOptions {
   enum class Atomics : std::uint8_t {
@@ -259,6 +278,13 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   FabricControlStats control_stats() const noexcept;
   // Thread-safe; all zero / false on providers other than shm.
   FabricShmStats shm_stats() const noexcept;
+  // Peers this endpoint found dead by itself, whose operations it then
+  // failed with peer_unreachable: on shm, processes that exited (also in
+  // shm_stats()); on net, peers that kept posts waiting (-FI_EAGAIN, which
+  // net answers for ever to a dead peer) or owed an emulated atomic's reply
+  // while their endpoint's listening socket refused a connect
+  // (docs/provider-facts.md, "net"). Thread-safe.
+  std::uint64_t dead_peers_found() const noexcept;
   // Native handle: an escape hatch for code that calls libfabric directly
   // (benchmarks and tests comparing with direct libfabric use); not needed
   // for regpool's own API. Owned by the endpoint; do not close it or post
@@ -305,13 +331,18 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
     std::int64_t pid = 0;
     bool cma = false;  // we may read its memory with process_vm_readv (probed at insert)
     bool dead = false;
-    bool reported = false;  // its ops were failed and it was counted
+    bool reported = false;  // found dead (shm: pid; net: stall probe), its ops failed and counted
     std::chrono::steady_clock::time_point checked{};
     std::unique_ptr<fabric_shm::RegionLock> lock;
     std::unique_ptr<fabric_shm::RegionLock> ctrl_lock;
     // Its doorbell, when it sleeps on one and the file passed the checks:
     // rung after every post to it.
     std::unique_ptr<fabric_shm::Bell> bell;
+    // net: where its endpoint listens, probed while it keeps us waiting
+    // (posts refused for now, an emulated atomic's reply owed); null where
+    // the provider reports dead peers itself or the address cannot be
+    // probed.
+    std::unique_ptr<tcp::StallProbe> stall;
   };
   // One of this endpoint's own shm regions (data, control) and how long its
   // lock has been seen held.
@@ -329,6 +360,8 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
     bool reply_done = false;
     Status status = Status::ok;
     std::uint64_t value = 0;
+    std::uint64_t peer_handle = 0;
+    std::chrono::steady_clock::time_point sent{};  // when the request was posted
   };
   struct ReplyAddr {
     bool used = false;
@@ -477,6 +510,33 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   std::atomic<std::uint64_t> bell_rings_{0};
   // After a post to the peer behind `handle`: ring its bell (shm).
   void ring_peer(std::uint64_t handle) noexcept;
+
+  // Dead peers on providers that answer -FI_EAGAIN for ever to them (net;
+  // fabric_provider::Facts::dead_peer_answers_eagain): a post's status, seen
+  // by the peer's stall probe. A refused post (would_block) that has lasted
+  // long enough and whose peer's listener is gone becomes peer_unreachable,
+  // and the peer's other operations fail with it.
+  bool probe_stalls_ = false;
+  Status watch_stall(std::uint64_t handle, Status st) noexcept;
+  // Emulated atomics whose reply is owed by a peer: probed the same way,
+  // looked at every kStallScan (do_poll).
+  void scan_owed_replies() noexcept;
+  void fail_gone_peer(std::uint64_t handle) noexcept;
+  // net cancels an op (FI_ECANCELED) alike when the target refused it and
+  // when the connection closed under it (its prov_errno is then whatever
+  // errno the provider last saw): such a completion waits here until the
+  // peer's listener answers a probe (gone: peer_unreachable; else
+  // `otherwise`, the refusal). At most one per slot; settled in do_poll.
+  struct HeldCompletion {
+    std::uint32_t index = 0;
+    std::uint64_t handle = 0;
+    Status otherwise = Status::ok;
+  };
+  std::vector<HeldCompletion> held_;
+  bool hold_for_probe(std::uint32_t index, Status otherwise) noexcept;
+  void settle_held() noexcept;
+  std::chrono::steady_clock::time_point next_owed_scan_{};
+  std::atomic<std::uint64_t> gone_peers_{0};
 
   // tcp;ofi_rxm: where the excess of an oversized eager message goes, so
   // the provider never truncates one (which loses the connection's later

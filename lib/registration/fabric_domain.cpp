@@ -72,6 +72,10 @@ InfoPtr make_hints(const FabricConfig& config, const Attempt& a) {
     // lower case, so asking in lower case makes every spelling work.
     std::string name = config.provider;
     for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    // "tcp" alone would be libfabric's tcp;ofi_rxm for RDM: regpool's tcp is
+    // net, the faster one since oversized messages cannot stall it any more
+    // (FabricEndpointOptions::max_incoming_message; bench/RESULTS.md).
+    if (name == "tcp") name = "net";
     hints->fabric_attr->prov_name = ::strdup(name.c_str());
     if (!hints->fabric_attr->prov_name) {
       throw Error(Status::out_of_memory, -FI_ENOMEM, "fabric domain: strdup failed");

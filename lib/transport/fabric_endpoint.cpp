@@ -4,6 +4,7 @@
 #include "transport/fabric_provider.hpp"
 #include "transport/fabric_shm.hpp"
 #include "transport/fabric_wire.hpp"
+#include "transport/stall_probe.hpp"
 #include "transport/wire_le.hpp"
 
 #include <rdma/fabric.h>
@@ -86,6 +87,12 @@ constexpr std::uint8_t kReplyPosted = 2;   // the provider owns the buffer until
 // setup to the requester, which is polling for the reply). Past it the
 // address is taken to be unreachable and the reply is dropped.
 constexpr auto kReplyPatience = std::chrono::milliseconds(1000);
+// net and dead peers (watch_stall): how long an emulated atomic may wait for
+// its reply before its peer's listener is probed, and how often do_poll
+// looks for such atomics. A live peer answers within a round trip and its
+// progress; the probe itself proves nothing against a live one.
+constexpr auto kReplyOwedPatience = std::chrono::milliseconds(100);
+constexpr auto kStallScan = std::chrono::milliseconds(50);
 
 std::string fi_message(int rc) {
   return std::string(fi_strerror(rc < 0 ? -rc : rc)) + " (" + std::to_string(rc) + ")";
@@ -228,6 +235,8 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   // neither FI_CONTEXT nor FI_CONTEXT2).
   tagged_contexts_ = (info->mode & (FI_CONTEXT | FI_CONTEXT2)) == 0;
   probe_connections_ = facts.probe_connections;
+  probe_stalls_ = facts.dead_peer_answers_eagain;
+  if (probe_stalls_) held_.reserve(config().max_in_flight);
   op_peer_.assign(config().max_in_flight, OpPeer{});
   // Every killed process's region holds memory until someone removes it
   // (fabric_shm.hpp): once per endpoint, not per triplet.
@@ -541,6 +550,13 @@ std::uint64_t FabricEndpoint::do_insert_peer(std::span<const std::byte> name) {
   std::array<std::byte, fabric_wire::kMaxProviderAddr> addr{};
   std::copy(parsed.data.begin(), parsed.data.end(), addr.begin());
   PeerAddr p;
+  if (probe_stalls_) {
+    // Its address (validated above: a sockaddr of our own format) is where
+    // its endpoint listens. Made before any provider call, so nothing needs
+    // undoing when the allocation throws.
+    auto probe = std::make_unique<tcp::StallProbe>();
+    if (probe->set_address(parsed.data)) p.stall = std::move(probe);
+  }
   fi_addr_t a = FI_ADDR_NOTAVAIL;
   int rc = fi_av_insert(av_, addr.data(), 1, &a, 0, nullptr);
   if (rc != 1) {
@@ -692,7 +708,8 @@ bool FabricEndpoint::rings_target(const BackendOp& op) const noexcept {
 }
 
 Status FabricEndpoint::do_post(const BackendOp& op) noexcept {
-  const Status st = post_data(op, 0);
+  Status st = post_data(op, 0);
+  if (probe_stalls_ && op.kind != OpKind::recv) st = watch_stall(op.peer_handle, st);
   if (st == Status::ok && rings_target(op)) ring_peer(op.peer_handle);
   return st;
 }
@@ -708,6 +725,7 @@ Status FabricEndpoint::do_post_batch(std::span<const BackendOp* const> ops, std:
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const BackendOp& op = *ops[i];
     st = post_data(op, i + 1 < ops.size() ? static_cast<std::uint64_t>(FI_MORE) : 0);
+    if (probe_stalls_ && op.kind != OpKind::recv) st = watch_stall(op.peer_handle, st);
     if (st != Status::ok) break;
     ++posted;
     ring = ring || rings_target(op);
@@ -891,6 +909,8 @@ Status FabricEndpoint::post_emulated(const BackendOp& op) noexcept {
   ctrl_busy_ = kCtrlBusyPolls;  // its reply comes on the control CQ: poll it at every poll
   e = EmuOp{};
   e.token = m.token;
+  e.peer_handle = op.peer_handle;
+  if (probe_stalls_) e.sent = platform::CoarseClock::now();
   return Status::ok;
 }
 
@@ -1256,6 +1276,9 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
         // hold) and the connection carries on. A put/get/atomic was refused
         // on its key or range; a send did not fit the posted receive.
         st = rma ? Status::bad_key : Status::out_of_bounds;
+        // ... or the peer died and the connection's flush cancelled it:
+        // its listener tells which.
+        if (probe_stalls_ && hold_for_probe(index, st)) continue;
       }
       // A truncated receive still delivered its first bytes: err.len is the
       // message's length and err.olen what did not fit (rxm), never more
@@ -1325,6 +1348,10 @@ std::size_t FabricEndpoint::do_poll(std::size_t max) noexcept {
   }
   events = poll_data(max);
   if (ctrl_cq_) events += poll_ctrl_paced();
+  if (probe_stalls_) {
+    if (!held_.empty()) settle_held();
+    if (ctrl_ep_) scan_owed_replies();
+  }
   return events;
 }
 
@@ -1468,6 +1495,94 @@ void FabricEndpoint::do_cancel(const BackendOp& op) noexcept {
     return;
   }
   (void)fi_cancel(&ep_->fid, data_context(op));
+}
+
+// ------------------------------------------------------------ net and dead peers
+//
+// libfabric 1.17's net fails the operations in flight on a connection whose
+// peer died (FI_ECANCELED once its progress sees the socket close), but a
+// post made after that answers -FI_EAGAIN for ever: it opens a new
+// connection, the connect is refused, the provider drops the connection
+// without a word, and the next post opens another (docs/provider-facts.md,
+// "net"). A live peer that has not taken a new connection yet gets the same
+// answer. So a peer whose posts keep being refused, or that owes an
+// emulated atomic's reply, has its endpoint's listening address probed
+// (transport/stall_probe.hpp): a refused connect there proves it gone, and
+// it is failed like a dead shm peer. Anything short of that proof leaves
+// the post to post_timeout and the op to op_timeout, as before.
+
+Status FabricEndpoint::watch_stall(std::uint64_t handle, Status st) noexcept {
+  if (handle >= peers_.size() || !peers_[handle].stall) return st;
+  tcp::StallProbe& probe = *peers_[handle].stall;
+  if (st != Status::would_block) {
+    if (st == Status::ok) probe.moving();
+    return st;
+  }
+  // The refused post is retried by the base after progress, without the
+  // mutex; each retry comes back here and looks at the probe once.
+  if (!probe.stalled(std::chrono::steady_clock::now())) return st;
+  fail_gone_peer(handle);
+  return Status::peer_unreachable;
+}
+
+void FabricEndpoint::fail_gone_peer(std::uint64_t handle) noexcept {
+  PeerAddr& p = peers_[handle];
+  if (p.reported) return;
+  p.reported = true;
+  gone_peers_.fetch_add(1, std::memory_order_relaxed);
+  const PeerId peer = peer_for_handle(handle);
+  if (peer != kAnyPeer) fail_peer_ops(peer, Status::peer_unreachable);
+}
+
+bool FabricEndpoint::hold_for_probe(std::uint32_t index, Status otherwise) noexcept {
+  const std::uint64_t h = op_at(index).peer_handle;
+  if (h >= peers_.size() || !peers_[h].used || !peers_[h].stall || held_.size() >= held_.capacity()) return false;
+  held_.push_back(HeldCompletion{index, h, otherwise});
+  (void)peers_[h].stall->look(std::chrono::steady_clock::now());  // the probe starts now
+  return true;
+}
+
+void FabricEndpoint::settle_held() noexcept {
+  const auto now = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < held_.size();) {
+    const HeldCompletion h = held_[i];
+    PeerAddr& p = peers_[h.handle];
+    Status st = h.otherwise;
+    // The peer the op went to, unless it was removed (and its handle
+    // perhaps reused) meanwhile: then nothing is proven.
+    if (p.used && p.stall && p.incarnation == op_peer_[h.index].incarnation) {
+      const tcp::StallProbe::Look look = p.stall->look(now);
+      if (look == tcp::StallProbe::Look::pending) {
+        ++i;
+        continue;
+      }
+      if (look == tcp::StallProbe::Look::gone) {
+        st = Status::peer_unreachable;
+        fail_gone_peer(h.handle);
+      }
+    }
+    held_[i] = held_.back();
+    held_.pop_back();
+    complete(h.index, st, 0);
+  }
+}
+
+void FabricEndpoint::scan_owed_replies() noexcept {
+  const auto now = platform::CoarseClock::now();
+  if (now < next_owed_scan_) return;
+  next_owed_scan_ = now + kStallScan;
+  for (std::size_t i = 0; i < emu_.size(); ++i) {
+    const EmuOp& e = emu_[i];
+    if (e.token == 0 || e.reply_done || now - e.sent < kReplyOwedPatience) continue;
+    const std::uint64_t h = e.peer_handle;
+    if (h >= peers_.size() || !peers_[h].used || !peers_[h].stall || peers_[h].reported) continue;
+    // fail_gone_peer finishes this op (and the peer's others) at once.
+    if (peers_[h].stall->stalled(std::chrono::steady_clock::now())) fail_gone_peer(h);
+  }
+}
+
+std::uint64_t FabricEndpoint::dead_peers_found() const noexcept {
+  return dead_peers_.load(std::memory_order_relaxed) + gone_peers_.load(std::memory_order_relaxed);
 }
 
 // ------------------------------------------------------------ shm and dead peers

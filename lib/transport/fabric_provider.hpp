@@ -54,6 +54,13 @@ struct Facts {
   // 35000 wake-ups in 0.4 s, 70 % of a core): open CQs without a wait
   // object there, and the base naps instead, as on shm.
   bool cq_wait_fd_spins = false;
+  // A post to a peer whose process is gone answers -FI_EAGAIN for ever,
+  // exactly as to a live peer that has not taken the connection yet (net:
+  // every post opens a new connection, whose refusal the provider drops),
+  // and the peer's address is the TCP socket its endpoint listens on: a
+  // peer that keeps posts waiting is probed there (transport/stall_probe.hpp)
+  // and, when the connect is refused, failed as gone.
+  bool dead_peer_answers_eagain = false;
   // Shared-memory provider: CMA, /dev/shm regions, pid-based dead peers.
   bool shared_memory = false;
   // A put or get is one copy made by the initiator inside the post (shm:
@@ -93,6 +100,7 @@ inline Facts facts(const std::string& provider) {
     f.truncation_breaks_connection = true;
     f.oversize_stalls_connection = true;
     f.cq_wait_fd_spins = true;
+    f.dead_peer_answers_eagain = true;
   } else if (layered) {
     // Any other rxm/rxd stack: treated like tcp;ofi_rxm where the layer is
     // the cause (atomics, completion, cancelled RMA), and like its core

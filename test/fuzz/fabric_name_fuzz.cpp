@@ -20,6 +20,10 @@
 //    (fabric_shm::pid_from_address) is the decimal number right after the
 //    scheme, 1..2^31-1, followed by ':', or 0; the region name it opens is
 //    the address without scheme and NUL, and never holds a '/'.
+//  - the dead-peer probe of net (tcp::StallProbe::set_address, which takes
+//    a peer's accepted sockaddr, and is fed any bytes here too) arms itself
+//    exactly for an AF_INET/AF_INET6 sockaddr of the right length whose port
+//    is not 0 and whose address is not the unspecified one.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -31,6 +35,7 @@
 
 #include "transport/fabric_shm.hpp"
 #include "transport/fabric_wire.hpp"
+#include "transport/stall_probe.hpp"
 
 namespace fw = regpool::fabric_wire;
 
@@ -88,6 +93,24 @@ void check_shm_pid(std::span<const std::byte> a, const fw::AddrRules& r) {
   }
 }
 
+void check_stall_address(std::span<const std::byte> a) {
+  regpool::tcp::StallProbe probe;
+  const bool armed = probe.set_address(a);
+  auto zero = [&](std::size_t from, std::size_t n) {
+    for (std::size_t i = from; i < from + n; ++i) {
+      if (a[i] != std::byte{0}) return false;
+    }
+    return true;
+  };
+  bool want = false;
+  if (a.size() == 16 && a[0] == std::byte{2} && a[1] == std::byte{0}) {
+    want = !zero(2, 2) && !zero(4, 4);  // port, sin_addr
+  } else if (a.size() == 28 && a[0] == std::byte{10} && a[1] == std::byte{0}) {
+    want = !zero(2, 2) && !zero(8, 16);  // port, sin6_addr
+  }
+  if (armed != want || probe.armed() != armed || probe.gone() || probe.probes() != 0) std::abort();
+}
+
 void check_address_invariants(std::span<const std::byte> a, const fw::AddrRules& r) {
   if (a.empty() || a.size() > fw::kMaxProviderAddr) std::abort();
   switch (r.kind) {
@@ -103,9 +126,11 @@ void check_address_invariants(std::span<const std::byte> a, const fw::AddrRules&
     }
     case fw::AddrKind::sockaddr_in:
       if (a.size() != 16 || a[0] != std::byte{2} || a[1] != std::byte{0}) std::abort();
+      check_stall_address(a);
       break;
     case fw::AddrKind::sockaddr_in6:
       if (a.size() != 28 || a[0] != std::byte{10} || a[1] != std::byte{0}) std::abort();
+      check_stall_address(a);
       break;
     case fw::AddrKind::opaque:
       if (a.size() != r.length) std::abort();
@@ -146,6 +171,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (std::to_string(pid) != first) std::abort();
     }
   }
+  check_stall_address(name);
   fw::ParsedName p;
   const char* why = fw::parse_name(name, rules, p);
   if (why != nullptr) {

@@ -1,5 +1,5 @@
 // FabricDomain against the real libfabric providers on this machine: shm and
-// tcp (which becomes "tcp;ofi_rxm" for RDM endpoints), on loopback.
+// tcp (regpool's name for libfabric's net), on loopback.
 
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
@@ -34,7 +34,7 @@ FabricConfig config_for(const std::string& provider) {
   ::setenv("FI_TCP_IFACE", "lo", 0);
   FabricConfig c;
   c.provider = provider;
-  if (provider == "tcp") c.node = "127.0.0.1";
+  if (provider != "shm") c.node = "127.0.0.1";
   return c;
 }
 
@@ -42,7 +42,8 @@ std::shared_ptr<FabricDomain> open_provider(const std::string& provider) {
   return FabricDomain::open(config_for(provider));
 }
 
-std::string rdm_name(const std::string& provider) { return provider == "tcp" ? "tcp;ofi_rxm" : provider; }
+// regpool's "tcp" is libfabric's net (FabricConfig::provider).
+std::string rdm_name(const std::string& provider) { return provider == "tcp" ? "net" : provider; }
 
 AddressMode mode_from_mr_mode(std::uint64_t mr_mode) {
   return (mr_mode & FI_MR_VIRT_ADDR) != 0 ? AddressMode::virtual_address : AddressMode::offset;
@@ -99,9 +100,16 @@ TEST_CASE("fabric domain opens a provider by name", "[fabric]") {
 TEST_CASE("fabric domain provider names are case-insensitive and layered names work", "[fabric]") {
   // libfabric 1.17 matches a single name in any case but a layered name
   // ("tcp;ofi_rxm") only in lower case; the domain accepts both in any case.
-  for (const char* spelled : {"tcp", "TCP", "Tcp", "tcp;ofi_rxm", "TCP;OFI_RXM", "Tcp;Ofi_Rxm"}) {
+  // "tcp" in any case is net; the layered name is rxm.
+  for (const char* spelled : {"tcp", "TCP", "Tcp", "net", "NET"}) {
     INFO("asked for '" << spelled << "'");
     FabricConfig c = config_for("tcp");
+    c.provider = spelled;
+    CHECK(FabricDomain::open(c)->provider_name() == "net");
+  }
+  for (const char* spelled : {"tcp;ofi_rxm", "TCP;OFI_RXM", "Tcp;Ofi_Rxm"}) {
+    INFO("asked for '" << spelled << "'");
+    FabricConfig c = config_for("tcp;ofi_rxm");
     c.provider = spelled;
     CHECK(FabricDomain::open(c)->provider_name() == "tcp;ofi_rxm");
   }
@@ -130,7 +138,7 @@ TEST_CASE("fabric domain address mode as the provider returns it", "[fabric]") {
   }
   SECTION("tcp;ofi_rxm always uses offsets") {
     const bool prefer = GENERATE(true, false);
-    FabricConfig c = config_for("tcp");
+    FabricConfig c = config_for("tcp;ofi_rxm");
     c.prefer_virtual_address = prefer;
     auto d = FabricDomain::open(c);
     CHECK((d->mr_mode() & FI_MR_VIRT_ADDR) == 0);
@@ -336,7 +344,7 @@ TEST_CASE("fabric registration remote_address follows the address mode", "[fabri
 TEST_CASE("fabric domains for tcp and shm coexist", "[fabric]") {
   auto tcp = open_provider("tcp");
   auto shm = open_provider("shm");
-  CHECK(tcp->provider_name() == "tcp;ofi_rxm");
+  CHECK(tcp->provider_name() == "net");
   CHECK(shm->provider_name() == "shm");
   std::vector<std::byte> buf(1 << 16);
   // The same bytes may be registered with both domains at once.

@@ -85,7 +85,7 @@ TEST_CASE("exposure modes and enforcement are named", "[fabric]") {
     const Enforcement e = shm.ep->enforcement(mode);
     CHECK_FALSE((e.keys || e.bounds || e.rights || e.revocation || e.read_rights));
   }
-  rpt::Stack tcp("tcp");
+  rpt::Stack tcp("tcp;ofi_rxm");
   const Enforcement st = tcp.ep->enforcement(ExposureMode::standard);
   CHECK(st.keys);
   CHECK_FALSE((st.bounds || st.rights || st.revocation || st.read_rights));

@@ -153,7 +153,9 @@ inline const std::vector<std::string>& backends() {
 #ifdef RPT_BACKEND_VERBS
   static const std::vector<std::string> b = {"verbs"};
 #else
-  static const std::vector<std::string> b = backends_from_env({"shm", "tcp"});
+  // tcp is libfabric's net (FabricConfig::provider); tcp;ofi_rxm stays a
+  // supported explicit choice and is tested by default too.
+  static const std::vector<std::string> b = backends_from_env({"shm", "tcp", "tcp;ofi_rxm"});
 #endif
   return b;
 }
@@ -164,28 +166,38 @@ inline const std::vector<std::string>& backends() {
 // remotely): tcp, net and verbs do; shm checks nothing
 // (docs/provider-facts.md).
 inline bool checks_remote_keys(const std::string& backend) { return backend != "shm"; }
-// A libfabric provider over TCP sockets (tcp = tcp;ofi_rxm, net): the
-// per-connection failure modes (oversized messages, refused keys) apply.
-inline bool over_sockets(const std::string& backend) { return backend == "tcp" || backend == "net"; }
+// Backend names: "tcp" and "net" are both libfabric's net (regpool's tcp),
+// "tcp;ofi_rxm" the rxm layer over libfabric's tcp.
+inline bool is_net(const std::string& backend) { return backend == "tcp" || backend == "net"; }
+inline bool is_rxm(const std::string& backend) { return backend == "tcp;ofi_rxm"; }
+// A libfabric provider over TCP sockets: the per-connection failure modes
+// (oversized messages, refused keys) apply.
+inline bool over_sockets(const std::string& backend) { return is_net(backend) || is_rxm(backend); }
 // The first operation to a peer waits for the peer's progress to take the
 // connection (tcp;ofi_rxm, net: -FI_EAGAIN until then; verbs: RC setup).
 inline bool connects_through_target_progress(const std::string& backend) {
-  return backend == "tcp" || backend == "net" || backend == "verbs";
+  return over_sockets(backend) || backend == "verbs";
 }
 // Peers refuse sends longer than an endpoint's advertised limit
 // (FabricEndpointOptions::max_incoming_message) only where a longer message
 // would stall the connection (net, docs/provider-facts.md).
-inline bool advertises_message_limit(const std::string& backend) { return backend == "net"; }
+inline bool advertises_message_limit(const std::string& backend) { return is_net(backend); }
 // A 1 MiB send stays in flight until the receiver takes it (shm: CMA, the
 // receiver copies; tcp;ofi_rxm: rendezvous); net completes it once the
 // bytes are queued on the socket (membership-kill, measured).
-inline bool large_sends_wait_for_receiver(const std::string& backend) { return backend != "net"; }
+inline bool large_sends_wait_for_receiver(const std::string& backend) { return !is_net(backend); }
 // A refused RMA key closes the connection (tcp;ofi_rxm: the peer is broken
 // until reconnect); net fails that op alone (docs/provider-facts.md).
-inline bool key_refusal_breaks_connection(const std::string& backend) { return backend == "tcp"; }
+inline bool key_refusal_breaks_connection(const std::string& backend) { return is_rxm(backend); }
 // fetch_add/compare_swap run on the NIC/provider rather than emulated
 // (net's atomics are its own software: regpool emulates, as on tcp).
 inline bool expects_native_atomics(const std::string& backend) { return backend == "shm" || backend == "verbs"; }
+// The endpoint finds a dead peer by itself and fails posts and operations
+// to it with peer_unreachable (instead of a post or op timeout): shm by the
+// peer's pid, net by its endpoint's listening socket refusing a connect
+// while posts to it wait (docs/provider-facts.md). tcp;ofi_rxm and verbs
+// know only what the connection reports.
+inline bool finds_dead_peers(const std::string& backend) { return backend == "shm" || is_net(backend); }
 // A live peer removed and inserted again needs nothing from that peer
 // (connectionless libfabric endpoints); on verbs the re-insert is a new RC
 // connection that the peer must take up while it progresses.
@@ -198,7 +210,7 @@ inline regpool::FabricConfig fabric_config(const std::string& provider) {
   c.provider = provider;
   // Socket providers bind to the loopback address (net, like tcp, would
   // otherwise pick the first interface).
-  if (provider == "tcp" || provider == "net") c.node = "127.0.0.1";
+  if (over_sockets(provider)) c.node = "127.0.0.1";
   return c;
 }
 #endif

@@ -399,7 +399,7 @@ TEST_CASE("garbage control messages neither kill an emulating target nor disturb
   auto honest = rpt::spawn(
       [&]() -> int {
         auto b = rpt::child_bootstrap(port, 2, 3);
-        rpt::Stack s("tcp");
+        rpt::Stack s("tcp;ofi_rxm");
         auto parts = regpool::unpack_blobs(b->allgather({}, 20s)[0]);
         const auto peer = s.ep->insert_peer(parts[0]);
         const RemoteRef ref = rpt::decode_or_die(parts[1]);
@@ -423,7 +423,7 @@ TEST_CASE("garbage control messages neither kill an emulating target nor disturb
   fo.max_reply_peers = kBound;
   fo.atomics = regpool::FabricEndpointOptions::Atomics::emulated;
   fo.emulated_atomics = regpool::FabricEndpointOptions::EmulatedAtomics::serve;
-  auto dom = regpool::FabricDomain::open(rpt::fabric_config("tcp"));
+  auto dom = regpool::FabricDomain::open(rpt::fabric_config("tcp;ofi_rxm"));
   auto ep = regpool::FabricEndpoint::open(dom, target_config(), fo);
   regpool::PoolConfig pc;
   pc.arena_size = 4u << 20;
