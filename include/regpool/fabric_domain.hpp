@@ -123,7 +123,7 @@ class REGPOOL_API FabricDomain final : public Domain {
   std::mutex key_mutex_;
   std::array<std::uint64_t, 32> key_batch_{};
   std::size_t keys_left_ = 0;
-  std::mutex reg_mutex_;  // serialises fi_mr_reg/fi_close unless thread_safe_
+  std::mutex reg_mutex_;  // serialises fi_mr_reg/fi_close (always: see do_register)
   std::mutex endpoints_mutex_;  // guards endpoints_ and live_mrs_
   std::vector<fid_ep*> endpoints_;
   struct LiveMr {

@@ -277,9 +277,14 @@ Domain::Native FabricDomain::do_register(void* addr, std::size_t length, Access 
   const bool prov_key = (mr_mode_ & FI_MR_PROV_KEY) != 0;
   const std::uint64_t acc = fi_access(access);
 
-  // FI_THREAD_DOMAIN: we serialise our own calls on the domain's objects.
-  std::unique_lock<std::mutex> reg_lock(reg_mutex_, std::defer_lock);
-  if (!thread_safe_) reg_lock.lock();
+  // Registrations and their closes are serialised whatever the domain's
+  // threading level. Under FI_THREAD_DOMAIN that is our duty; under
+  // FI_THREAD_SAFE it is because libfabric 1.17's net provider, which
+  // grants it, crashed (SIGSEGV inside fi_mr_reg) or hung in 2 of 60 runs
+  // of four threads registering at once (registration-fabric, 2026-11-26).
+  // A registration costs microseconds and is never on the data path, so
+  // the mutex costs nothing that matters.
+  std::lock_guard<std::mutex> reg_lock(reg_mutex_);
 
   fid_mr* mr = nullptr;
   int rc = 0;
@@ -343,8 +348,7 @@ Domain::Native FabricDomain::do_register(void* addr, std::size_t length, Access 
 void FabricDomain::do_deregister(const Native& native, void* /*addr*/, std::size_t /*length*/) noexcept {
   auto* mr = static_cast<fid_mr*>(native.handle);
   if (!mr) return;
-  std::unique_lock<std::mutex> reg_lock(reg_mutex_, std::defer_lock);
-  if (!thread_safe_) reg_lock.lock();
+  std::lock_guard<std::mutex> reg_lock(reg_mutex_);  // see do_register
   if (needs_endpoint_binding()) {
     std::lock_guard<std::mutex> lock(endpoints_mutex_);
     std::erase_if(live_mrs_, [mr](const LiveMr& l) { return l.mr == mr; });
@@ -354,8 +358,7 @@ void FabricDomain::do_deregister(const Native& native, void* /*addr*/, std::size
 
 void FabricDomain::attach_endpoint(fid_ep* ep) {
   if (!needs_endpoint_binding() || ep == nullptr) return;
-  std::unique_lock<std::mutex> reg_lock(reg_mutex_, std::defer_lock);
-  if (!thread_safe_) reg_lock.lock();
+  std::lock_guard<std::mutex> reg_lock(reg_mutex_);  // see do_register
   std::lock_guard<std::mutex> lock(endpoints_mutex_);
   if (std::find(endpoints_.begin(), endpoints_.end(), ep) != endpoints_.end()) return;
   for (LiveMr& l : live_mrs_) {
