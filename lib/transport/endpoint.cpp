@@ -318,14 +318,6 @@ void Endpoint::unlock_and_release(std::unique_lock<std::mutex>& lk) noexcept {
     maybe_free_locked(index);
     return local;
   };
-  if (release_count_ == 1 && release_list_ == kNoExposure) {
-    // One op's reference: the usual case after a completion, without the
-    // batch below (its loop and bookkeeping are a visible part of a verbs
-    // op under qemu TCG). Destroyed on return, after the unlock.
-    const Slice one = take_release();
-    lk.unlock();
-    return;
-  }
   for (;;) {
     bool more = false;
     {
