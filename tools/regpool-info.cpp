@@ -411,9 +411,9 @@ ExposureReport exposure_report(const FabricReport& f, const VerbsReport& vr) {
     x.provider = e.provider;
     // Only providers whose enforcement regpool has measured get an endpoint
     // opened (FabricEndpoint claims nothing for the others). Opening one of
-    // the others is also not free of side effects: a provider of libfabric
-    // 1.17 leaks the fi_info its fi_endpoint duplicates (LeakSanitizer, in
-    // the tools test of the ASan build).
+    // the others is also not free of side effects: libfabric 1.17's net
+    // leaks an fi_info per endpoint (docs/provider-facts.md), and others
+    // may do worse.
     if (e.provider != "shm" && e.provider != "tcp;ofi_rxm" && e.provider != "net") {
       x.error = "not measured by regpool: nothing claimed, no endpoint opened";
       r.entries.push_back(std::move(x));
