@@ -184,8 +184,8 @@ void usage(std::FILE* to) {
       "                   (default: the provider's measured default)\n"
       "  --tagged-split S the Messenger's split rendezvous for --ops tagged: SIZE\n"
       "                   (split every rendezvous receive of at least SIZE bytes),\n"
-      "                   off (never), or default (the backend's: from 1 MiB on shm,\n"
-      "                   backing off when the sender's half comes late; never elsewhere)\n"
+      "                   off (never), or default (the backend's: from 512 KiB on shm,\n"
+      "                   never elsewhere)\n"
       "  --expose-mode M  standard or scoped: the ExposureMode the expose test uses\n"
       "                   (default standard)\n"
       "  --perftest       latency only, with perftest's definitions (tools/README.md):\n"
@@ -242,7 +242,7 @@ struct Config {
   // --cold: the span bandwidth tests rotate over on each side (0: hot).
   std::uint64_t cold_bytes = 0;
   std::uint64_t tagged_threshold = 0;  // MessengerConfig::eager_threshold (0 = provider default)
-  // MessengerConfig::rendezvous_split (0 = the backend's default, adaptive;
+  // MessengerConfig::rendezvous_split (0 = the backend's default;
   // UINT64_MAX = never; anything else: split every rendezvous of at least
   // that many bytes). The receiver decides, so the server needs it too.
   std::uint64_t tagged_split = 0;

@@ -146,16 +146,12 @@ struct MessengerConfig {
   // Split rendezvous: a receive of at least this many bytes fetches the
   // first half with gets and grants the second half to the sender, which
   // puts it (a write-only exposure of that range of the receive buffer;
-  // one more message each way). 0 = the backend's default: 1 MiB where a
+  // one more message each way). 0 = the backend's default: 512 KiB where a
   // transfer is a copy its initiator makes (TransferTraits::
   // initiator_copies: libfabric shm), so both processes' CPUs copy at once
   // instead of the receiver's alone; never elsewhere (the NIC or the
   // provider's progress moves the bytes either way). UINT64_MAX = never.
-  // Decided by the receiver; any sender serves a grant. A split whose
-  // sender did not copy alongside (its done came later than the
-  // receiver's own half took again: one CPU, an oversubscribed machine)
-  // makes the next 1, 2, 4 .. 64 rendezvous receives skip the split
-  // (the default only: a size set here splits every time).
+  // Decided by the receiver; any sender serves a grant.
   std::uint64_t rendezvous_split = 0;
   // A rendezvous sender waiting for the receiver's fin, a receive whose
   // gets stall, and a peer noticed dead: fail after this (scaled like
@@ -167,9 +163,6 @@ struct MessengerStats {
   std::uint64_t eager_sent = 0;
   std::uint64_t rendezvous_sent = 0;
   std::uint64_t rendezvous_split = 0;   // rendezvous receives split with their sender (grants sent)
-  // Splits that did not pay (the sender's done came late: its CPU was not
-  // copying alongside ours), each skipping the next 1, 2, 4 .. 64 splits.
-  std::uint64_t rendezvous_split_backoffs = 0;
   std::uint64_t received = 0;
   std::uint64_t unexpected = 0;         // messages that arrived before their receive
   std::uint64_t unexpected_held = 0;    // held now

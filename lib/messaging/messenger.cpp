@@ -96,9 +96,6 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     // request <-> its internal send
     std::uint32_t link = kNone, link_gen = 0;
     Clock::time_point deadline = Clock::time_point::max();
-    // Split receive: when it was granted and when its own gets were over
-    // (whether the split paid, see judge_split).
-    Clock::time_point granted_at{}, gets_over_at{};
     std::uint32_t prev = kNone, next = kNone;
     MessageCallback cb;
     MessageCompletion result;
@@ -155,10 +152,6 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   // Rendezvous receives of at least this many bytes are split with the
   // sender (MessengerConfig::rendezvous_split); 0 = never.
   std::uint64_t split_from = 0;
-  // Splits skipped before the next one is tried, and the current backoff
-  // (judge_split; only for the backend's default, not a configured size).
-  bool split_adaptive = false;
-  std::uint32_t split_skip = 0, split_backoff = 0;
   std::uint32_t credit_batch = 1;
   // Rendezvous gets in flight across all receives, their cap, and the
   // receives waiting for one (FIFO through Op::next).
@@ -530,13 +523,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       complete(i, Status::malformed);
       return false;
     }
-    if (split_from != 0 && o.want >= split_from) {
-      if (split_skip > 0) {
-        --split_skip;
-      } else {
-        grant_tail(i, h.msg_id);
-      }
-    }
+    if (split_from != 0 && o.want >= split_from) grant_tail(i, h.msg_id);
     issue_gets(i);
     return false;
   }
@@ -577,7 +564,6 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     o.want = head;
     o.put_wait = o.grant_sent = true;
     o.deadline = deadline_for(o.take - head);
-    o.granted_at = Clock::now();
     ++st.rendezvous_split;
   }
 
@@ -596,28 +582,6 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     o.deadline = Clock::time_point::max();
     if (!o.fetch_wait) issue_gets(i);
     pump_fetches();
-  }
-
-  // A split pays when the sender copies alongside us: its done comes about
-  // when our own gets are over. When it comes later than our half took
-  // again, the sender's CPU was not copying meanwhile (both processes on
-  // one CPU, or an oversubscribed machine: each hand-off waits for a time
-  // slice), and the split only added the grant's and the done's hand-offs:
-  // the next 1, 2, 4 .. 64 rendezvous receives go unsplit, then one tries
-  // again. A split that paid resets the backoff.
-  void judge_split(const Op& o) noexcept {
-    bool paid = true;
-    if (o.fin_sent) {
-      const auto now = Clock::now();
-      paid = now - o.gets_over_at <= o.gets_over_at - o.granted_at;
-    }
-    if (paid) {
-      split_backoff = 0;
-    } else {
-      split_backoff = std::min<std::uint32_t>(std::max<std::uint32_t>(1, 2 * split_backoff), 64);
-      split_skip = split_backoff;
-      ++st.rendezvous_split_backoffs;
-    }
   }
 
   // Queues op i's next chunk (bytes [issued, issued + chunk) of its buffer)
@@ -731,7 +695,6 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     const Status s = o.rdv_status;
     if (!o.fin_sent) {
       o.fin_sent = true;
-      if (o.put_wait) o.gets_over_at = Clock::now();
       if (ep.usable(o.peer)) {
         send_control(o.peer, mw::Type::fin, o.rdv_msg, s, o.grant_sent ? make_token(o.gen, i) : 0);
       }
@@ -909,7 +872,6 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
           o.put_wait = false;
           const auto s = static_cast<Status>(h.status);
           if (s != Status::ok && o.rdv_status == Status::ok) o.rdv_status = s;
-          if (s == Status::ok && split_adaptive) judge_split(o);
           if (!o.fetch_wait) issue_gets(i);  // finishes it when its gets are done too
         } else {
           ++st.rejected;
@@ -1363,13 +1325,12 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
   } else if (endpoint.transfer_traits().initiator_copies) {
     // The receiver's gets alone would leave the sender's CPU idle while
     // the receiver's copies every byte (docs/messaging.md, "Split
-    // rendezvous"). 1 MiB: half a copy saved there (about 35 us) is ten
-    // times what the grant and the done add on idle CPUs; the gain is
-    // measured idle at 4 MiB only, and bench/split-crossover at 256 KiB
-    // to 16 MiB on a loaded machine (load 11 on 2 CPUs) showed neither a
-    // gain nor a loss at any size beyond the spread of identical runs.
-    c.split_from = std::uint64_t{1} << 20;
-    c.split_adaptive = true;
+    // rendezvous"). 512 KiB: the crossover bench/split-crossover measured
+    // on an idle machine (tagged MB/s, split / unsplit, three placements):
+    // 0.80-0.95 at 256 KiB, 1.02-1.11 at 512 KiB, 1.19-1.32 at 1 MiB,
+    // 2.1-2.5 at 16 MiB. Both processes on one CPU lose at most 5% by it
+    // (0.95-0.98 at 512 KiB-4 MiB), within the spread of rounds.
+    c.split_from = std::uint64_t{512} << 10;
   }
   if (cfg.rendezvous_gets != 0) {
     c.max_gets = cfg.rendezvous_gets;
