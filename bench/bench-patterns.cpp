@@ -4,7 +4,7 @@
 // then the one-way latency of paced records at each flush setting of the
 // aggregation buffer, beside ring and plain send.
 //
-//   bench-patterns [--provider shm|tcp|net|verbs[:DEV]] [--records N] [--smoke] [--json]
+//   bench-patterns [--provider shm|tcp|net|tcp;ofi_rxm|verbs[:DEV]] [--records N] [--smoke] [--json]
 //
 // Forks one receiving process per method (a fresh endpoint each: the
 // aggregation receiver owns its endpoint's untagged receives). Latency:
@@ -119,7 +119,8 @@ struct Stack {
     ::setenv("FI_TCP_IFACE", "lo", 0);
     regpool::FabricConfig fc;
     fc.provider = prov;
-    if (prov == "tcp" || prov == "net") fc.node = "127.0.0.1";
+    // Every provider over sockets (tcp = net, tcp;ofi_rxm) stays on loopback.
+    if (prov != "shm") fc.node = "127.0.0.1";
     auto fd = regpool::FabricDomain::open(fc);
     domain = fd;
     make_pool();
@@ -503,7 +504,7 @@ int main(int argc, char** argv) {
     else if (a == "--methods") o.methods = next();
     else if (a == "--json") o.json = true;
     else if (a == "--smoke") o.smoke = true;
-    else die("unknown argument " + a + " (--provider shm|tcp|net|verbs --records N --paced N --gap-us U --methods LIST --json --smoke)");
+    else die("unknown argument " + a + " (--provider shm|tcp|net|tcp;ofi_rxm|verbs --records N --paced N --gap-us U --methods LIST --json --smoke)");
   }
   if (o.smoke) {
     o.records = 2000;
