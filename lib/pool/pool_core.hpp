@@ -177,6 +177,13 @@ struct ThreadCache {
     asm("" : "+r"(b));
     return *b;
   }
+  // The same from a byte offset (kBinOffsetByGranule), which spares the
+  // allocation the class-to-offset shift.
+  [[gnu::always_inline]] Bin& hot_bin_at(std::size_t offset) noexcept {
+    auto* b = reinterpret_cast<Bin*>(reinterpret_cast<std::byte*>(bins.data()) + offset);
+    asm("" : "+r"(b));
+    return *b;
+  }
 
   PoolCore* core = nullptr;
   // Non-zero while the owning thread is inside a drop of this pool's
@@ -196,6 +203,16 @@ struct ThreadCache {
   bi::list_member_hook<> registry_hook;
   std::array<ControlBlock*, kCacheSlots> storage{};
 };
+
+// class_of() as the byte offset of the class's bin in a ThreadCache, by
+// granule count: the allocation's table load then yields the bin's address
+// with one add.
+inline constexpr auto kBinOffsetByGranule = [] {
+  std::array<std::uint16_t, kClassByGranule.size()> t{};
+  for (std::size_t g = 0; g < t.size(); ++g)
+    t[g] = static_cast<std::uint16_t>(kClassByGranule[g] * sizeof(ThreadCache::Bin));
+  return t;
+}();
 
 using CacheList = bi::list<ThreadCache, bi::member_hook<ThreadCache, bi::list_member_hook<>, &ThreadCache::registry_hook>>;
 
@@ -270,8 +287,7 @@ class PoolCore {
     ThreadCache* tc = f.last;
     ControlBlock* cb;
     if (sections <= kMaxSmallObject - kWireHeaderSize) [[likely]] {  // total <= kMaxSmallObject, one add less
-      const std::size_t cls = class_of(total);
-      auto& bin = tc->hot_bin(cls);
+      auto& bin = tc->hot_bin_at(kBinOffsetByGranule[(total + kGranule - 1) / kGranule]);
       ControlBlock** const top = bin.top.load(std::memory_order_relaxed);
       if (top == bin.slots) [[unlikely]]
         return nullptr;
