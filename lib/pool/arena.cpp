@@ -25,7 +25,7 @@ Result<Arena*> Arena::create(PoolCore* pool, std::uint64_t pool_id, std::size_t 
   side.noreserve = true;
   auto pages = platform::Mapping::create(npages * sizeof(PageDesc), side);
   if (!pages) return pages.status();
-  auto blocks = platform::Mapping::create(memory->size() / kGranuleBytes * sizeof(ControlBlock), side);
+  auto blocks = platform::Mapping::create(memory->size() / kGranuleBytes * sizeof(ControlBlock) + kBlockTableOffset, side);
   if (!blocks) return blocks.status();
 
   auto* a = new (std::nothrow) Arena();
@@ -40,7 +40,7 @@ Result<Arena*> Arena::create(PoolCore* pool, std::uint64_t pool_id, std::size_t 
   // Side tables are zero pages until touched; constructing a descriptor
   // would touch them all, so only boundary pages are ever constructed.
   a->pages_ = reinterpret_cast<PageDesc*>(a->page_map_.data());
-  a->blocks_ = reinterpret_cast<ControlBlock*>(a->block_map_.data());
+  a->blocks_ = reinterpret_cast<ControlBlock*>(a->block_map_.data() + kBlockTableOffset);
   a->block_to_object_ =
       reinterpret_cast<std::uintptr_t>(a->memory_.data()) - reinterpret_cast<std::uintptr_t>(a->blocks_);
   new (&a->pages_[0]) PageDesc();

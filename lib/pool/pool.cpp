@@ -313,7 +313,7 @@ Result<ControlBlock*> PoolCore::allocate_small(std::size_t cls) noexcept {
     auto& bin = tc->bins[cls];
     if (bin.size() == 0) {
       std::lock_guard g(central.mutex);
-      const std::uint32_t batch = std::max<std::uint32_t>(1, bin.limit() / 2);
+      const std::uint32_t batch = std::max<std::uint32_t>(1, cache_limit(cls) / 2);
       Status s = Status::ok;
       // The central list's front ends on top of the stack: allocated first.
       std::uint32_t n = 0;
@@ -646,7 +646,8 @@ void PoolCore::free_busy(ControlBlock* cb, ThreadCache* tc) noexcept {
   if (cb->kind == BlockKind::slab_slot) {
     const std::size_t cls = cb->size_class;
     auto& bin = tc->bins[cls];
-    if (bin.size() == bin.limit()) push_central(tc, cls, std::max<std::uint32_t>(1, bin.limit() / 2));
+    // The real capacity: a closed bin's end no longer says (Bin::end).
+    if (bin.size() == cache_limit(cls)) push_central(tc, cls, std::max<std::uint32_t>(1, cache_limit(cls) / 2));
     bin.slots[bin.size()] = cb;
     bin.set_size(bin.size() + 1);
     bin.frees.add(1);
@@ -875,13 +876,18 @@ void PoolCore::close() noexcept {
   {
     std::lock_guard g(registry_->mutex);
     registry_->core = nullptr;  // no thread registers a cache from now on
-    for (ThreadCache& tc : registry_->caches) tc.closed.store(1, std::memory_order_relaxed);
+    // Close every cache for drops: no bin has room (end == slots) and no
+    // span fits (span_limit 0), so each drop goes to free_busy.
+    for (ThreadCache& tc : registry_->caches) {
+      for (auto& bin : tc.bins) bin.end.store(bin.slots, std::memory_order_relaxed);
+      tc.span_limit.store(0, std::memory_order_relaxed);
+    }
     detached_.store(true, std::memory_order_seq_cst);
-    // A drop marks its cache busy and then reads the cache's closed flag
+    // A drop marks its cache busy and then reads the cache's closed marks
     // (set above) with no fence of its own; the fence here makes each such
-    // drop either visible as busy below or see the flag (and, in
+    // drop either visible as busy below or see the marks (and, in
     // free_busy, detached_: free_detached, which only counts). A drop that
-    // saw the flag but not yet detached_ finishes as an ordinary drop while
+    // saw the marks but not yet detached_ finishes as an ordinary drop while
     // busy, which the wait below covers like any drop before close.
     if (!registry_->caches.empty()) fenced = syscall(SYS_membarrier, fence_cmd_, 0, 0) == 0;
     // Drops already past their check finish their work (a few list

@@ -17,13 +17,13 @@
 // own locks, and ibv_dereg_mr of a big arena takes milliseconds).
 //
 // Close against concurrent drops: a drop marks its thread cache busy
-// (plain store), then reads its cache's closed flag (or detached_, without
-// a cache). close() sets both, runs an
-// asymmetric fence (membarrier: every running thread executes a full
-// barrier) and waits until no cache is busy and no uncached drop is in
-// flight. So each drop either finished before close counts the live
-// objects (and is counted) or sees detached_ and takes free_detached(),
-// which only counts. The fast path pays two plain stores and no fence.
+// (plain store), then reads its cache's closed marks (its bin's end or the
+// span limit, which its room test reads anyway; or detached_, without a
+// cache). close() sets both, runs an asymmetric fence (membarrier: every
+// running thread executes a full barrier) and waits until no cache is busy
+// and no uncached drop is in flight. So each drop either finished before
+// close counts the live objects (and is counted) or sees detached_ and
+// takes free_detached(), which only counts. The fast path pays two plain stores and no fence.
 
 #include <array>
 #include <atomic>
@@ -129,13 +129,18 @@ struct ThreadCache {
   // A Bin is 32 bytes (moved lives apart, off the hit path), so finding a
   // class's bin is one shift. top is read by stats() on other threads,
   // hence atomic (relaxed loads and stores by the owner: plain moves).
+  // end doubles as the cache's closed flag: close() sets it to `slots`
+  // (before its fence), so the drop's one compare `top < end` both finds
+  // room and sees the pool open, and a closed cache's drops all take
+  // free_busy. Its real capacity is cache_limit(class), fixed.
   struct Bin {
     ControlBlock** slots = nullptr;  // cache_limit(c) entries in `storage`
     std::atomic<ControlBlock**> top{nullptr};  // one past the newest; == slots when empty
-    ControlBlock** end = nullptr;              // slots + limit(): full
+    // slots + cache_limit(c) while the pool is open; slots once closed.
+    // Written only by the constructor and close(), read by the owner.
+    std::atomic<ControlBlock**> end{nullptr};
     OwnerCounter frees;  // drops pushed onto this bin
 
-    std::uint32_t limit() const noexcept { return static_cast<std::uint32_t>(end - slots); }
     std::uint32_t size() const noexcept {
       return static_cast<std::uint32_t>(top.load(std::memory_order_relaxed) - slots);
     }
@@ -154,7 +159,7 @@ struct ThreadCache {
       bins[c].slots = next;
       bins[c].top.store(next, std::memory_order_relaxed);
       next += cache_limit(c);
-      bins[c].end = next;
+      bins[c].end.store(next, std::memory_order_relaxed);
     }
   }
   ThreadCache(const ThreadCache&) = delete;
@@ -162,15 +167,33 @@ struct ThreadCache {
 
   // First, so that a class's bin is at tc + 32 * class (no offset to add).
   std::array<Bin, kNumSizeClasses> bins;
+  // The hit paths' way to a bin: its address in one register, which every
+  // access then uses as its base. Left to itself GCC re-derives tc + 32 *
+  // class for each access of the bin's atomics (an lea each, two extra
+  // instructions on the drop's hit path); the empty asm only hides that
+  // the pointer is that sum.
+  [[gnu::always_inline]] Bin& hot_bin(std::size_t cls) noexcept {
+    Bin* b = &bins[cls];
+    asm("" : "+r"(b));
+    return *b;
+  }
+  // The same from a byte offset (kBinOffsetByGranule), which spares the
+  // allocation the class-to-offset shift.
+  [[gnu::always_inline]] Bin& hot_bin_at(std::size_t offset) noexcept {
+    auto* b = reinterpret_cast<Bin*>(reinterpret_cast<std::byte*>(bins.data()) + offset);
+    asm("" : "+r"(b));
+    return *b;
+  }
 
   PoolCore* core = nullptr;
   // Non-zero while the owning thread is inside a drop of this pool's
   // objects; written by the owner only, read by close().
   std::atomic<std::uint32_t> busy{0};
-  // Set by close() (before its fence) on every cache it takes over: the
-  // drop's cache hit reads this instead of the pool's detached_, in the
-  // cache line it writes anyway.
-  std::atomic<std::uint32_t> closed{0};
+  // How many spans a drop may add to `spans` without free_busy:
+  // kSpanCacheEntries while the pool is open, 0 once close() has taken the
+  // cache over (set before its fence, like the bins' ends), so the span
+  // drop's room test is also its closed test.
+  std::atomic<std::uint32_t> span_limit{kSpanCacheEntries};
   // Per class: slots in from the central list minus slots out (wraps).
   std::array<OwnerCounter, kNumSizeClasses> moved;
   // Recently freed spans, oldest first; span_count of them are valid.
@@ -180,6 +203,16 @@ struct ThreadCache {
   bi::list_member_hook<> registry_hook;
   std::array<ControlBlock*, kCacheSlots> storage{};
 };
+
+// class_of() as the byte offset of the class's bin in a ThreadCache, by
+// granule count: the allocation's table load then yields the bin's address
+// with one add.
+inline constexpr auto kBinOffsetByGranule = [] {
+  std::array<std::uint16_t, kClassByGranule.size()> t{};
+  for (std::size_t g = 0; g < t.size(); ++g)
+    t[g] = static_cast<std::uint16_t>(kClassByGranule[g] * sizeof(ThreadCache::Bin));
+  return t;
+}();
 
 using CacheList = bi::list<ThreadCache, bi::member_hook<ThreadCache, bi::list_member_hook<>, &ThreadCache::registry_hook>>;
 
@@ -244,16 +277,17 @@ class PoolCore {
     if ((meta | data | cap) >= fast_limit_[static_cast<std::uint8_t>(zeroing) & 3]) [[unlikely]]
       return nullptr;
     const std::uint64_t sections = ((meta + 7) & ~std::uint64_t{7}) + data;
-    const std::uint64_t total = kWireHeaderSize + (sections > cap ? sections : cap);
+    // cap first: with a constant 0 (Pool::allocate(data, meta)) the max
+    // folds away instead of becoming a branch on sections == 0.
+    const std::uint64_t total = kWireHeaderSize + (cap > sections ? cap : sections);
     // tls_fast.last is set whenever last_id is, so a match needs no null test.
     const TlsFast& f = tls_fast;
     if (f.last_id != id_) [[unlikely]]
       return nullptr;
     ThreadCache* tc = f.last;
     ControlBlock* cb;
-    if (total <= kMaxSmallObject) [[likely]] {
-      const std::size_t cls = class_of(total);
-      auto& bin = tc->bins[cls];
+    if (sections <= kMaxSmallObject - kWireHeaderSize) [[likely]] {  // total <= kMaxSmallObject, one add less
+      auto& bin = tc->hot_bin_at(kBinOffsetByGranule[(total + kGranule - 1) / kGranule]);
       ControlBlock** const top = bin.top.load(std::memory_order_relaxed);
       if (top == bin.slots) [[unlikely]]
         return nullptr;
@@ -287,16 +321,15 @@ class PoolCore {
     ThreadCache* tc = busy_cache(cb, a);
     if (!tc) [[unlikely]]
       return;
-    if (!tc->closed.load(std::memory_order_relaxed)) [[likely]] {
-      auto& bin = tc->bins[cls];
-      ControlBlock** const top = bin.top.load(std::memory_order_relaxed);
-      if (top != bin.end) [[likely]] {
-        *top = cb;
-        bin.top.store(top + 1, std::memory_order_relaxed);
-        bin.frees.add(1);
-        tc->busy.store(0, std::memory_order_release);
-        return;
-      }
+    // Full, or closed (end == slots; Bin): free_busy sorts out which.
+    auto& bin = tc->hot_bin(cls);
+    ControlBlock** const top = bin.top.load(std::memory_order_relaxed);
+    if (top < bin.end.load(std::memory_order_relaxed)) [[likely]] {
+      *top = cb;
+      bin.top.store(top + 1, std::memory_order_relaxed);
+      bin.frees.add(1);
+      tc->busy.store(0, std::memory_order_release);
+      return;
     }
     a->pool()->free_busy(cb, tc);
   }
@@ -306,7 +339,8 @@ class PoolCore {
     ThreadCache* tc = busy_cache(cb, a);
     if (!tc) [[unlikely]]
       return;
-    if (!tc->closed.load(std::memory_order_relaxed) && tc->span_count < kSpanCacheEntries && cacheable) [[likely]] {
+    // Full, closed (span_limit 0) or not cacheable: free_busy.
+    if (tc->span_count < tc->span_limit.load(std::memory_order_relaxed) && cacheable) [[likely]] {
       tc->spans[tc->span_count++] = cb;
       tc->counters.large_frees.add(1);
       tc->counters.large_bytes_free.add(cb->capacity);
