@@ -4,6 +4,7 @@
 // the same binary and run, alternating the two every repetition.
 //
 //   bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke]
+//   bench-rma --loop put|get|send --impl regpool|direct [--iters N] [--size B]
 //
 // Forks its own target side. The target polls both stacks from one thread
 // (manual progress: shm and tcp;ofi_rxm need the target to progress), echoes
@@ -15,9 +16,17 @@
 // closed by a ping-pong so every byte has arrived). Medians over --reps.
 // Writes use FI_DELIVERY_COMPLETE in both stacks when the regpool endpoint
 // does (tcp;ofi_rxm by default), so the two do the same work. The text
-// output ends with the regpool initiator's post retries and shm lock skips
-// (EndpointStats, FabricShmStats): where they are many, a ratio measures
-// waiting on the target's region lock, not the software path.
+// output has the regpool initiator's post retries and shm lock skips per
+// row and in all (EndpointStats, FabricShmStats): where they are many, a
+// ratio measures waiting on the target's region lock, not the software path.
+//
+// --loop: no timing and no second process. Both sides live in this process
+// (each stack's own endpoints, as bench-sendpath does) and one stack runs
+// N operations one at a time: a put or get and its wait, or a send round
+// (post a receive on the target, send, wait for both). bench/rma-insns
+// counts it under callgrind at two N and prints the difference per
+// operation: the instructions of one operation on each stack, which hold
+// on a loaded machine where wall-clock ratios do not.
 
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -72,6 +81,11 @@ struct Options {
   bool no_fork = false;
   std::uint16_t port = 0;
   std::string target_host;  // non-empty: run only the target side
+  // --loop (see the top of this file): op and stack, operations, bytes.
+  std::string loop_op;
+  std::string loop_impl = "regpool";
+  std::uint64_t loop_iters = 1000;
+  std::uint64_t loop_size = 8;
 };
 
 // --------------------------------------------------------------- direct
@@ -197,7 +211,7 @@ struct Stack {
   std::shared_ptr<regpool::FabricDomain> domain;
   std::unique_ptr<regpool::Pool> pool;
   std::unique_ptr<regpool::FabricEndpoint> ep;
-  explicit Stack(const std::string& provider) {
+  explicit Stack(const std::string& provider, const regpool::EndpointConfig& ec = {}) {
     regpool::FabricConfig fc;
     fc.provider = provider;
     if (provider == "tcp") fc.node = "127.0.0.1";
@@ -205,7 +219,7 @@ struct Stack {
     regpool::PoolConfig pc;
     pc.arena_size = 32u << 20;
     pool = std::make_unique<regpool::Pool>(std::vector<std::shared_ptr<regpool::Domain>>{domain}, pc);
-    ep = regpool::FabricEndpoint::open(domain);
+    ep = regpool::FabricEndpoint::open(domain, ec);
   }
   ~Stack() {
     ep.reset();
@@ -221,6 +235,13 @@ struct Stack {
 Slice must(regpool::Result<Slice> r) {
   if (!r) die("slice");
   return std::move(*r);
+}
+
+// Waits for a posted regpool operation; dies on any failure.
+void wait_ok(regpool::Endpoint& ep, regpool::Result<regpool::Token> t) {
+  if (!t) die(std::string("regpool post: ") + regpool::to_string(t.status()));
+  auto c = ep.wait(*t, 30s);
+  if (c.status != Status::ok) die(std::string("regpool op: ") + regpool::to_string(c.status));
 }
 
 template <class T>
@@ -319,6 +340,9 @@ struct Result {
   std::uint64_t size;
   bool latency;
   std::vector<double> rp, direct;
+  // The regpool initiator's post retries and shm lock skips in this row,
+  // all repetitions: where they are many, the row waited on a region lock.
+  std::uint64_t retries = 0, skips = 0;
 };
 
 double median(std::vector<double> v) {
@@ -344,11 +368,7 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
   std::memset(d.buf, 0x11, kMaxSize);
 
   // regpool building blocks
-  auto rp_wait = [&](regpool::Result<regpool::Token> t) {
-    if (!t) die(std::string("regpool post: ") + regpool::to_string(t.status()));
-    auto c = s.ep->wait(*t, 30s);
-    if (c.status != Status::ok) die(std::string("regpool op: ") + regpool::to_string(c.status));
-  };
+  auto rp_wait = [&](regpool::Result<regpool::Token> t) { wait_ok(*s.ep, std::move(t)); };
   auto rp_op = [&](const char* op, const Slice& sl) -> regpool::Result<regpool::Token> {
     if (op[0] == 'p') return s.ep->put(sl, peer, *ref, 0);
     if (op[0] == 'g') return s.ep->get(peer, *ref, 0, sl);
@@ -400,6 +420,7 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
       for (int impl = 0; impl < 2; ++impl) {
         const bool rp = (impl + rep) % 2 == 0;  // alternate who goes first
         double value = 0;
+        const std::uint64_t retries0 = s.ep->stats().post_retries, skips0 = s.ep->shm_stats().lock_skips;
         if (r.latency) {
           // Made once, as the direct path's buffer and descriptor are: the
           // loop times the operation, not the making of a Slice.
@@ -449,6 +470,8 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
           value = static_cast<double>(n * r.size) * 8 / secs / 1e9;
         }
         (rp ? r.rp : r.direct).push_back(value);
+        r.retries += s.ep->stats().post_retries - retries0;
+        r.skips += s.ep->shm_stats().lock_skips - skips0;
       }
     }
   }
@@ -472,11 +495,13 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
   } else {
     std::printf("provider %s, %d repetitions (medians), delivery complete %s\n", s.domain->provider_name().c_str(),
                 o.reps, s.ep->uses_delivery_complete() ? "on" : "off");
-    std::printf("%-5s %10s %-15s %12s %12s %10s\n", "op", "size", "metric", "regpool", "direct", "ratio");
+    std::printf("%-5s %10s %-15s %12s %12s %10s %8s %8s\n", "op", "size", "metric", "regpool", "direct", "ratio",
+                "retries", "skips");
     for (const Result& r : results) {
       const double a = median(r.rp), b = median(r.direct);
-      std::printf("%-5s %10llu %-15s %12.3f %12.3f %10.3f\n", r.op, static_cast<unsigned long long>(r.size),
-                  r.latency ? "latency_us" : "bandwidth_gbps", a, b, b > 0 ? a / b : 0.0);
+      std::printf("%-5s %10llu %-15s %12.3f %12.3f %10.3f %8llu %8llu\n", r.op, static_cast<unsigned long long>(r.size),
+                  r.latency ? "latency_us" : "bandwidth_gbps", a, b, b > 0 ? a / b : 0.0,
+                  static_cast<unsigned long long>(r.retries), static_cast<unsigned long long>(r.skips));
     }
     // Why a ratio may be off: posts the regpool endpoint refused for now and
     // retried (a peer's shm region lock seen held), and polls it skipped.
@@ -485,6 +510,103 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
     std::printf("regpool initiator: %llu ops posted, %llu post retries, %llu shm lock skips\n",
                 static_cast<unsigned long long>(es.posted), static_cast<unsigned long long>(es.post_retries),
                 static_cast<unsigned long long>(fs.lock_skips));
+  }
+  return 0;
+}
+
+
+// --------------------------------------------------------------- loop
+
+// shm's fast put and get leave a command in the target's queue (libfabric
+// 1.17 smr_rma_fast), which fills unless the target progresses: the loop
+// polls the target once per this many operations, the same in both stacks.
+constexpr std::uint64_t kLoopTargetEvery = 64;
+
+// --loop: one stack's operations, both sides in this process (see the top
+// of this file). Setup is the same at any --iters, so the difference of two
+// runs' instruction counts is the operations' own.
+int run_loop(const Options& o) {
+  const std::uint64_t size = o.loop_size;
+  const char op = o.loop_op[0];
+  // A short post_timeout, so the warm-up below can progress the target
+  // between attempts (the rest of the path is the default one).
+  regpool::EndpointConfig ec;
+  ec.post_timeout = std::chrono::milliseconds(1);
+  Stack a(o.provider, ec), b(o.provider, ec);
+  if (o.loop_impl == "direct") {
+    Direct da(a.domain->native_info(), size, a.ep->uses_delivery_complete());
+    Direct db(b.domain->native_info(), size, b.ep->uses_delivery_complete());
+    da.insert(db.name());
+    db.insert(da.name());
+    // shm's first operation to a peer waits for the peer's progress (its
+    // answer to our name): one 8-byte send with both sides progressing.
+    db.post([&] { return fi_recv(db.ep, db.buf, 8, db.desc, FI_ADDR_UNSPEC, &db.ctx[1]); });
+    for (;;) {
+      const ssize_t rc = fi_send(da.ep, da.buf, 8, da.desc, da.peer, &da.ctx[0]);
+      if (rc == 0) break;
+      if (rc != -FI_EAGAIN) die("direct warm-up send", rc);
+      fi_cq_data_entry e{};
+      (void)fi_cq_read(da.cq, &e, 0);
+      (void)fi_cq_read(db.cq, &e, 0);
+    }
+    (void)da.reap();
+    (void)db.reap();
+    for (std::uint64_t i = 0; i < o.loop_iters; ++i) {
+      if (op == 'p') {
+        da.write(size, db.remote_base(), kDirectKey, &da.ctx[0]);
+      } else if (op == 'g') {
+        da.post([&] { return fi_read(da.ep, da.buf, size, da.desc, da.peer, db.remote_base(), kDirectKey, &da.ctx[0]); });
+      } else {
+        db.post([&] { return fi_recv(db.ep, db.buf, size, db.desc, FI_ADDR_UNSPEC, &db.ctx[1]); });
+        da.post([&] { return fi_send(da.ep, da.buf, size, da.desc, da.peer, &da.ctx[0]); });
+      }
+      (void)da.reap();
+      if (op == 's') (void)db.reap();
+      if (i % kLoopTargetEvery == 0) {
+        fi_cq_data_entry e{};
+        (void)fi_cq_read(db.cq, &e, 0);
+      }
+    }
+    return 0;
+  }
+  auto target = b.alloc(size);
+  auto exposure = b.ep->expose(must(Slice::data(target)), regpool::RemoteAccess::read_write);
+  if (!exposure) die("expose");
+  const regpool::RemoteRef ref = exposure->ref();
+  const auto peer = a.ep->insert_peer(b.ep->name());
+  (void)b.ep->insert_peer(a.ep->name());
+  {
+    // As above, the target progressing between attempts (not from a
+    // thread: its spinning would be counted, as much as the scheduler
+    // lets it run, and differ between runs).
+    auto warm_in = b.alloc(8), warm_out = a.alloc(8);
+    auto in = b.ep->post_recv(must(Slice::data(warm_in)));
+    for (;;) {
+      auto t = a.ep->send(peer, must(Slice::data(warm_out)));
+      if (t) {
+        wait_ok(*a.ep, std::move(t));
+        break;
+      }
+      if (t.status() != Status::would_block) die(std::string("warm-up send: ") + regpool::to_string(t.status()));
+      (void)b.ep->progress();
+    }
+    wait_ok(*b.ep, std::move(in));
+  }
+  auto src = a.alloc(size);
+  // Made once, as in the latency loop of the two-process run.
+  const Slice local = must(Slice::data(src, 0, size));
+  const Slice inbox = must(Slice::data(target, 0, size));
+  for (std::uint64_t i = 0; i < o.loop_iters; ++i) {
+    if (op == 'p') {
+      wait_ok(*a.ep, a.ep->put(local, peer, ref, 0));
+    } else if (op == 'g') {
+      wait_ok(*a.ep, a.ep->get(peer, ref, 0, local));
+    } else {
+      auto in = b.ep->post_recv(inbox);
+      wait_ok(*a.ep, a.ep->send(peer, local));
+      wait_ok(*b.ep, std::move(in));
+    }
+    if (i % kLoopTargetEvery == 0) (void)b.ep->progress();
   }
   return 0;
 }
@@ -499,9 +621,13 @@ int main(int argc, char** argv) {
       std::printf(
           "usage: bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke]\n"
           "                 [--no-fork [--port P] | --target HOST:PORT]\n"
+          "       bench-rma [--provider shm|tcp] --loop put|get|send [--impl regpool|direct]\n"
+          "                 [--iters N] [--size B]\n"
           "  By default the target side is forked. --no-fork waits on port P (0: any,\n"
           "  printed on stderr) for a target started as 'bench-rma --target HOST:PORT'\n"
-          "  with the same --provider/--reps/--smoke.\n");
+          "  with the same --provider/--reps/--smoke.\n"
+          "  --loop runs N operations of one stack, both sides in this process, untimed\n"
+          "  (for instruction counts: bench/rma-insns).\n");
       return 0;
     }
     if (a == "--provider" && i + 1 < argc) {
@@ -530,6 +656,26 @@ int main(int argc, char** argv) {
       }
       o.target_host = t.substr(0, colon);
       o.port = static_cast<std::uint16_t>(p);
+    } else if (a == "--loop" && i + 1 < argc) {
+      o.loop_op = argv[++i];
+      if (o.loop_op != "put" && o.loop_op != "get" && o.loop_op != "send") {
+        std::fprintf(stderr, "bench-rma: --loop needs put, get or send\n");
+        return 2;
+      }
+    } else if (a == "--impl" && i + 1 < argc) {
+      o.loop_impl = argv[++i];
+      if (o.loop_impl != "regpool" && o.loop_impl != "direct") {
+        std::fprintf(stderr, "bench-rma: --impl needs regpool or direct\n");
+        return 2;
+      }
+    } else if ((a == "--iters" || a == "--size") && i + 1 < argc) {
+      const std::uint64_t v = std::strtoull(argv[++i], nullptr, 0);
+      if (v == 0 || (a == "--size" && v > kMaxSize)) {
+        std::fprintf(stderr, "bench-rma: %s needs 1..%llu\n", a.c_str(),
+                     static_cast<unsigned long long>(a == "--size" ? kMaxSize : ~0ull));
+        return 2;
+      }
+      (a == "--iters" ? o.loop_iters : o.loop_size) = v;
     } else if (a == "--reps" && i + 1 < argc) {
       o.reps = std::atoi(argv[++i]);
       if (o.reps < 1) {
@@ -546,6 +692,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   ::setenv("FI_TCP_IFACE", "lo", 0);
+  if (!o.loop_op.empty()) {
+    try {
+      return run_loop(o);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench-rma loop: %s\n", e.what());
+      return 1;
+    }
+  }
   if (!o.target_host.empty()) {
     try {
       return run_target(o, o.target_host, o.port);

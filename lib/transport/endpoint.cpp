@@ -93,6 +93,14 @@ bool cpus_oversubscribed(std::chrono::steady_clock::time_point now) noexcept {
 
 bool needs_peer(OpKind k) noexcept { return k != OpKind::recv; }
 
+// Ring arithmetic for the ready_ and releases_ rings (head < n, count <= n):
+// a compare instead of a division on the path of every completion.
+std::size_t ring_next(std::size_t i, std::size_t n) noexcept { return i + 1 == n ? 0 : i + 1; }
+std::size_t ring_at(std::size_t head, std::size_t count, std::size_t n) noexcept {
+  const std::size_t i = head + count;
+  return i >= n ? i - n : i;
+}
+
 // A statistics counter written only under the endpoint's mutex (stats()
 // reads it from any thread, relaxed): a load and a store instead of a
 // locked read-modify-write, on the path of every operation.
@@ -310,7 +318,7 @@ void Endpoint::unlock_and_release(std::unique_lock<std::mutex>& lk) noexcept {
   }
   auto take_release = [this]() -> Slice {
     const std::uint32_t index = releases_[release_head_];
-    release_head_ = (release_head_ + 1) % releases_.size();
+    release_head_ = ring_next(release_head_, releases_.size());
     --release_count_;
     Slot& s = slots_[index];
     Slice local = std::move(s.local);
@@ -1538,7 +1546,7 @@ void Endpoint::complete(std::uint32_t index, Status status, std::uint64_t bytes,
   // endpoint): the unlock releases it.
   if (s.local && !s.release_pending) {
     s.release_pending = true;
-    releases_[(release_head_ + release_count_) % releases_.size()] = index;
+    releases_[ring_at(release_head_, release_count_, releases_.size())] = index;
     ++release_count_;
   }
   maybe_free_locked(index);
@@ -1557,7 +1565,7 @@ void Endpoint::finish_locked(Slot& s, std::uint32_t index, Status st, std::uint6
     peers_[s.desc.peer].broken = true;
   }
   if (s.has_callback) {
-    ready_[(ready_head_ + ready_count_) % ready_.size()] = index;
+    ready_[ring_at(ready_head_, ready_count_, ready_.size())] = index;
     ++ready_count_;
   }
   if (waiters_.load(std::memory_order_relaxed) > 0) impl_->done_cv.notify_all();
@@ -1632,7 +1640,7 @@ std::size_t Endpoint::progress_counting(std::size_t& events) noexcept {
       detail::StackBatch<Delivery, kDeliverBatch> batch;
       while (ready_count_ > 0 && !batch.full()) {
         const std::uint32_t index = ready_[ready_head_];
-        ready_head_ = (ready_head_ + 1) % ready_.size();
+        ready_head_ = ring_next(ready_head_, ready_.size());
         --ready_count_;
         Slot& s = slots_[index];
         batch.emplace(std::move(s.cb), s.result);
@@ -1779,7 +1787,13 @@ Completion Endpoint::wait(Token token, std::chrono::milliseconds timeout) noexce
   const std::uint32_t gen = static_cast<std::uint32_t>(token.value >> 32);
   Completion bad{token, OpKind::put, Status::invalid_argument, kAnyPeer, 0, 0};
   if (!token || index >= config_.max_in_flight) return bad;
-  const auto deadline = wait_deadline(timeout);
+  // The deadline is read from the clock at the first look that finds the
+  // op still running: an op the provider completed inside its post (shm's
+  // puts and gets, small sends) returns from the first look without a clock
+  // read. The wait then ends one look later than it would have, never
+  // earlier.
+  Clock::time_point deadline{};
+  bool deadline_set = false;
   const bool threaded = impl_->progress_thread.joinable();
   IdleState idle_state;
   for (;;) {
@@ -1814,10 +1828,16 @@ Completion Endpoint::wait(Token token, std::chrono::milliseconds timeout) noexce
       // An op this round's poll completed while it also made callbacks
       // ready is returned next round, after they go out, whatever the
       // deadline: never in_progress once it is complete.
-      if (!s.completed && platform::CoarseClock::reached(deadline)) {
-        Completion c = s.result;
-        c.status = Status::in_progress;
-        return c;
+      if (!s.completed) {
+        if (!deadline_set) {
+          deadline = wait_deadline(timeout);
+          deadline_set = true;
+        }
+        if (platform::CoarseClock::reached(deadline)) {
+          Completion c = s.result;
+          c.status = Status::in_progress;
+          return c;
+        }
       }
       if (threaded) {
         // The progress thread completes it and notifies; a condition

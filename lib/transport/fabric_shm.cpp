@@ -142,28 +142,37 @@ bool RegionLock::open(const std::string& name, std::int64_t pid) noexcept {
 bool RegionLock::held() noexcept {
   if (!header_) return false;
   pthread_spinlock_t* w = lock_word(header_);
+#if defined(__x86_64__) && defined(__GLIBC__)
+  // glibc's x86-64 lock word is positive exactly when the lock is free
+  // (force_release): a plain read answers what a try and an unlock would.
+  // The try was two locked writes on the line the holder and the region's
+  // owner spin on, on every post and poll, and while it held the lock for
+  // that instant the owner's own fi_cq_read (or another peer's post) spun
+  // behind it.
+  return __atomic_load_n(w, __ATOMIC_ACQUIRE) <= 0;
+#else
   if (pthread_spin_trylock(w) != 0) return true;
   pthread_spin_unlock(w);
   return false;
+#endif
 }
 
 bool RegionLock::held_for(std::chrono::nanoseconds patience) noexcept {
   if (!held()) return false;
   if (patience <= std::chrono::nanoseconds::zero()) return true;
-  [[maybe_unused]] pthread_spinlock_t* w = lock_word(header_);
   const auto until = std::chrono::steady_clock::now() + patience;
   for (std::uint32_t i = 1;; ++i) {
 #if defined(__x86_64__)
     __builtin_ia32_pause();
 #endif
 #if defined(__x86_64__) && defined(__GLIBC__)
-    // glibc's x86-64 lock word is positive when free (force_release): read
-    // it, and take the holder's cache line with a try only then.
-    const bool looks_free = __atomic_load_n(w, __ATOMIC_RELAXED) > 0;
+    // held() is a plain read here: ask it every round, as
+    // pthread_spin_lock's own wait reads the word.
+    if (!held()) return false;
 #else
-    const bool looks_free = (i % 16) == 0;
+    // held() is a try: take the holder's cache line every 16th round only.
+    if (i % 16 == 0 && !held()) return false;
 #endif
-    if (looks_free && !held()) return false;
     // The clock (about 0.1 us here) every 64 rounds: a small part of a spin.
     if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) return true;
   }

@@ -126,14 +126,13 @@ class RegionLock {
   bool valid() const noexcept { return header_ != nullptr; }
   const std::string& name() const noexcept { return name_; }
 
-  // true when someone holds the lock right now. When it is free we take it
-  // and give it back at once (the provider's own protocol), so this never
-  // waits.
+  // true when someone holds the lock right now; never waits. glibc x86-64:
+  // a read of the lock word (free when positive); elsewhere a try that, when
+  // it succeeds, gives the lock back at once.
   bool held() noexcept;
   // true when the lock is still held after `patience`: held(), and while
-  // it is, a spin (pauses and plain reads, retrying only when the word says
-  // free, as pthread_spin_lock's own wait does) that ends when the holder
-  // lets go or after `patience`. A live holder lets go within its own
+  // it is, a spin (pauses and held(); a try only every 16th round where
+  // held() is one) that ends when the holder lets go or after `patience`. A live holder lets go within its own
   // provider call; a dead one never does, so this is bounded, never a wait
   // for ever.
   bool held_for(std::chrono::nanoseconds patience) noexcept;
