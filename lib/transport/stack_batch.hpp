@@ -25,10 +25,19 @@ class StackBatch {
   StackBatch& operator=(const StackBatch&) = delete;
 
   // Precondition: !full().
+  // An aggregate is built with braces: clang 14 has no parenthesised
+  // aggregate initialisation (C++20's P0960), which gcc 12 accepts.
   template <class... Args>
   T& emplace(Args&&... args) noexcept {
-    static_assert(std::is_nothrow_constructible_v<T, Args&&...>);
-    T* p = ::new (static_cast<void*>(storage_ + n_ * sizeof(T))) T(std::forward<Args>(args)...);
+    void* slot = storage_ + n_ * sizeof(T);
+    T* p;
+    if constexpr (std::is_aggregate_v<T>) {
+      static_assert(noexcept(T{std::declval<Args>()...}));
+      p = ::new (slot) T{std::forward<Args>(args)...};
+    } else {
+      static_assert(std::is_nothrow_constructible_v<T, Args&&...>);
+      p = ::new (slot) T(std::forward<Args>(args)...);
+    }
     ++n_;
     return *p;
   }
