@@ -279,14 +279,18 @@ class PoolCore {
     const std::uint64_t sections = ((meta + 7) & ~std::uint64_t{7}) + data;
     // cap first: with a constant 0 (Pool::allocate(data, meta)) the max
     // folds away instead of becoming a branch on sections == 0.
-    const std::uint64_t total = kWireHeaderSize + (cap > sections ? cap : sections);
+    const std::uint64_t body = cap > sections ? cap : sections;
+    const std::uint64_t total = kWireHeaderSize + body;
     // tls_fast.last is set whenever last_id is, so a match needs no null test.
     const TlsFast& f = tls_fast;
     if (f.last_id != id_) [[unlikely]]
       return nullptr;
     ThreadCache* tc = f.last;
     ControlBlock* cb;
-    if (sections <= kMaxSmallObject - kWireHeaderSize) [[likely]] {  // total <= kMaxSmallObject, one add less
+    // total <= kMaxSmallObject, tested on body (one add less). Not on
+    // sections alone: a small object reserving a large capacity is a span,
+    // and its granule count would index past kBinOffsetByGranule.
+    if (body <= kMaxSmallObject - kWireHeaderSize) [[likely]] {
       auto& bin = tc->hot_bin_at(kBinOffsetByGranule[(total + kGranule - 1) / kGranule]);
       ControlBlock** const top = bin.top.load(std::memory_order_relaxed);
       if (top == bin.slots) [[unlikely]]
