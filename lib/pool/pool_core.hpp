@@ -343,8 +343,12 @@ class PoolCore {
     ThreadCache* tc = busy_cache(cb, a);
     if (!tc) [[unlikely]]
       return;
-    // Full, closed (span_limit 0) or not cacheable: free_busy.
-    if (tc->span_count < tc->span_limit.load(std::memory_order_relaxed) && cacheable) [[likely]] {
+    // Full, closed (span_limit 0) or not cacheable: free_busy. The limit
+    // is tested on its own first: a drop that finds the cache closed must
+    // not read span_count, which close() empties once it has taken the
+    // cache over (a race ThreadSanitizer reported in pool-concurrency).
+    const std::uint32_t limit = tc->span_limit.load(std::memory_order_relaxed);
+    if (limit != 0 && tc->span_count < limit && cacheable) [[likely]] {
       tc->spans[tc->span_count++] = cb;
       tc->counters.large_frees.add(1);
       tc->counters.large_bytes_free.add(cb->capacity);
