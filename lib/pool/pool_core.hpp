@@ -23,7 +23,8 @@
 // running thread executes a full barrier) and waits until no cache is busy
 // and no uncached drop is in flight. So each drop either finished before
 // close counts the live objects (and is counted) or sees detached_ and
-// takes free_detached(), which only counts. The fast path pays two plain stores and no fence.
+// takes free_detached(), which only counts. The fast path pays two plain
+// stores and no fence.
 
 #include <array>
 #include <atomic>

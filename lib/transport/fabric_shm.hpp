@@ -132,9 +132,9 @@ class RegionLock {
   bool held() noexcept;
   // true when the lock is still held after `patience`: held(), and while
   // it is, a spin (pauses and held(); a try only every 16th round where
-  // held() is one) that ends when the holder lets go or after `patience`. A live holder lets go within its own
-  // provider call; a dead one never does, so this is bounded, never a wait
-  // for ever.
+  // held() is one) that ends when the holder lets go or after `patience`.
+  // A live holder lets go within its own provider call; a dead one never
+  // does, so this is bounded, never a wait for ever.
   bool held_for(std::chrono::nanoseconds patience) noexcept;
   // Releases the lock on behalf of a holder proven dead.
   void force_release() noexcept;
