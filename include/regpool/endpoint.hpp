@@ -713,6 +713,9 @@ class REGPOOL_API Endpoint {
   // Unlock, then destroy what was released under the mutex (bounded
   // batches, re-locking between them).
   void unlock_and_release(std::unique_lock<std::mutex>& lk) noexcept;
+  // The oldest slot of releases_ (release_count_ > 0): its Slice, moved out
+  // for the caller to drop after unlocking; the slot is freed if it may be.
+  Slice take_release_locked() noexcept;
   // Every acquisition of mutex_ goes through these: a thread that finds
   // others blocked on it lets them have it first (endpoint.cpp, "Fair
   // hand-off").

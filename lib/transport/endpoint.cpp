@@ -260,15 +260,26 @@ void Exposure::revoke() noexcept {
 
 // The endpoint's mutex, released through unlock_and_release so references
 // dropped under it are destroyed after unlocking.
+// The uncontended acquisition (nobody blocked, the mutex free) and the
+// release with nothing to drop are inline; lock_fair and
+// unlock_and_release handle the rest.
 class Endpoint::Lock {
  public:
-  explicit Lock(Endpoint& ep) : ep_(ep), lk_(ep.lock_fair()) {}
+  explicit Lock(Endpoint& ep) : ep_(ep), lk_(ep.mutex_, std::defer_lock) {
+    if (ep.lock_waiters_.load(std::memory_order_relaxed) != 0 || !lk_.try_lock()) ep.lock_fair(lk_);
+  }
   ~Lock() {
-    if (lk_.owns_lock()) ep_.unlock_and_release(lk_);
+    if (lk_.owns_lock()) unlock();
   }
   Lock(const Lock&) = delete;
   Lock& operator=(const Lock&) = delete;
-  void unlock() noexcept { ep_.unlock_and_release(lk_); }
+  void unlock() noexcept {
+    if (ep_.release_count_ == 0 && ep_.release_list_ == kNoExposure) {
+      lk_.unlock();
+    } else {
+      ep_.unlock_and_release(lk_);
+    }
+  }
   void relock() { ep_.lock_fair(lk_); }
   std::unique_lock<std::mutex>& native() noexcept { return lk_; }
 
@@ -310,28 +321,36 @@ std::unique_lock<std::mutex> Endpoint::lock_fair() const noexcept {
   return lk;
 }
 
+Slice Endpoint::take_release_locked() noexcept {
+  const std::uint32_t index = releases_[release_head_];
+  release_head_ = ring_next(release_head_, releases_.size());
+  --release_count_;
+  Slot& s = slots_[index];
+  Slice local = std::move(s.local);
+  s.release_pending = false;
+  maybe_free_locked(index);
+  return local;
+}
+
 void Endpoint::unlock_and_release(std::unique_lock<std::mutex>& lk) noexcept {
-  if (release_count_ == 0 && release_list_ == kNoExposure) {
-    // The usual case: nothing to drop, so no batch to build.
+  if (release_list_ == kNoExposure && release_count_ <= 1) {
+    // The usual cases: nothing to drop, or the one reference of the op this
+    // hold completed (a put or get and its wait): no batch to build, the
+    // reference moves to this frame and is dropped after the unlock.
+    if (release_count_ == 0) {
+      lk.unlock();
+      return;
+    }
+    const Slice last = take_release_locked();
     lk.unlock();
     return;
   }
-  auto take_release = [this]() -> Slice {
-    const std::uint32_t index = releases_[release_head_];
-    release_head_ = ring_next(release_head_, releases_.size());
-    --release_count_;
-    Slot& s = slots_[index];
-    Slice local = std::move(s.local);
-    s.release_pending = false;
-    maybe_free_locked(index);
-    return local;
-  };
   for (;;) {
     bool more = false;
     {
       // Destroyed at the end of this block, after the unlock below.
       detail::StackBatch<Slice, kReleaseBatch> batch;
-      while (!batch.full() && release_count_ > 0) batch.emplace(take_release());
+      while (!batch.full() && release_count_ > 0) batch.emplace(take_release_locked());
       while (!batch.full() && release_list_ != kNoExposure) {
         const std::uint32_t index = release_list_;
         ExposureEntry& e = exposures_[index];
