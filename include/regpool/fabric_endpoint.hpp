@@ -407,11 +407,13 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   void shm_try_recover(OwnRegion& r, std::chrono::steady_clock::time_point now) noexcept;
   void* local_desc(const BackendOp& op) noexcept;
   // do_post by kind; `more` is FI_MORE for every op of a batch but the
-  // last, else 0.
-  Status post_data(const BackendOp& op, std::uint64_t more) noexcept;
-  Status do_put(const BackendOp& op, std::uint64_t more) noexcept;
-  Status do_get(const BackendOp& op, std::uint64_t more) noexcept;
-  Status do_send(const BackendOp& op, std::uint64_t more) noexcept;
+  // last, else 0. Inline (defined in fabric_endpoint.cpp, the only user):
+  // do_post and do_post_batch reach the provider's call without a chain
+  // of calls.
+  inline Status post_data(const BackendOp& op, std::uint64_t more) noexcept;
+  inline Status do_put(const BackendOp& op, std::uint64_t more) noexcept;
+  inline Status do_get(const BackendOp& op, std::uint64_t more) noexcept;
+  inline Status do_send(const BackendOp& op, std::uint64_t more) noexcept;
   // Flags of a put through fi_writemsg.
   Status rma_msg(bool write, const BackendOp& op, void* buf, void* desc, std::uint64_t dest,
                  std::uint64_t flags) noexcept;
