@@ -686,7 +686,9 @@ class REGPOOL_API Endpoint {
 
   // The checks of an op that need no lock (local slice, remote reference,
   // rights, alignment, message size): ok or the status to reject it with.
-  Status check_op(OpKind kind, const Slice* local, const RemoteRef* remote, std::uint64_t remote_offset,
+  // This and the other `inline` members below are defined in endpoint.cpp,
+  // their only user, and inlined into the per-operation path there.
+  inline Status check_op(OpKind kind, const Slice* local, const RemoteRef* remote, std::uint64_t remote_offset,
                   std::uint64_t length) const noexcept;
   // Under the mutex: peer checks and a free slot (polling once if none),
   // filled for the op; the slot is reserved (user_pending) until
@@ -723,8 +725,8 @@ class REGPOOL_API Endpoint {
   std::unique_lock<std::mutex> lock_fair() const noexcept;
   std::size_t poll_locked() noexcept;
   void expire_locked(Clock::time_point now) noexcept;
-  void maybe_free_locked(std::uint32_t index) noexcept;
-  void finish_locked(Slot& s, std::uint32_t index, Status st, std::uint64_t bytes, std::uint64_t value,
+  inline void maybe_free_locked(std::uint32_t index) noexcept;
+  inline void finish_locked(Slot& s, std::uint32_t index, Status st, std::uint64_t bytes, std::uint64_t value,
                      PeerId peer) noexcept;
   void revoke_exposure(std::uint32_t index, std::uint64_t exposure_id, Slice& slice) noexcept;
   void progress_thread_main() noexcept;

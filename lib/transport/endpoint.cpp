@@ -1203,7 +1203,7 @@ Status Endpoint::peer_ready_locked(PeerId peer) noexcept {
   return st;
 }
 
-Status Endpoint::check_op(OpKind kind, const Slice* local, const RemoteRef* remote, std::uint64_t remote_offset,
+[[gnu::always_inline]] inline Status Endpoint::check_op(OpKind kind, const Slice* local, const RemoteRef* remote, std::uint64_t remote_offset,
                           std::uint64_t length) const noexcept {
   if (local) {
     if (!*local || length == 0) return Status::invalid_argument;
@@ -1571,7 +1571,7 @@ void Endpoint::complete(std::uint32_t index, Status status, std::uint64_t bytes,
   maybe_free_locked(index);
 }
 
-void Endpoint::finish_locked(Slot& s, std::uint32_t index, Status st, std::uint64_t bytes, std::uint64_t value,
+[[gnu::always_inline]] inline void Endpoint::finish_locked(Slot& s, std::uint32_t index, Status st, std::uint64_t bytes, std::uint64_t value,
                              PeerId peer) noexcept {
   s.completed = true;
   s.result.status = st;
@@ -1592,7 +1592,7 @@ void Endpoint::finish_locked(Slot& s, std::uint32_t index, Status st, std::uint6
   if (sleepers_ > 0) wake_sleepers_locked();
 }
 
-void Endpoint::maybe_free_locked(std::uint32_t index) noexcept {
+[[gnu::always_inline]] inline void Endpoint::maybe_free_locked(std::uint32_t index) noexcept {
   Slot& s = slots_[index];
   // A slot goes back only once its Slice has been released outside the
   // mutex (unlock_and_release); its callback was moved out to run (or, for
