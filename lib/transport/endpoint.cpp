@@ -202,7 +202,9 @@ struct Endpoint::Impl {
   // progress_or_idle()'s state between calls, and who is using it.
   IdleState idle_state;
   std::atomic_flag idle_busy = ATOMIC_FLAG_INIT;
-  std::condition_variable done_cv;  // progress thread mode: wait() sleeps here
+  // Progress thread mode: wait() sleeps here (any: it waits with the
+  // endpoint's own Mutex).
+  std::condition_variable_any done_cv;
   // Scoped registrations (a slab with a free list). One is shared by the
   // exposures (live or quarantined) of the same bytes and rights when
   // ExposureSupport::reuse_scoped is set.
@@ -258,6 +260,42 @@ void Exposure::revoke() noexcept {
 
 // ---------------------------------------------------------------- Endpoint
 
+// The mutex. A futex word in the classic three-state protocol (U. Drepper,
+// "Futexes Are Tricky", mutex 2): 0 free, 1 held, 2 held with possible
+// sleepers. Taking it free is one compare-exchange, giving it back one
+// exchange and, only when someone may sleep on it, a FUTEX_WAKE. Acquire
+// on every taking, release on the giving back, so what one holder wrote is
+// seen by the next (and by ThreadSanitizer, which follows the atomics).
+// Which thread gets it next is left to lock_fair (below), as before. A
+// sleeper only waits for a holder, never for the network: no hold waits
+// (endpoint_backend.hpp).
+bool Endpoint::Mutex::try_lock() noexcept {
+  std::uint32_t expected = 0;
+  return state_.compare_exchange_strong(expected, 1, std::memory_order_acquire, std::memory_order_relaxed);
+}
+
+void Endpoint::Mutex::lock() noexcept {
+  if (!try_lock()) lock_contended();
+}
+
+void Endpoint::Mutex::unlock() noexcept {
+  if (state_.exchange(0, std::memory_order_release) == 2) wake_one();
+}
+
+void Endpoint::Mutex::lock_contended() noexcept {
+  // Mark it contended (2) and sleep until it was free when we marked it.
+  // Marking 2 when we may be the only waiter costs the next unlock one
+  // spurious wake at most.
+  while (state_.exchange(2, std::memory_order_acquire) != 0) {
+    (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&state_), FUTEX_WAIT_PRIVATE, 2u, nullptr, nullptr,
+                    0);
+  }
+}
+
+void Endpoint::Mutex::wake_one() noexcept {
+  (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&state_), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+}
+
 // The endpoint's mutex, released through unlock_and_release so references
 // dropped under it are destroyed after unlocking.
 // The uncontended acquisition (nobody blocked, the mutex free) and the
@@ -281,14 +319,14 @@ class Endpoint::Lock {
     }
   }
   void relock() { ep_.lock_fair(lk_); }
-  std::unique_lock<std::mutex>& native() noexcept { return lk_; }
+  std::unique_lock<Mutex>& native() noexcept { return lk_; }
 
  private:
   Endpoint& ep_;
-  std::unique_lock<std::mutex> lk_;
+  std::unique_lock<Mutex> lk_;
 };
 
-// Fair hand-off. std::mutex lets the thread that unlocks take the mutex
+// Fair hand-off. A mutex lets the thread that unlocks take the mutex
 // again at once, ahead of a thread that blocked on it: the blocked one is
 // woken by the kernel and needs microseconds to run, and a spinning loop
 // (wait(), a progress thread with progress_idle_sleep 0, a post retry)
@@ -303,7 +341,7 @@ class Endpoint::Lock {
 // until those have taken the mutex (bounded by kHandoffYields, so a waiter
 // that is descheduled for long cannot stall it). Uncontended, this costs
 // one relaxed load per acquisition.
-void Endpoint::lock_fair(std::unique_lock<std::mutex>& lk) const noexcept {
+void Endpoint::lock_fair(std::unique_lock<Mutex>& lk) const noexcept {
   if (lock_waiters_.load(std::memory_order_relaxed) != 0) {
     for (std::uint32_t i = 0; i < kHandoffYields && lock_waiters_.load(std::memory_order_relaxed) != 0; ++i) {
       std::this_thread::yield();
@@ -315,8 +353,8 @@ void Endpoint::lock_fair(std::unique_lock<std::mutex>& lk) const noexcept {
   lock_waiters_.fetch_sub(1, std::memory_order_relaxed);
 }
 
-std::unique_lock<std::mutex> Endpoint::lock_fair() const noexcept {
-  std::unique_lock<std::mutex> lk(mutex_, std::defer_lock);
+std::unique_lock<Endpoint::Mutex> Endpoint::lock_fair() const noexcept {
+  std::unique_lock<Mutex> lk(mutex_, std::defer_lock);
   lock_fair(lk);
   return lk;
 }
@@ -332,7 +370,7 @@ Slice Endpoint::take_release_locked() noexcept {
   return local;
 }
 
-void Endpoint::unlock_and_release(std::unique_lock<std::mutex>& lk) noexcept {
+void Endpoint::unlock_and_release(std::unique_lock<Mutex>& lk) noexcept {
   if (release_list_ == kNoExposure && release_count_ <= 1) {
     // The usual cases: nothing to drop, or the one reference of the op this
     // hold completed (a put or get and its wait): no batch to build, the
