@@ -693,11 +693,11 @@ class REGPOOL_API Endpoint {
   // Under the mutex: peer checks and a free slot (polling once if none),
   // filled for the op; the slot is reserved (user_pending) until
   // accept_locked or refuse_locked. Returns the slot index or the status.
-  Result<std::uint32_t> claim_slot_locked(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
+  inline Result<std::uint32_t> claim_slot_locked(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
                                           std::uint64_t remote_offset, std::uint64_t length,
                                           std::uint64_t operand, std::uint64_t compare) noexcept;
   // The backend accepted the op in slot `index`: it owns it from now on.
-  void accept_locked(std::uint32_t index) noexcept;
+  inline void accept_locked(std::uint32_t index) noexcept;
   // The op in slot `index` was not posted: the slot goes back; its Slice is
   // moved to `local` (destroyed by the caller after unlocking).
   void refuse_locked(std::uint32_t index, Slice& local) noexcept;
@@ -733,7 +733,7 @@ class REGPOOL_API Endpoint {
   void unlock_and_release(std::unique_lock<Mutex>& lk) noexcept;
   // The oldest slot of releases_ (release_count_ > 0): its Slice, moved out
   // for the caller to drop after unlocking; the slot is freed if it may be.
-  Slice take_release_locked() noexcept;
+  inline Slice take_release_locked() noexcept;
   // Every acquisition of mutex_ goes through these: a thread that finds
   // others blocked on it lets them have it first (endpoint.cpp, "Fair
   // hand-off").

@@ -402,7 +402,7 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   // memory, see tagged_contexts_), and the slot a completion's context names.
   void* data_context(const BackendOp& op) const noexcept;
   std::uint32_t data_index(void* context) noexcept;
-  Status shm_peer_gate(std::uint64_t handle, bool ctrl) noexcept;
+  inline Status shm_peer_gate(std::uint64_t handle, bool ctrl) noexcept;
   bool shm_region_blocked(OwnRegion& r) noexcept;
   void shm_try_recover(OwnRegion& r, std::chrono::steady_clock::time_point now) noexcept;
   void* local_desc(const BackendOp& op) noexcept;
@@ -419,7 +419,7 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
                  std::uint64_t flags) noexcept;
   std::uint64_t msg_flags(std::uint64_t more) const noexcept;
   // Whether the target's shm bell rings after `op` is posted.
-  bool rings_target(const BackendOp& op) const noexcept;
+  inline bool rings_target(const BackendOp& op) const noexcept;
   Status do_recv(const BackendOp& op) noexcept;
   Status do_atomic(const BackendOp& op) noexcept;
 

@@ -312,10 +312,15 @@ class Endpoint::Lock {
   Lock(const Lock&) = delete;
   Lock& operator=(const Lock&) = delete;
   void unlock() noexcept {
-    if (ep_.release_count_ == 0 && ep_.release_list_ == kNoExposure) {
+    if (ep_.release_list_ != kNoExposure || ep_.release_count_ > 1) {
+      ep_.unlock_and_release(lk_);
+    } else if (ep_.release_count_ == 0) {
       lk_.unlock();
     } else {
-      ep_.unlock_and_release(lk_);
+      // The one reference of the op this hold completed (a put or get and
+      // its wait): moved to this frame, dropped after the unlock.
+      const Slice last = ep_.take_release_locked();
+      lk_.unlock();
     }
   }
   void relock() { ep_.lock_fair(lk_); }
@@ -359,7 +364,7 @@ std::unique_lock<Endpoint::Mutex> Endpoint::lock_fair() const noexcept {
   return lk;
 }
 
-Slice Endpoint::take_release_locked() noexcept {
+[[gnu::always_inline]] inline Slice Endpoint::take_release_locked() noexcept {
   const std::uint32_t index = releases_[release_head_];
   release_head_ = ring_next(release_head_, releases_.size());
   --release_count_;
@@ -371,15 +376,9 @@ Slice Endpoint::take_release_locked() noexcept {
 }
 
 void Endpoint::unlock_and_release(std::unique_lock<Mutex>& lk) noexcept {
-  if (release_list_ == kNoExposure && release_count_ <= 1) {
-    // The usual cases: nothing to drop, or the one reference of the op this
-    // hold completed (a put or get and its wait): no batch to build, the
-    // reference moves to this frame and is dropped after the unlock.
-    if (release_count_ == 0) {
-      lk.unlock();
-      return;
-    }
-    const Slice last = take_release_locked();
+  if (release_count_ == 0 && release_list_ == kNoExposure) {
+    // Nothing to drop (Lock::unlock handles this and the one-reference
+    // case inline; other callers come here).
     lk.unlock();
     return;
   }
@@ -1265,7 +1264,7 @@ Status Endpoint::peer_ready_locked(PeerId peer) noexcept {
   return Status::ok;
 }
 
-Result<std::uint32_t> Endpoint::claim_slot_locked(OpKind kind, PeerId peer, const Slice* local,
+[[gnu::always_inline]] inline Result<std::uint32_t> Endpoint::claim_slot_locked(OpKind kind, PeerId peer, const Slice* local,
                                                   const RemoteRef* remote, std::uint64_t remote_offset,
                                                   std::uint64_t length, std::uint64_t operand,
                                                   std::uint64_t compare) noexcept {
@@ -1290,25 +1289,25 @@ Result<std::uint32_t> Endpoint::claim_slot_locked(OpKind kind, PeerId peer, cons
   if (++s.gen == 0) s.gen = 1;
   if (local) s.local = *local;  // the in-flight reference to the LDO
   if (remote) s.remote = *remote;
-  s.desc = BackendOp{};
-  s.desc.index = index;
-  s.desc.kind = kind;
-  s.desc.peer = needs_peer(kind) ? peer : kAnyPeer;
-  s.desc.peer_handle = peer_handle;
-  s.desc.local = local ? &s.local : nullptr;
-  s.desc.length = length;
-  s.desc.remote = remote ? &s.remote : nullptr;
-  s.desc.remote_address = remote ? remote->address_at(remote_offset) : 0;
+  const Token token{(static_cast<std::uint64_t>(s.gen) << 32) | index};
+  // Every field written once (no clearing first).
+  s.desc = BackendOp{index,
+                     kind,
+                     needs_peer(kind) ? peer : kAnyPeer,
+                     peer_handle,
+                     local ? &s.local : nullptr,
+                     length,
+                     remote ? &s.remote : nullptr,
+                     remote ? remote->address_at(remote_offset) : 0,
+                     s.context,
+                     token.value};
   if (kind == OpKind::fetch_add || kind == OpKind::compare_swap) {
     AtomicWords& w = atomic_words_[index];
     w.operand = operand;
     w.compare = compare;
     w.result = 0;
   }
-  s.desc.context = s.context;
   s.has_callback = false;
-  const Token token{(static_cast<std::uint64_t>(s.gen) << 32) | index};
-  s.desc.tag = token.value;
   s.orphan = false;
   s.result = Completion{token, kind, Status::in_progress, s.desc.peer, 0, 0};
   s.completed = false;
@@ -1319,7 +1318,7 @@ Result<std::uint32_t> Endpoint::claim_slot_locked(OpKind kind, PeerId peer, cons
   return index;
 }
 
-void Endpoint::accept_locked(std::uint32_t index) noexcept {
+[[gnu::always_inline]] inline void Endpoint::accept_locked(std::uint32_t index) noexcept {
   Slot& s = slots_[index];
   // A coarse reading plus one tick: never before the precise post time, at
   // most one tick (4 ms here) after it, for a seventh of the cost.

@@ -703,7 +703,7 @@ void* FabricEndpoint::local_desc(const BackendOp& op) noexcept {
   return Status::invalid_argument;
 }
 
-bool FabricEndpoint::rings_target(const BackendOp& op) const noexcept {
+[[gnu::always_inline]] inline bool FabricEndpoint::rings_target(const BackendOp& op) const noexcept {
   // Ring the target's bell when it has work to do for this op: a message to
   // read, an atomic to apply. shm 1.17 moves puts and gets between
   // processes that may use CMA by the initiator's own process_vm_writev/
@@ -1718,7 +1718,7 @@ bool FabricEndpoint::shm_peer_gone(std::uint64_t handle) noexcept {
   return p.dead;
 }
 
-Status FabricEndpoint::shm_peer_gate(std::uint64_t handle, bool ctrl) noexcept {
+[[gnu::always_inline]] inline Status FabricEndpoint::shm_peer_gate(std::uint64_t handle, bool ctrl) noexcept {
   if (handle >= peers_.size()) return Status::ok;
   PeerAddr& p = peers_[handle];
   if (shm_peer_gone(handle)) {
