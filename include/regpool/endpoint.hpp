@@ -731,6 +731,10 @@ class REGPOOL_API Endpoint {
   // Unlock, then destroy what was released under the mutex (bounded
   // batches, re-locking between them).
   void unlock_and_release(std::unique_lock<Mutex>& lk) noexcept;
+  // Its cases: exactly one reference in releases_, several (or parked
+  // exposure references).
+  void unlock_releasing_one(std::unique_lock<Mutex>& lk) noexcept;
+  void release_batches(std::unique_lock<Mutex>& lk) noexcept;
   // The oldest slot of releases_ (release_count_ > 0): its Slice, moved out
   // for the caller to drop after unlocking; the slot is freed if it may be.
   inline Slice take_release_locked() noexcept;
@@ -739,7 +743,7 @@ class REGPOOL_API Endpoint {
   // hand-off").
   void lock_fair(std::unique_lock<Mutex>& lk) const noexcept;
   std::unique_lock<Mutex> lock_fair() const noexcept;
-  std::size_t poll_locked() noexcept;
+  inline std::size_t poll_locked() noexcept;
   void expire_locked(Clock::time_point now) noexcept;
   inline void maybe_free_locked(std::uint32_t index) noexcept;
   inline void finish_locked(Slot& s, std::uint32_t index, Status st, std::uint64_t bytes, std::uint64_t value,

@@ -397,6 +397,9 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   void shm_peer_insert(PeerAddr& p, std::span<const std::byte> data, std::span<const std::byte> ctrl);
   void shm_check_peers(std::chrono::steady_clock::time_point now) noexcept;
   bool shm_peer_gone(std::uint64_t handle) noexcept;
+  // The same for peers_[handle] (handle in range), inlined into the post
+  // gate.
+  inline bool shm_peer_gone(PeerAddr& p, std::uint64_t handle) noexcept;
   void shm_sweep_deaths(std::chrono::steady_clock::time_point now) noexcept;
   // The context the data endpoint is given for `op` (its tag or its context
   // memory, see tagged_contexts_), and the slot a completion's context names.

@@ -312,15 +312,10 @@ class Endpoint::Lock {
   Lock(const Lock&) = delete;
   Lock& operator=(const Lock&) = delete;
   void unlock() noexcept {
-    if (ep_.release_list_ != kNoExposure || ep_.release_count_ > 1) {
-      ep_.unlock_and_release(lk_);
-    } else if (ep_.release_count_ == 0) {
+    if (ep_.release_count_ == 0 && ep_.release_list_ == kNoExposure) {
       lk_.unlock();
     } else {
-      // The one reference of the op this hold completed (a put or get and
-      // its wait): moved to this frame, dropped after the unlock.
-      const Slice last = ep_.take_release_locked();
-      lk_.unlock();
+      ep_.unlock_and_release(lk_);
     }
   }
   void relock() { ep_.lock_fair(lk_); }
@@ -375,13 +370,27 @@ std::unique_lock<Endpoint::Mutex> Endpoint::lock_fair() const noexcept {
   return local;
 }
 
+void Endpoint::unlock_releasing_one(std::unique_lock<Mutex>& lk) noexcept {
+  const Slice last = take_release_locked();
+  lk.unlock();
+}
+
 void Endpoint::unlock_and_release(std::unique_lock<Mutex>& lk) noexcept {
-  if (release_count_ == 0 && release_list_ == kNoExposure) {
-    // Nothing to drop (Lock::unlock handles this and the one-reference
-    // case inline; other callers come here).
-    lk.unlock();
+  if (release_list_ == kNoExposure && release_count_ <= 1) {
+    // The usual cases: nothing to drop, or the one reference of the op this
+    // hold completed (a put or get and its wait), dropped after the unlock
+    // by a function without this one's batch frame.
+    if (release_count_ == 0) {
+      lk.unlock();
+    } else {
+      unlock_releasing_one(lk);
+    }
     return;
   }
+  release_batches(lk);
+}
+
+void Endpoint::release_batches(std::unique_lock<Mutex>& lk) noexcept {
   for (;;) {
     bool more = false;
     {
@@ -1378,7 +1387,8 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
   Status st = Status::ok;
   Clock::time_point retry_until{};
   for (std::uint32_t attempt = 0;; ++attempt) {
-    st = needs_peer(kind) ? peer_ready_locked(peer) : Status::ok;
+    // peer_ready_locked only has work while the peer settles.
+    st = needs_peer(kind) && peers_[peer].settling ? peer_ready_locked(peer) : Status::ok;
     if (st == Status::ok) {
       if (needs_peer(kind)) s.desc.peer_handle = peers_[peer].handle;
       st = do_post(s.desc);
@@ -1546,7 +1556,7 @@ Endpoint::Clock::time_point Endpoint::deadline_for(OpKind kind, std::uint64_t le
   return now + span;
 }
 
-std::size_t Endpoint::poll_locked() noexcept {
+[[gnu::always_inline]] inline std::size_t Endpoint::poll_locked() noexcept {
   const std::size_t n = do_poll(config_.poll_batch);
   last_poll_events_ = n;
   // Is a scan due? Asked of the coarse clock (a tick behind at most), so

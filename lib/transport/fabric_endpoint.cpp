@@ -1698,7 +1698,10 @@ void FabricEndpoint::shm_check_peers(std::chrono::steady_clock::time_point now) 
 
 bool FabricEndpoint::shm_peer_gone(std::uint64_t handle) noexcept {
   if (handle >= peers_.size()) return false;
-  PeerAddr& p = peers_[handle];
+  return shm_peer_gone(peers_[handle], handle);
+}
+
+[[gnu::always_inline]] inline bool FabricEndpoint::shm_peer_gone(PeerAddr& p, std::uint64_t handle) noexcept {
   if (!p.used || p.pid == 0) return false;
   if (!p.dead && options_.peer_check_interval.count() > 0) {
     // A rate limit for the pid check on the post path: the coarse clock
@@ -1721,7 +1724,7 @@ bool FabricEndpoint::shm_peer_gone(std::uint64_t handle) noexcept {
 [[gnu::always_inline]] inline Status FabricEndpoint::shm_peer_gate(std::uint64_t handle, bool ctrl) noexcept {
   if (handle >= peers_.size()) return Status::ok;
   PeerAddr& p = peers_[handle];
-  if (shm_peer_gone(handle)) {
+  if (shm_peer_gone(p, handle)) {
     if (!p.reported) {
       p.reported = true;
       dead_peers_.fetch_add(1, std::memory_order_relaxed);
