@@ -703,7 +703,9 @@ class REGPOOL_API Endpoint {
   void refuse_locked(std::uint32_t index, Slice& local) noexcept;
   // Re-check a peer after the mutex was released (post retries).
   Status recheck_peer_locked(PeerId peer) const noexcept;
-  Result<Token> submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
+  // Inlined into put, get, send, post_recv and the atomics: each then
+  // carries only its own kind's checks.
+  inline Result<Token> submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
                        std::uint64_t remote_offset, std::uint64_t length, std::uint64_t operand,
                        std::uint64_t compare, Callback&& cb) noexcept;
   void fail_ops_locked(PeerId peer, Status status, bool gone) noexcept;

@@ -303,15 +303,15 @@ void Endpoint::Mutex::wake_one() noexcept {
 // unlock_and_release handle the rest.
 class Endpoint::Lock {
  public:
-  explicit Lock(Endpoint& ep) : ep_(ep), lk_(ep.mutex_, std::defer_lock) {
+  [[gnu::always_inline]] explicit Lock(Endpoint& ep) : ep_(ep), lk_(ep.mutex_, std::defer_lock) {
     if (ep.lock_waiters_.load(std::memory_order_relaxed) != 0 || !lk_.try_lock()) ep.lock_fair(lk_);
   }
-  ~Lock() {
+  [[gnu::always_inline]] ~Lock() {
     if (lk_.owns_lock()) unlock();
   }
   Lock(const Lock&) = delete;
   Lock& operator=(const Lock&) = delete;
-  void unlock() noexcept {
+  [[gnu::always_inline]] void unlock() noexcept {
     if (ep_.release_count_ == 0 && ep_.release_list_ == kNoExposure) {
       lk_.unlock();
     } else {
@@ -1365,7 +1365,7 @@ Status Endpoint::recheck_peer_locked(PeerId peer) const noexcept {
   return Status::ok;
 }
 
-Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
+[[gnu::always_inline]] inline Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
                                std::uint64_t remote_offset, std::uint64_t length, std::uint64_t operand,
                                std::uint64_t compare, Callback&& cb) noexcept {
   // Checks that need no lock first: they are the ones users hit.
@@ -1382,7 +1382,9 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
   // The callback goes in before the post: a completion may be reaped by the
   // first retry's poll.
   s.has_callback = static_cast<bool>(cb);
-  s.cb = std::move(cb);
+  // A slot's callback is empty once delivered or given back: moving an
+  // empty one in (wait()'s ops) would only clear it again.
+  if (s.has_callback || s.cb) s.cb = std::move(cb);
 
   Status st = Status::ok;
   Clock::time_point retry_until{};
