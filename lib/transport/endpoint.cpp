@@ -1249,7 +1249,8 @@ Status Endpoint::peer_ready_locked(PeerId peer) noexcept {
   return st;
 }
 
-[[gnu::always_inline]] inline Status Endpoint::check_op(OpKind kind, const Slice* local, const RemoteRef* remote, std::uint64_t remote_offset,
+[[gnu::always_inline]] inline
+Status Endpoint::check_op(OpKind kind, const Slice* local, const RemoteRef* remote, std::uint64_t remote_offset,
                           std::uint64_t length) const noexcept {
   if (local) {
     if (!*local || length == 0) return Status::invalid_argument;
@@ -1273,7 +1274,8 @@ Status Endpoint::peer_ready_locked(PeerId peer) noexcept {
   return Status::ok;
 }
 
-[[gnu::always_inline]] inline Result<std::uint32_t> Endpoint::claim_slot_locked(OpKind kind, PeerId peer, const Slice* local,
+[[gnu::always_inline]] inline
+Result<std::uint32_t> Endpoint::claim_slot_locked(OpKind kind, PeerId peer, const Slice* local,
                                                   const RemoteRef* remote, std::uint64_t remote_offset,
                                                   std::uint64_t length, std::uint64_t operand,
                                                   std::uint64_t compare) noexcept {
@@ -1365,7 +1367,8 @@ Status Endpoint::recheck_peer_locked(PeerId peer) const noexcept {
   return Status::ok;
 }
 
-[[gnu::always_inline]] inline Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
+[[gnu::always_inline]] inline
+Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
                                std::uint64_t remote_offset, std::uint64_t length, std::uint64_t operand,
                                std::uint64_t compare, Callback&& cb) noexcept {
   // Checks that need no lock first: they are the ones users hit.
@@ -1620,7 +1623,8 @@ void Endpoint::complete(std::uint32_t index, Status status, std::uint64_t bytes,
   maybe_free_locked(index);
 }
 
-[[gnu::always_inline]] inline void Endpoint::finish_locked(Slot& s, std::uint32_t index, Status st, std::uint64_t bytes, std::uint64_t value,
+[[gnu::always_inline]] inline
+void Endpoint::finish_locked(Slot& s, std::uint32_t index, Status st, std::uint64_t bytes, std::uint64_t value,
                              PeerId peer) noexcept {
   s.completed = true;
   s.result.status = st;
