@@ -303,9 +303,9 @@ void Endpoint::Mutex::wake_one() noexcept {
 // unlock_and_release handle the rest.
 class Endpoint::Lock {
  public:
-  [[gnu::always_inline]] explicit Lock(Endpoint& ep) : ep_(ep), lk_(ep.mutex_, std::defer_lock) {
-    if (ep.lock_waiters_.load(std::memory_order_relaxed) != 0 || !lk_.try_lock()) ep.lock_fair(lk_);
-  }
+  // The fast paths use the mutex itself and adopt or release it in lk_:
+  // unique_lock's own lock and unlock check for misuse on every call.
+  [[gnu::always_inline]] explicit Lock(Endpoint& ep) : ep_(ep), lk_(acquire(ep)) {}
   [[gnu::always_inline]] ~Lock() {
     if (lk_.owns_lock()) unlock();
   }
@@ -313,15 +313,25 @@ class Endpoint::Lock {
   Lock& operator=(const Lock&) = delete;
   [[gnu::always_inline]] void unlock() noexcept {
     if (ep_.release_count_ == 0 && ep_.release_list_ == kNoExposure) {
-      lk_.unlock();
+      lk_.release()->unlock();
     } else {
       ep_.unlock_and_release(lk_);
     }
   }
-  void relock() { ep_.lock_fair(lk_); }
+  void relock() {
+    // The fast unlock released the mutex from lk_ (release()).
+    if (lk_.mutex() == nullptr) lk_ = std::unique_lock<Mutex>(ep_.mutex_, std::defer_lock);
+    ep_.lock_fair(lk_);
+  }
   std::unique_lock<Mutex>& native() noexcept { return lk_; }
 
  private:
+  [[gnu::always_inline]] static std::unique_lock<Mutex> acquire(Endpoint& ep) noexcept {
+    if (ep.lock_waiters_.load(std::memory_order_relaxed) == 0 && ep.mutex_.try_lock()) {
+      return std::unique_lock<Mutex>(ep.mutex_, std::adopt_lock);
+    }
+    return ep.lock_fair();
+  }
   Endpoint& ep_;
   std::unique_lock<Mutex> lk_;
 };
