@@ -686,22 +686,26 @@ class REGPOOL_API Endpoint {
 
   // The checks of an op that need no lock (local slice, remote reference,
   // rights, alignment, message size): ok or the status to reject it with.
-  Status check_op(OpKind kind, const Slice* local, const RemoteRef* remote, std::uint64_t remote_offset,
+  // This and the other `inline` members below are defined in endpoint.cpp,
+  // their only user, and inlined into the per-operation path there.
+  inline Status check_op(OpKind kind, const Slice* local, const RemoteRef* remote, std::uint64_t remote_offset,
                   std::uint64_t length) const noexcept;
   // Under the mutex: peer checks and a free slot (polling once if none),
   // filled for the op; the slot is reserved (user_pending) until
   // accept_locked or refuse_locked. Returns the slot index or the status.
-  Result<std::uint32_t> claim_slot_locked(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
+  inline Result<std::uint32_t> claim_slot_locked(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
                                           std::uint64_t remote_offset, std::uint64_t length,
                                           std::uint64_t operand, std::uint64_t compare) noexcept;
   // The backend accepted the op in slot `index`: it owns it from now on.
-  void accept_locked(std::uint32_t index) noexcept;
+  inline void accept_locked(std::uint32_t index) noexcept;
   // The op in slot `index` was not posted: the slot goes back; its Slice is
   // moved to `local` (destroyed by the caller after unlocking).
   void refuse_locked(std::uint32_t index, Slice& local) noexcept;
   // Re-check a peer after the mutex was released (post retries).
   Status recheck_peer_locked(PeerId peer) const noexcept;
-  Result<Token> submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
+  // Inlined into put, get, send, post_recv and the atomics: each then
+  // carries only its own kind's checks.
+  inline Result<Token> submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
                        std::uint64_t remote_offset, std::uint64_t length, std::uint64_t operand,
                        std::uint64_t compare, Callback&& cb) noexcept;
   void fail_ops_locked(PeerId peer, Status status, bool gone) noexcept;
@@ -710,18 +714,41 @@ class REGPOOL_API Endpoint {
   void abandon_locked(std::uint32_t index) noexcept;
   void abandon_all_locked() noexcept;
   Clock::time_point deadline_for(OpKind kind, std::uint64_t length, Clock::time_point now) const noexcept;
+  // The endpoint's mutex: one futex word (endpoint.cpp, "The mutex").
+  // Locked and unlocked about twice per operation; pthread's trylock and
+  // unlock cost about 55 instructions per round of the ~1,500 regpool adds
+  // to a put, this a compare-exchange and an exchange.
+  class Mutex {
+   public:
+    inline bool try_lock() noexcept;
+    inline void lock() noexcept;
+    inline void unlock() noexcept;
+
+   private:
+    void lock_contended() noexcept;
+    void wake_one() noexcept;
+    // 0 free, 1 held, 2 held and some thread may be asleep on it.
+    std::atomic<std::uint32_t> state_{0};
+  };
   // Unlock, then destroy what was released under the mutex (bounded
   // batches, re-locking between them).
-  void unlock_and_release(std::unique_lock<std::mutex>& lk) noexcept;
+  void unlock_and_release(std::unique_lock<Mutex>& lk) noexcept;
+  // Its cases: exactly one reference in releases_, several (or parked
+  // exposure references).
+  void unlock_releasing_one(std::unique_lock<Mutex>& lk) noexcept;
+  void release_batches(std::unique_lock<Mutex>& lk) noexcept;
+  // The oldest slot of releases_ (release_count_ > 0): its Slice, moved out
+  // for the caller to drop after unlocking; the slot is freed if it may be.
+  inline Slice take_release_locked() noexcept;
   // Every acquisition of mutex_ goes through these: a thread that finds
   // others blocked on it lets them have it first (endpoint.cpp, "Fair
   // hand-off").
-  void lock_fair(std::unique_lock<std::mutex>& lk) const noexcept;
-  std::unique_lock<std::mutex> lock_fair() const noexcept;
-  std::size_t poll_locked() noexcept;
+  void lock_fair(std::unique_lock<Mutex>& lk) const noexcept;
+  std::unique_lock<Mutex> lock_fair() const noexcept;
+  inline std::size_t poll_locked() noexcept;
   void expire_locked(Clock::time_point now) noexcept;
-  void maybe_free_locked(std::uint32_t index) noexcept;
-  void finish_locked(Slot& s, std::uint32_t index, Status st, std::uint64_t bytes, std::uint64_t value,
+  inline void maybe_free_locked(std::uint32_t index) noexcept;
+  inline void finish_locked(Slot& s, std::uint32_t index, Status st, std::uint64_t bytes, std::uint64_t value,
                      PeerId peer) noexcept;
   void revoke_exposure(std::uint32_t index, std::uint64_t exposure_id, Slice& slice) noexcept;
   void progress_thread_main() noexcept;
@@ -786,7 +813,7 @@ class REGPOOL_API Endpoint {
 
   EndpointConfig config_;
   ExposureSupport support_;
-  mutable std::mutex mutex_;
+  mutable Mutex mutex_;
   mutable std::atomic<std::uint32_t> lock_waiters_{0};  // threads blocked in lock_fair
   std::unique_ptr<Slot[]> slots_;
   std::vector<std::uint32_t> free_;      // stack of free slot indices, reserved

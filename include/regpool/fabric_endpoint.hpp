@@ -397,27 +397,32 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   void shm_peer_insert(PeerAddr& p, std::span<const std::byte> data, std::span<const std::byte> ctrl);
   void shm_check_peers(std::chrono::steady_clock::time_point now) noexcept;
   bool shm_peer_gone(std::uint64_t handle) noexcept;
+  // The same for peers_[handle] (handle in range), inlined into the post
+  // gate.
+  inline bool shm_peer_gone(PeerAddr& p, std::uint64_t handle) noexcept;
   void shm_sweep_deaths(std::chrono::steady_clock::time_point now) noexcept;
   // The context the data endpoint is given for `op` (its tag or its context
   // memory, see tagged_contexts_), and the slot a completion's context names.
   void* data_context(const BackendOp& op) const noexcept;
   std::uint32_t data_index(void* context) noexcept;
-  Status shm_peer_gate(std::uint64_t handle, bool ctrl) noexcept;
+  inline Status shm_peer_gate(std::uint64_t handle, bool ctrl) noexcept;
   bool shm_region_blocked(OwnRegion& r) noexcept;
   void shm_try_recover(OwnRegion& r, std::chrono::steady_clock::time_point now) noexcept;
   void* local_desc(const BackendOp& op) noexcept;
   // do_post by kind; `more` is FI_MORE for every op of a batch but the
-  // last, else 0.
-  Status post_data(const BackendOp& op, std::uint64_t more) noexcept;
-  Status do_put(const BackendOp& op, std::uint64_t more) noexcept;
-  Status do_get(const BackendOp& op, std::uint64_t more) noexcept;
-  Status do_send(const BackendOp& op, std::uint64_t more) noexcept;
+  // last, else 0. Inline (defined in fabric_endpoint.cpp, the only user):
+  // do_post and do_post_batch reach the provider's call without a chain
+  // of calls.
+  inline Status post_data(const BackendOp& op, std::uint64_t more) noexcept;
+  inline Status do_put(const BackendOp& op, std::uint64_t more) noexcept;
+  inline Status do_get(const BackendOp& op, std::uint64_t more) noexcept;
+  inline Status do_send(const BackendOp& op, std::uint64_t more) noexcept;
   // Flags of a put through fi_writemsg.
   Status rma_msg(bool write, const BackendOp& op, void* buf, void* desc, std::uint64_t dest,
                  std::uint64_t flags) noexcept;
   std::uint64_t msg_flags(std::uint64_t more) const noexcept;
   // Whether the target's shm bell rings after `op` is posted.
-  bool rings_target(const BackendOp& op) const noexcept;
+  inline bool rings_target(const BackendOp& op) const noexcept;
   Status do_recv(const BackendOp& op) noexcept;
   Status do_atomic(const BackendOp& op) noexcept;
 

@@ -202,7 +202,9 @@ struct Endpoint::Impl {
   // progress_or_idle()'s state between calls, and who is using it.
   IdleState idle_state;
   std::atomic_flag idle_busy = ATOMIC_FLAG_INIT;
-  std::condition_variable done_cv;  // progress thread mode: wait() sleeps here
+  // Progress thread mode: wait() sleeps here (any: it waits with the
+  // endpoint's own Mutex).
+  std::condition_variable_any done_cv;
   // Scoped registrations (a slab with a free list). One is shared by the
   // exposures (live or quarantined) of the same bytes and rights when
   // ExposureSupport::reuse_scoped is set.
@@ -258,26 +260,83 @@ void Exposure::revoke() noexcept {
 
 // ---------------------------------------------------------------- Endpoint
 
+// The mutex. A futex word in the classic three-state protocol (U. Drepper,
+// "Futexes Are Tricky", mutex 2): 0 free, 1 held, 2 held with possible
+// sleepers. Taking it free is one compare-exchange, giving it back one
+// exchange and, only when someone may sleep on it, a FUTEX_WAKE. Acquire
+// on every taking, release on the giving back, so what one holder wrote is
+// seen by the next (and by ThreadSanitizer, which follows the atomics).
+// Which thread gets it next is left to lock_fair (below), as before. A
+// sleeper only waits for a holder, never for the network: no hold waits
+// (endpoint_backend.hpp).
+bool Endpoint::Mutex::try_lock() noexcept {
+  std::uint32_t expected = 0;
+  return state_.compare_exchange_strong(expected, 1, std::memory_order_acquire, std::memory_order_relaxed);
+}
+
+void Endpoint::Mutex::lock() noexcept {
+  if (!try_lock()) lock_contended();
+}
+
+void Endpoint::Mutex::unlock() noexcept {
+  if (state_.exchange(0, std::memory_order_release) == 2) wake_one();
+}
+
+void Endpoint::Mutex::lock_contended() noexcept {
+  // Mark it contended (2) and sleep until it was free when we marked it.
+  // Marking 2 when we may be the only waiter costs the next unlock one
+  // spurious wake at most.
+  while (state_.exchange(2, std::memory_order_acquire) != 0) {
+    (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&state_), FUTEX_WAIT_PRIVATE, 2u, nullptr, nullptr,
+                    0);
+  }
+}
+
+void Endpoint::Mutex::wake_one() noexcept {
+  (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&state_), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+}
+
 // The endpoint's mutex, released through unlock_and_release so references
 // dropped under it are destroyed after unlocking.
+// The uncontended acquisition (nobody blocked, the mutex free) and the
+// release with nothing to drop are inline; lock_fair and
+// unlock_and_release handle the rest.
 class Endpoint::Lock {
  public:
-  explicit Lock(Endpoint& ep) : ep_(ep), lk_(ep.lock_fair()) {}
-  ~Lock() {
-    if (lk_.owns_lock()) ep_.unlock_and_release(lk_);
+  // The fast paths use the mutex itself and adopt or release it in lk_:
+  // unique_lock's own lock and unlock check for misuse on every call.
+  [[gnu::always_inline]] explicit Lock(Endpoint& ep) : ep_(ep), lk_(acquire(ep)) {}
+  [[gnu::always_inline]] ~Lock() {
+    if (lk_.owns_lock()) unlock();
   }
   Lock(const Lock&) = delete;
   Lock& operator=(const Lock&) = delete;
-  void unlock() noexcept { ep_.unlock_and_release(lk_); }
-  void relock() { ep_.lock_fair(lk_); }
-  std::unique_lock<std::mutex>& native() noexcept { return lk_; }
+  [[gnu::always_inline]] void unlock() noexcept {
+    if (ep_.release_count_ == 0 && ep_.release_list_ == kNoExposure) {
+      lk_.release()->unlock();
+    } else {
+      ep_.unlock_and_release(lk_);
+    }
+  }
+  void relock() {
+    // The fast unlock released the mutex from lk_ (release()).
+    if (lk_.mutex() == nullptr) lk_ = std::unique_lock<Mutex>(ep_.mutex_, std::defer_lock);
+    ep_.lock_fair(lk_);
+  }
+  std::unique_lock<Mutex>& native() noexcept { return lk_; }
 
  private:
+  [[gnu::always_inline]] static std::unique_lock<Mutex> acquire(Endpoint& ep) noexcept {
+    if (ep.lock_waiters_.load(std::memory_order_relaxed) == 0 && ep.mutex_.try_lock()) {
+      return std::unique_lock<Mutex>(ep.mutex_, std::adopt_lock);
+    }
+    return ep.lock_fair();
+  }
   Endpoint& ep_;
-  std::unique_lock<std::mutex> lk_;
+  std::unique_lock<Mutex> lk_;
 };
 
-// Fair hand-off. std::mutex lets the thread that unlocks take the mutex
+// Fair hand-off. A mutex lets the thread that unlocks take the mutex
 // again at once, ahead of a thread that blocked on it: the blocked one is
 // woken by the kernel and needs microseconds to run, and a spinning loop
 // (wait(), a progress thread with progress_idle_sleep 0, a post retry)
@@ -292,7 +351,7 @@ class Endpoint::Lock {
 // until those have taken the mutex (bounded by kHandoffYields, so a waiter
 // that is descheduled for long cannot stall it). Uncontended, this costs
 // one relaxed load per acquisition.
-void Endpoint::lock_fair(std::unique_lock<std::mutex>& lk) const noexcept {
+void Endpoint::lock_fair(std::unique_lock<Mutex>& lk) const noexcept {
   if (lock_waiters_.load(std::memory_order_relaxed) != 0) {
     for (std::uint32_t i = 0; i < kHandoffYields && lock_waiters_.load(std::memory_order_relaxed) != 0; ++i) {
       std::this_thread::yield();
@@ -304,34 +363,50 @@ void Endpoint::lock_fair(std::unique_lock<std::mutex>& lk) const noexcept {
   lock_waiters_.fetch_sub(1, std::memory_order_relaxed);
 }
 
-std::unique_lock<std::mutex> Endpoint::lock_fair() const noexcept {
-  std::unique_lock<std::mutex> lk(mutex_, std::defer_lock);
+std::unique_lock<Endpoint::Mutex> Endpoint::lock_fair() const noexcept {
+  std::unique_lock<Mutex> lk(mutex_, std::defer_lock);
   lock_fair(lk);
   return lk;
 }
 
-void Endpoint::unlock_and_release(std::unique_lock<std::mutex>& lk) noexcept {
-  if (release_count_ == 0 && release_list_ == kNoExposure) {
-    // The usual case: nothing to drop, so no batch to build.
-    lk.unlock();
+[[gnu::always_inline]] inline Slice Endpoint::take_release_locked() noexcept {
+  const std::uint32_t index = releases_[release_head_];
+  release_head_ = ring_next(release_head_, releases_.size());
+  --release_count_;
+  Slot& s = slots_[index];
+  Slice local = std::move(s.local);
+  s.release_pending = false;
+  maybe_free_locked(index);
+  return local;
+}
+
+void Endpoint::unlock_releasing_one(std::unique_lock<Mutex>& lk) noexcept {
+  const Slice last = take_release_locked();
+  lk.unlock();
+}
+
+void Endpoint::unlock_and_release(std::unique_lock<Mutex>& lk) noexcept {
+  if (release_list_ == kNoExposure && release_count_ <= 1) {
+    // The usual cases: nothing to drop, or the one reference of the op this
+    // hold completed (a put or get and its wait), dropped after the unlock
+    // by a function without this one's batch frame.
+    if (release_count_ == 0) {
+      lk.unlock();
+    } else {
+      unlock_releasing_one(lk);
+    }
     return;
   }
-  auto take_release = [this]() -> Slice {
-    const std::uint32_t index = releases_[release_head_];
-    release_head_ = ring_next(release_head_, releases_.size());
-    --release_count_;
-    Slot& s = slots_[index];
-    Slice local = std::move(s.local);
-    s.release_pending = false;
-    maybe_free_locked(index);
-    return local;
-  };
+  release_batches(lk);
+}
+
+void Endpoint::release_batches(std::unique_lock<Mutex>& lk) noexcept {
   for (;;) {
     bool more = false;
     {
       // Destroyed at the end of this block, after the unlock below.
       detail::StackBatch<Slice, kReleaseBatch> batch;
-      while (!batch.full() && release_count_ > 0) batch.emplace(take_release());
+      while (!batch.full() && release_count_ > 0) batch.emplace(take_release_locked());
       while (!batch.full() && release_list_ != kNoExposure) {
         const std::uint32_t index = release_list_;
         ExposureEntry& e = exposures_[index];
@@ -1184,6 +1259,7 @@ Status Endpoint::peer_ready_locked(PeerId peer) noexcept {
   return st;
 }
 
+[[gnu::always_inline]] inline
 Status Endpoint::check_op(OpKind kind, const Slice* local, const RemoteRef* remote, std::uint64_t remote_offset,
                           std::uint64_t length) const noexcept {
   if (local) {
@@ -1208,6 +1284,7 @@ Status Endpoint::check_op(OpKind kind, const Slice* local, const RemoteRef* remo
   return Status::ok;
 }
 
+[[gnu::always_inline]] inline
 Result<std::uint32_t> Endpoint::claim_slot_locked(OpKind kind, PeerId peer, const Slice* local,
                                                   const RemoteRef* remote, std::uint64_t remote_offset,
                                                   std::uint64_t length, std::uint64_t operand,
@@ -1233,25 +1310,25 @@ Result<std::uint32_t> Endpoint::claim_slot_locked(OpKind kind, PeerId peer, cons
   if (++s.gen == 0) s.gen = 1;
   if (local) s.local = *local;  // the in-flight reference to the LDO
   if (remote) s.remote = *remote;
-  s.desc = BackendOp{};
-  s.desc.index = index;
-  s.desc.kind = kind;
-  s.desc.peer = needs_peer(kind) ? peer : kAnyPeer;
-  s.desc.peer_handle = peer_handle;
-  s.desc.local = local ? &s.local : nullptr;
-  s.desc.length = length;
-  s.desc.remote = remote ? &s.remote : nullptr;
-  s.desc.remote_address = remote ? remote->address_at(remote_offset) : 0;
+  const Token token{(static_cast<std::uint64_t>(s.gen) << 32) | index};
+  // Every field written once (no clearing first).
+  s.desc = BackendOp{index,
+                     kind,
+                     needs_peer(kind) ? peer : kAnyPeer,
+                     peer_handle,
+                     local ? &s.local : nullptr,
+                     length,
+                     remote ? &s.remote : nullptr,
+                     remote ? remote->address_at(remote_offset) : 0,
+                     s.context,
+                     token.value};
   if (kind == OpKind::fetch_add || kind == OpKind::compare_swap) {
     AtomicWords& w = atomic_words_[index];
     w.operand = operand;
     w.compare = compare;
     w.result = 0;
   }
-  s.desc.context = s.context;
   s.has_callback = false;
-  const Token token{(static_cast<std::uint64_t>(s.gen) << 32) | index};
-  s.desc.tag = token.value;
   s.orphan = false;
   s.result = Completion{token, kind, Status::in_progress, s.desc.peer, 0, 0};
   s.completed = false;
@@ -1262,7 +1339,7 @@ Result<std::uint32_t> Endpoint::claim_slot_locked(OpKind kind, PeerId peer, cons
   return index;
 }
 
-void Endpoint::accept_locked(std::uint32_t index) noexcept {
+[[gnu::always_inline]] inline void Endpoint::accept_locked(std::uint32_t index) noexcept {
   Slot& s = slots_[index];
   // A coarse reading plus one tick: never before the precise post time, at
   // most one tick (4 ms here) after it, for a seventh of the cost.
@@ -1300,6 +1377,7 @@ Status Endpoint::recheck_peer_locked(PeerId peer) const noexcept {
   return Status::ok;
 }
 
+[[gnu::always_inline]] inline
 Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
                                std::uint64_t remote_offset, std::uint64_t length, std::uint64_t operand,
                                std::uint64_t compare, Callback&& cb) noexcept {
@@ -1317,12 +1395,15 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
   // The callback goes in before the post: a completion may be reaped by the
   // first retry's poll.
   s.has_callback = static_cast<bool>(cb);
-  s.cb = std::move(cb);
+  // A slot's callback is empty once delivered or given back: moving an
+  // empty one in (wait()'s ops) would only clear it again.
+  if (s.has_callback || s.cb) s.cb = std::move(cb);
 
   Status st = Status::ok;
   Clock::time_point retry_until{};
   for (std::uint32_t attempt = 0;; ++attempt) {
-    st = needs_peer(kind) ? peer_ready_locked(peer) : Status::ok;
+    // peer_ready_locked only has work while the peer settles.
+    st = needs_peer(kind) && peers_[peer].settling ? peer_ready_locked(peer) : Status::ok;
     if (st == Status::ok) {
       if (needs_peer(kind)) s.desc.peer_handle = peers_[peer].handle;
       st = do_post(s.desc);
@@ -1490,7 +1571,7 @@ Endpoint::Clock::time_point Endpoint::deadline_for(OpKind kind, std::uint64_t le
   return now + span;
 }
 
-std::size_t Endpoint::poll_locked() noexcept {
+[[gnu::always_inline]] inline std::size_t Endpoint::poll_locked() noexcept {
   const std::size_t n = do_poll(config_.poll_batch);
   last_poll_events_ = n;
   // Is a scan due? Asked of the coarse clock (a tick behind at most), so
@@ -1552,6 +1633,7 @@ void Endpoint::complete(std::uint32_t index, Status status, std::uint64_t bytes,
   maybe_free_locked(index);
 }
 
+[[gnu::always_inline]] inline
 void Endpoint::finish_locked(Slot& s, std::uint32_t index, Status st, std::uint64_t bytes, std::uint64_t value,
                              PeerId peer) noexcept {
   s.completed = true;
@@ -1573,7 +1655,7 @@ void Endpoint::finish_locked(Slot& s, std::uint32_t index, Status st, std::uint6
   if (sleepers_ > 0) wake_sleepers_locked();
 }
 
-void Endpoint::maybe_free_locked(std::uint32_t index) noexcept {
+[[gnu::always_inline]] inline void Endpoint::maybe_free_locked(std::uint32_t index) noexcept {
   Slot& s = slots_[index];
   // A slot goes back only once its Slice has been released outside the
   // mutex (unlock_and_release); its callback was moved out to run (or, for
