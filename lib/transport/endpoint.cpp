@@ -286,15 +286,10 @@ void Endpoint::Mutex::lock_contended() noexcept {
   // Mark it contended (2) and sleep until it was free when we marked it.
   // Marking 2 when we may be the only waiter costs the next unlock one
   // spurious wake at most.
-  while (state_.exchange(2, std::memory_order_acquire) != 0) {
-    (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&state_), FUTEX_WAIT_PRIVATE, 2u, nullptr, nullptr,
-                    0);
-  }
+  while (state_.exchange(2, std::memory_order_acquire) != 0) platform::futex_wait_private(state_, 2);
 }
 
-void Endpoint::Mutex::wake_one() noexcept {
-  (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&state_), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
-}
+void Endpoint::Mutex::wake_one() noexcept { platform::futex_wake_one_private(state_); }
 
 // The endpoint's mutex, released through unlock_and_release so references
 // dropped under it are destroyed after unlocking.
@@ -1312,16 +1307,16 @@ Result<std::uint32_t> Endpoint::claim_slot_locked(OpKind kind, PeerId peer, cons
   if (remote) s.remote = *remote;
   const Token token{(static_cast<std::uint64_t>(s.gen) << 32) | index};
   // Every field written once (no clearing first).
-  s.desc = BackendOp{index,
-                     kind,
-                     needs_peer(kind) ? peer : kAnyPeer,
-                     peer_handle,
-                     local ? &s.local : nullptr,
-                     length,
-                     remote ? &s.remote : nullptr,
-                     remote ? remote->address_at(remote_offset) : 0,
-                     s.context,
-                     token.value};
+  s.desc = BackendOp{.index = index,
+                     .kind = kind,
+                     .peer = needs_peer(kind) ? peer : kAnyPeer,
+                     .peer_handle = peer_handle,
+                     .local = local ? &s.local : nullptr,
+                     .length = length,
+                     .remote = remote ? &s.remote : nullptr,
+                     .remote_address = remote ? remote->address_at(remote_offset) : 0,
+                     .context = s.context,
+                     .tag = token.value};
   if (kind == OpKind::fetch_add || kind == OpKind::compare_swap) {
     AtomicWords& w = atomic_words_[index];
     w.operand = operand;
