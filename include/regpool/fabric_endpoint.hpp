@@ -343,6 +343,14 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
     // the provider reports dead peers itself or the address cannot be
     // probed.
     std::unique_ptr<tcp::StallProbe> stall;
+    // tcp;ofi_rxm: the same check of where its endpoint listens, made when
+    // a probe read to it is refused for now (see probe_connection), and
+    // whether do_abandon wanted a probe for this incarnation (its entry then
+    // outlives the removal until the probe has answered: retired_).
+    std::unique_ptr<tcp::StallProbe> listener;
+    bool probe_wanted = false;
+    // First -FI_EAGAIN answer to a probe read after its listener refused.
+    std::chrono::steady_clock::time_point refused_since{};
   };
   // One of this endpoint's own shm regions (data, control) and how long its
   // lock has been seen held.
@@ -475,6 +483,20 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   // right generation at once).
   bool probe_done(void* context, bool failed) noexcept;
   bool probe_connection(std::uint64_t incarnation) noexcept;
+  bool probe_closed(std::uint64_t incarnation) const noexcept;
+  // A removed peer whose failed ops still wait for their probe's answer:
+  // its AV entry (and listener check) is kept until then, since a probe
+  // can only be posted through it. Bounded by the peers removed with such
+  // ops; dropped once its probe has answered or its address is inserted
+  // again.
+  struct RetiredPeer {
+    std::uint64_t incarnation = 0;
+    std::uint64_t data = 0;  // fi_addr_t in av_
+    std::unique_ptr<tcp::StallProbe> listener;
+    std::chrono::steady_clock::time_point refused_since{};
+  };
+  std::vector<RetiredPeer> retired_;
+  void sweep_retired() noexcept;
   // Per operation slot: the peer as it was when the op was posted.
   struct OpPeer {
     std::uint64_t incarnation = 0;

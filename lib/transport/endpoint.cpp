@@ -622,16 +622,9 @@ void Endpoint::unindex_peer_locked(PeerId peer) noexcept {
 void Endpoint::remove_peer(PeerId peer) noexcept {
   Lock g(*this);
   if (peer >= peers_.size() || !peers_[peer].used) return;
-  if (!peers_[peer].settling) {
-    unindex_peer_locked(peer);
-    do_remove_peer(peers_[peer].handle);
-  }
-  peers_[peer].settling = false;
-  peers_[peer].used = false;
-  peers_[peer].broken = false;
-  peers_[peer].name.clear();
   // Ops that already failed (timeout) while it was here are now orphans;
-  // ones still running keep their timeout.
+  // ones still running keep their timeout. Offered to do_abandon while the
+  // backend still has the peer: a proof may need its address (tcp's probe).
   for (std::size_t i = 0; i < config_.max_in_flight; ++i) {
     Slot& s = slots_[i];
     if (s.backend_owned && s.completed && s.desc.kind != OpKind::recv && s.desc.peer == peer) {
@@ -640,6 +633,14 @@ void Endpoint::remove_peer(PeerId peer) noexcept {
     }
   }
   abandon_all_locked();
+  if (!peers_[peer].settling) {
+    unindex_peer_locked(peer);
+    do_remove_peer(peers_[peer].handle);
+  }
+  peers_[peer].settling = false;
+  peers_[peer].used = false;
+  peers_[peer].broken = false;
+  peers_[peer].name.clear();
 }
 
 std::size_t Endpoint::peer_count() const noexcept {

@@ -93,6 +93,12 @@ constexpr auto kReplyPatience = std::chrono::milliseconds(1000);
 // progress; the probe itself proves nothing against a live one.
 constexpr auto kReplyOwedPatience = std::chrono::milliseconds(100);
 constexpr auto kStallScan = std::chrono::milliseconds(50);
+// tcp;ofi_rxm and failed ops (probe_connection): how long a probe read must
+// keep being refused for now, after the peer's listener refused a connect,
+// before its connection counts as closed. Several abandon scans (20 ms
+// apart), each after progress, in which rxm sees the shutdown that the
+// peer's exit sent before its listener went away.
+constexpr auto kRefusedProbeProof = std::chrono::milliseconds(200);
 
 std::string fi_message(int rc) {
   return std::string(fi_strerror(rc < 0 ? -rc : rc)) + " (" + std::to_string(rc) + ")";
@@ -556,12 +562,12 @@ std::uint64_t FabricEndpoint::do_insert_peer(std::span<const std::byte> name) {
   std::array<std::byte, fabric_wire::kMaxProviderAddr> addr{};
   std::copy(parsed.data.begin(), parsed.data.end(), addr.begin());
   PeerAddr p;
-  if (probe_stalls_) {
+  if (probe_stalls_ || probe_connections_) {
     // Its address (validated above: a sockaddr of our own format) is where
     // its endpoint listens. Made before any provider call, so nothing needs
     // undoing when the allocation throws.
     auto probe = std::make_unique<tcp::StallProbe>();
-    if (probe->set_address(parsed.data)) p.stall = std::move(probe);
+    if (probe->set_address(parsed.data)) (probe_stalls_ ? p.stall : p.listener) = std::move(probe);
   }
   fi_addr_t a = FI_ADDR_NOTAVAIL;
   int rc = fi_av_insert(av_, addr.data(), 1, &a, 0, nullptr);
@@ -613,6 +619,16 @@ std::uint64_t FabricEndpoint::do_insert_peer(std::span<const std::byte> name) {
     }
     throw Error(Status::out_of_memory, -FI_ENOMEM, "fabric endpoint: out of memory inserting a peer");
   }
+  // The same address again while a removed entry for it waits for its probe
+  // (retired_): the AV gave the same entry back (counting the insert), and
+  // probing it would end the new connection. The retired entry's share is
+  // removed now; its ops stay held until the endpoint closes.
+  std::erase_if(retired_, [this, a](const RetiredPeer& r) {
+    if (r.data != a) return false;
+    fi_addr_t old = r.data;
+    (void)fi_av_remove(av_, &old, 1, 0);
+    return true;
+  });
   p.message_limit = parsed.message_limit != 0 ? parsed.message_limit : ~std::uint64_t{0};
   peers_[handle] = std::move(p);
   if (deaths_ && peers_[handle].pid != 0 && !peers_[handle].dead) {
@@ -650,7 +666,18 @@ void FabricEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
   }
   if (deaths_) deaths_->forget(handle);
   fi_addr_t a = p.data;
-  (void)fi_av_remove(av_, &a, 1, 0);
+  sweep_retired();
+  bool retired = false;
+  if (probe_connections_ && p.probe_wanted && !probe_closed(p.incarnation)) {
+    // Its failed ops wait for a probe that can only go through this entry.
+    try {
+      retired_.push_back(RetiredPeer{p.incarnation, p.data, std::move(p.listener), p.refused_since});
+      retired = true;
+    } catch (...) {
+      // No room to keep it: its ops stay held until the endpoint closes.
+    }
+  }
+  if (!retired) (void)fi_av_remove(av_, &a, 1, 0);
   if (a < handle_by_addr_.size()) handle_by_addr_[a] = kNoEntry;
   if (p.bell) bell_peers_.fetch_sub(1, std::memory_order_relaxed);
   if (ctrl_av_ && !p.ctrl_name.empty()) {
@@ -1445,21 +1472,53 @@ bool FabricEndpoint::do_abandon(const BackendOp& op) noexcept {
   }
   if (!probe_connections_ || !overflow_ || o.incarnation == 0) return false;
   for (const Probe& pr : probes_) {
-    if (pr.state != ProbeState::free && pr.incarnation == o.incarnation) return pr.state == ProbeState::closed;
+    if (pr.state == ProbeState::free || pr.incarnation != o.incarnation) continue;
+    if (pr.state != ProbeState::closed) return false;
+    sweep_retired();
+    return true;
   }
   // The answer comes with the probe's completion (a later scan).
   (void)probe_connection(o.incarnation);
   return false;
 }
 
+bool FabricEndpoint::probe_closed(std::uint64_t incarnation) const noexcept {
+  for (const Probe& pr : probes_) {
+    if (pr.state == ProbeState::closed && pr.incarnation == incarnation) return true;
+  }
+  return false;
+}
+
+void FabricEndpoint::sweep_retired() noexcept {
+  std::erase_if(retired_, [this](const RetiredPeer& r) {
+    if (!probe_closed(r.incarnation)) return false;
+    fi_addr_t a = r.data;
+    (void)fi_av_remove(av_, &a, 1, 0);
+    return true;
+  });
+}
+
 bool FabricEndpoint::probe_connection(std::uint64_t incarnation) noexcept {
   // Only through the peer's own AV entry (the connection the ops used):
-  // once removed, a read to it would open nothing we could learn from.
-  const PeerAddr* peer = nullptr;
-  for (const PeerAddr& p : peers_) {
-    if (p.used && p.incarnation == incarnation) peer = &p;
+  // once removed, a read to it would open nothing we could learn from. A
+  // peer removed while its ops waited for this keeps its entry (retired_).
+  std::uint64_t data = 0;
+  tcp::StallProbe* listener = nullptr;
+  std::chrono::steady_clock::time_point* refused_since = nullptr;
+  for (PeerAddr& p : peers_) {
+    if (!p.used || p.incarnation != incarnation) continue;
+    p.probe_wanted = true;
+    data = p.data;
+    listener = p.listener.get();
+    refused_since = &p.refused_since;
   }
-  if (peer == nullptr) return false;
+  for (RetiredPeer& r : retired_) {
+    if (r.incarnation != incarnation) continue;
+    data = r.data;
+    listener = r.listener.get();
+    refused_since = &r.refused_since;
+  }
+  if (refused_since == nullptr) return false;
   Probe* slot = nullptr;
   for (Probe& pr : probes_) {
     if (pr.state == ProbeState::posted) continue;
@@ -1468,9 +1527,27 @@ bool FabricEndpoint::probe_connection(std::uint64_t incarnation) noexcept {
     }
   }
   if (slot == nullptr) return false;  // every probe still out: try again at the next scan
-  const ssize_t rc = fi_read(ep_, overflow_, 1, overflow_reg_.descriptor(), peer->data, 0, FI_KEY_NOTAVAIL,
-                             static_cast<void*>(slot));
-  if (rc == -FI_EAGAIN) return false;  // no room now: the next scan tries again
+  const ssize_t rc =
+      fi_read(ep_, overflow_, 1, overflow_reg_.descriptor(), data, 0, FI_KEY_NOTAVAIL, static_cast<void*>(slot));
+  if (rc == -FI_EAGAIN) {
+    // No room now, or no connection: rxm answers -FI_EAGAIN while its
+    // connection to the address is not established (a post to an address
+    // whose connection it has closed starts a new connect, refused for
+    // ever by a dead peer; measured, docs/provider-facts.md), and on a
+    // live connection only while its queues are full. Once the peer's
+    // listener refuses a connect its process is gone; its exit closed the
+    // connection first, which rxm's progress sees and flushes. So a probe
+    // still refused kRefusedProbeProof after that refusal means the
+    // connection is closed. Otherwise the next scan tries again.
+    const auto now = std::chrono::steady_clock::now();
+    const auto look = listener != nullptr ? listener->look(now) : tcp::StallProbe::Look::alive;
+    if (look == tcp::StallProbe::Look::alive) *refused_since = {};
+    if (look != tcp::StallProbe::Look::gone) return false;
+    if (*refused_since == std::chrono::steady_clock::time_point{}) *refused_since = now;
+    if (now - *refused_since < kRefusedProbeProof) return false;
+    *slot = Probe{incarnation, ++probe_order_, ProbeState::closed};
+    return true;
+  }
   // Refused outright: rxm has already taken the connection down (its
   // progress saw the peer's end before ours asked), which is what a failed
   // probe would have proved. Waiting for a probe that is never posted would

@@ -251,8 +251,14 @@ TEST_CASE("many clients join and leave at once", "[membership]") {
 
 TEST_CASE("operations in flight to a client that dies complete with peer_unreachable at once", "[membership]") {
   const std::string backend = GENERATE(from_range(rpt::backends()));
+  // tcp;ofi_rxm, also when its progress sees the death (and closes the
+  // connection) well before the listener reports it: the probe read that
+  // proves the connection closed is then refused for now, not failed (this
+  // order once happened under TSan on a loaded machine).
+  const bool transport_first = GENERATE(false, true);
+  if (transport_first && backend != "tcp;ofi_rxm") return;
   ::alarm(120);
-  INFO("backend " << backend);
+  INFO("backend " << backend << (transport_first ? ", transport first" : ""));
   Server srv(backend, 0);
   const std::uint16_t port = srv.listener->port();
   // The child joins, sends one message (so both providers have set up the
@@ -288,6 +294,7 @@ TEST_CASE("operations in flight to a client that dies complete with peer_unreach
 
   REQUIRE(::kill(child.pid, SIGKILL) == 0);
   const auto killed = Clock::now();
+  if (transport_first) srv.stack.ep->progress_for(500ms);
   REQUIRE(srv.run_until([&] { return srv.find(PeerEventKind::died, 7) != nullptr; }, 10s));
   // Completed by the death, not by op_timeout (30 s).
   const auto c = srv.stack.ep->wait(*op, 1s);
