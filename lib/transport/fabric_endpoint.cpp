@@ -1,6 +1,7 @@
 #include "regpool/fabric_endpoint.hpp"
 
 #include "platform/coarse_clock.hpp"
+#include "pool/post_registration.hpp"
 #include "transport/fabric_provider.hpp"
 #include "transport/fabric_shm.hpp"
 #include "transport/fabric_wire.hpp"
@@ -708,8 +709,8 @@ void FabricEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
 std::chrono::milliseconds FabricEndpoint::reconnect_settle() const noexcept { return kReconnectSettle; }
 
 void* FabricEndpoint::local_desc(const BackendOp& op) noexcept {
-  auto r = op.local->ldo().region(*domain_);
-  return r ? r->descriptor : nullptr;
+  auto r = detail::post_registration(op.local->ldo(), *domain_);
+  return r ? (*r)->descriptor() : nullptr;
 }
 
 // Inlined into do_post and do_post_batch, with do_put, do_get and do_send:
@@ -784,15 +785,15 @@ WaitBell FabricEndpoint::do_wait_bell() const noexcept { return bell_ ? bell_->w
   if (shm_) {
     if (const Status g = shm_peer_gate(op.peer_handle, false); g != Status::ok) return g;
   }
-  auto region = op.local->ldo().region(*domain_);
+  auto region = detail::post_registration(op.local->ldo(), *domain_);
   if (!region) return region.status();
   void* buf = op.local->address();
   const fi_addr_t dest = peers_[op.peer_handle].data;
   if (!delivery_complete_ && more == 0) {
     return post_status(
-        fi_write(ep_, buf, op.length, region->descriptor, dest, op.remote_address, op.remote->key, data_context(op)));
+        fi_write(ep_, buf, op.length, (*region)->descriptor(), dest, op.remote_address, op.remote->key, data_context(op)));
   }
-  return rma_msg(true, op, buf, region->descriptor, dest, msg_flags(more));
+  return rma_msg(true, op, buf, (*region)->descriptor(), dest, msg_flags(more));
 }
 
 // One put or get through fi_writemsg/fi_readmsg: the calls that take flags
@@ -816,15 +817,15 @@ Status FabricEndpoint::rma_msg(bool write, const BackendOp& op, void* buf, void*
   if (shm_) {
     if (const Status g = shm_peer_gate(op.peer_handle, false); g != Status::ok) return g;
   }
-  auto region = op.local->ldo().region(*domain_);
+  auto region = detail::post_registration(op.local->ldo(), *domain_);
   if (!region) return region.status();
   if (more == 0) {
-    return post_status(fi_read(ep_, op.local->address(), op.length, region->descriptor, peers_[op.peer_handle].data,
+    return post_status(fi_read(ep_, op.local->address(), op.length, (*region)->descriptor(), peers_[op.peer_handle].data,
                                op.remote_address, op.remote->key, data_context(op)));
   }
   // A get completes when its bytes are here: delivery-complete is a
   // transmit flag, never asked of a read.
-  return rma_msg(false, op, op.local->address(), region->descriptor, peers_[op.peer_handle].data,
+  return rma_msg(false, op, op.local->address(), (*region)->descriptor(), peers_[op.peer_handle].data,
                  FI_COMPLETION | more);
 }
 
@@ -832,14 +833,14 @@ Status FabricEndpoint::rma_msg(bool write, const BackendOp& op, void* buf, void*
   if (shm_) {
     if (const Status g = shm_peer_gate(op.peer_handle, false); g != Status::ok) return g;
   }
-  auto region = op.local->ldo().region(*domain_);
+  auto region = detail::post_registration(op.local->ldo(), *domain_);
   if (!region) return region.status();
   if (more == 0) {
-    return post_status(fi_send(ep_, op.local->address(), op.length, region->descriptor, peers_[op.peer_handle].data,
+    return post_status(fi_send(ep_, op.local->address(), op.length, (*region)->descriptor(), peers_[op.peer_handle].data,
                                data_context(op)));
   }
   iovec iov{op.local->address(), op.length};
-  void* desc = region->descriptor;
+  void* desc = (*region)->descriptor();
   fi_msg msg{};
   msg.msg_iov = &iov;
   msg.desc = &desc;
@@ -858,11 +859,11 @@ std::uint64_t FabricEndpoint::msg_flags(std::uint64_t more) const noexcept {
 Status FabricEndpoint::do_recv(const BackendOp& op) noexcept {
   // shm posts receives under our own region lock.
   if (shm_ && shm_region_blocked(own_data_)) return Status::would_block;
-  auto region = op.local->ldo().region(*domain_);
+  auto region = detail::post_registration(op.local->ldo(), *domain_);
   if (!region) return region.status();
   if (!overflow_) {
     return post_status(
-        fi_recv(ep_, op.local->address(), op.length, region->descriptor, FI_ADDR_UNSPEC, data_context(op)));
+        fi_recv(ep_, op.local->address(), op.length, (*region)->descriptor(), FI_ADDR_UNSPEC, data_context(op)));
   }
   // tcp;ofi_rxm: a message the posted buffer cannot hold is truncated by the
   // tcp layer without draining the rest of it from the socket, and every
@@ -876,7 +877,7 @@ Status FabricEndpoint::do_recv(const BackendOp& op) noexcept {
   // (measured): there the area is as large as the limit in our name, which
   // peers' sends respect (Endpoint::submit), so nothing is ever truncated.
   iovec iov[2] = {{op.local->address(), op.length}, {overflow_, overflow_size_}};
-  void* desc[2] = {region->descriptor, overflow_reg_.descriptor()};
+  void* desc[2] = {(*region)->descriptor(), overflow_reg_.descriptor()};
   return post_status(fi_recvv(ep_, iov, desc, 2, FI_ADDR_UNSPEC, data_context(op)));
 }
 

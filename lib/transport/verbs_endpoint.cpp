@@ -1,6 +1,7 @@
 #include "regpool/verbs_endpoint.hpp"
 
 #include "platform/coarse_clock.hpp"
+#include "pool/post_registration.hpp"
 #include "transport/idle_release.hpp"
 #include "transport/verbs_wire.hpp"
 
@@ -1043,11 +1044,11 @@ namespace {
 // The WR of a put, get or send of one chunk at offset 0 (sg_list, opcode,
 // rkey, remote address); flags and wr_id are the caller's.
 Status fill_data_wr(const BackendOp& op, Domain& domain, ibv_send_wr& wr, ibv_sge& sge) noexcept {
-  auto region = op.local->ldo().region(domain);
-  if (!region) return region.status();
+  auto reg = detail::post_registration(op.local->ldo(), domain);
+  if (!reg) return reg.status();
   sge.addr = reinterpret_cast<std::uintptr_t>(op.local->address());
   sge.length = static_cast<std::uint32_t>(op.length);
-  sge.lkey = region->local_key;
+  sge.lkey = (*reg)->local_key();
   wr.sg_list = &sge;
   wr.num_sge = 1;
   wr.opcode = op.kind == OpKind::put ? IBV_WR_RDMA_WRITE : op.kind == OpKind::get ? IBV_WR_RDMA_READ : IBV_WR_SEND;
@@ -1217,12 +1218,12 @@ Status VerbsEndpoint::do_post(const BackendOp& op) noexcept {
 Status VerbsEndpoint::post_srq(const BackendOp& op) noexcept {
   Impl& m = *impl_;
   if (op.length > 0xffffffffu) return Status::invalid_argument;
-  auto region = op.local->ldo().region(*domain_);
-  if (!region) return region.status();
+  auto reg = detail::post_registration(op.local->ldo(), *domain_);
+  if (!reg) return reg.status();
   SlotState& s = m.slots[op.index];
   const std::uint64_t tag = ++m.post_seq;
   ibv_sge sge{reinterpret_cast<std::uintptr_t>(op.local->address()), static_cast<std::uint32_t>(op.length),
-              region->local_key};
+              (*reg)->local_key()};
   ibv_recv_wr wr{};
   ibv_recv_wr* bad = nullptr;
   wr.wr_id = make_wr_id(kTagRecv, tag, op.index);
