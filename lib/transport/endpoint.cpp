@@ -191,13 +191,18 @@ struct Endpoint::Impl {
   // only once some deadline may have passed, not every interval.
   Clock::time_point next_op_deadline = Clock::time_point::max();
   // accept_locked's deadline span (deadline_for's, in floating point) for
-  // the last op's kind (receive or not) and length; Clock::duration::max():
-  // no deadline. An op of the same kind and length as the one before reuses
-  // it: floating point is software under qemu TCG (the Soft-RoCE guest).
-  bool span_valid = false;
-  bool span_recv = false;
-  std::uint64_t span_length = 0;
-  Clock::duration span{};
+  // the last length posted of each bound, [0] receives (recv_timeout) and
+  // [1] everything else (op_timeout); Clock::duration::max(): no deadline.
+  // An op of the same class and length as the last of its class reuses it:
+  // floating point is software under qemu TCG (the Soft-RoCE guest). Two
+  // entries, not one: a send ping-pong alternates receives and sends, and
+  // with one entry recomputed the span on every post.
+  struct SpanCache {
+    bool valid = false;
+    std::uint64_t length = 0;
+    Clock::duration span{};
+  };
+  SpanCache spans[2];
   std::thread progress_thread;
   // progress_or_idle()'s state between calls, and who is using it.
   IdleState idle_state;
@@ -1340,18 +1345,17 @@ Result<std::uint32_t> Endpoint::claim_slot_locked(OpKind kind, PeerId peer, cons
   // A coarse reading plus one tick: never before the precise post time, at
   // most one tick (4 ms here) after it, for a seventh of the cost.
   Impl& m = *impl_;
-  const bool recv = s.desc.kind == OpKind::recv;
-  if (!m.span_valid || s.desc.length != m.span_length || recv != m.span_recv) {
+  Impl::SpanCache& c = m.spans[s.desc.kind == OpKind::recv ? 0 : 1];
+  if (!c.valid || s.desc.length != c.length) {
     // deadline_for from the epoch is the span itself (or max: none).
     const Clock::time_point d = deadline_for(s.desc.kind, s.desc.length, Clock::time_point{});
-    m.span = d == Clock::time_point::max() ? Clock::duration::max() : d.time_since_epoch();
-    m.span_length = s.desc.length;
-    m.span_recv = recv;
-    m.span_valid = true;
+    c.span = d == Clock::time_point::max() ? Clock::duration::max() : d.time_since_epoch();
+    c.length = s.desc.length;
+    c.valid = true;
   }
-  s.deadline = m.span == Clock::duration::max()
+  s.deadline = c.span == Clock::duration::max()
                    ? Clock::time_point::max()
-                   : platform::CoarseClock::after(platform::CoarseClock::now() + platform::CoarseClock::tick(), m.span);
+                   : platform::CoarseClock::after(platform::CoarseClock::now() + platform::CoarseClock::tick(), c.span);
   if (s.deadline < m.next_op_deadline) m.next_op_deadline = s.deadline;
   s.backend_owned = true;
   ++backend_owned_;
