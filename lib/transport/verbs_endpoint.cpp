@@ -223,6 +223,12 @@ struct VerbsEndpoint::Impl {
   // its connection in O(1) (a scan of conns per completion grew with the
   // number of peers). An entry lives exactly as long as the QP.
   std::unordered_map<std::uint32_t, std::uint32_t> conn_of_qpn;
+  // conn_by_qpn's last answer (QP number 0 is never an RC QP's: none):
+  // completions come in runs from one QP, and a hash lookup per completion
+  // is a visible part of an op under qemu TCG. Cleared wherever
+  // conn_of_qpn changes.
+  mutable std::uint32_t hit_qpn = 0;
+  mutable std::uint32_t hit_conn = 0;
   std::vector<Exposed> exposed;
   // VerbsWindowStats (read from any thread).
   std::atomic<std::uint64_t> mw_allocated{0};
@@ -411,6 +417,7 @@ void VerbsEndpoint::close_resources() noexcept {
     c = Conn{};
   }
   m.conn_of_qpn.clear();
+  m.hit_qpn = 0;
   if (m.ud) (void)ibv_destroy_qp(m.ud);
   if (m.srq) (void)ibv_destroy_srq(m.srq);
   if (m.cq) (void)ibv_destroy_cq(m.cq);  // every event was acknowledged (do_arm)
@@ -500,6 +507,7 @@ int VerbsEndpoint::open_qp(std::uint32_t ci) noexcept {
   try {
     if (c.ring.size() != m.sq_depth) c.ring.assign(m.sq_depth, {});
     m.conn_of_qpn[qp->qp_num] = ci;
+    m.hit_qpn = 0;
   } catch (...) {
     (void)ibv_destroy_qp(qp);
     return ENOMEM;
@@ -576,6 +584,7 @@ void VerbsEndpoint::forget_released_qpn(std::uint32_t ci) noexcept {
   if (c.released_qpn == 0) return;
   const auto it = m.conn_of_qpn.find(c.released_qpn);
   if (it != m.conn_of_qpn.end() && it->second == ci) m.conn_of_qpn.erase(it);
+  m.hit_qpn = 0;
   c.released_qpn = 0;
 }
 
@@ -702,6 +711,7 @@ void VerbsEndpoint::finish_reset(std::uint32_t ci) noexcept {
   if (close) {
     forget_released_qpn(ci);
     m.conn_of_qpn.erase(c.qp->qp_num);
+    m.hit_qpn = 0;
     (void)ibv_destroy_qp(c.qp);
     m.rc_qps.fetch_sub(1, std::memory_order_relaxed);
     (void)ibv_destroy_ah(c.ah);
@@ -799,8 +809,13 @@ std::uint32_t VerbsEndpoint::conn_by_id(std::uint64_t endpoint_id) const noexcep
 }
 
 std::uint32_t VerbsEndpoint::conn_by_qpn(std::uint32_t qpn) const noexcept {
-  const auto it = impl_->conn_of_qpn.find(qpn);
-  return it == impl_->conn_of_qpn.end() ? kNone : it->second;
+  const Impl& m = *impl_;
+  if (qpn == m.hit_qpn) return m.hit_conn;
+  const auto it = m.conn_of_qpn.find(qpn);
+  if (it == m.conn_of_qpn.end()) return kNone;
+  m.hit_qpn = qpn;
+  m.hit_conn = it->second;
+  return it->second;
 }
 
 std::uint64_t VerbsEndpoint::do_insert_peer(std::span<const std::byte> name) {
