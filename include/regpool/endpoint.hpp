@@ -258,9 +258,9 @@ struct EndpointConfig {
   //              + length / min_bandwidth
   // (length in bytes; atomics count 8; the post's own would_block retries,
   // bounded by post_timeout, come before and do not count). The post time
-  // is read from the kernel's coarse clock rounded up by one tick (4 ms
+  // is read from the kernel's coarse clock plus the most it lags (12 ms
   // with HZ=250), and deadlines are checked once per tick while something
-  // polls: an op never times out before its deadline, and about two ticks
+  // polls: an op never times out before its deadline, and about four ticks
   // after it at most (docs/progress.md, "Deadlines and the clock").
   std::chrono::milliseconds op_timeout{30000};
   // Receives usually wait for a peer to decide to send: unbounded by default.

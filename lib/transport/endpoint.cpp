@@ -1342,8 +1342,8 @@ Result<std::uint32_t> Endpoint::claim_slot_locked(OpKind kind, PeerId peer, cons
 
 [[gnu::always_inline]] inline void Endpoint::accept_locked(std::uint32_t index) noexcept {
   Slot& s = slots_[index];
-  // A coarse reading plus one tick: never before the precise post time, at
-  // most one tick (4 ms here) after it, for a seventh of the cost.
+  // A coarse reading plus its lag bound: never before the precise post
+  // time, at most three ticks (12 ms here) after it, for a seventh of the cost.
   Impl& m = *impl_;
   Impl::SpanCache& c = m.spans[s.desc.kind == OpKind::recv ? 0 : 1];
   if (!c.valid || s.desc.length != c.length) {
@@ -1355,7 +1355,7 @@ Result<std::uint32_t> Endpoint::claim_slot_locked(OpKind kind, PeerId peer, cons
   }
   s.deadline = c.span == Clock::duration::max()
                    ? Clock::time_point::max()
-                   : platform::CoarseClock::after(platform::CoarseClock::now() + platform::CoarseClock::tick(), c.span);
+                   : platform::CoarseClock::after(platform::CoarseClock::now() + platform::CoarseClock::max_lag(), c.span);
   if (s.deadline < m.next_op_deadline) m.next_op_deadline = s.deadline;
   s.backend_owned = true;
   ++backend_owned_;
@@ -1574,7 +1574,7 @@ Endpoint::Clock::time_point Endpoint::deadline_for(OpKind kind, std::uint64_t le
 [[gnu::always_inline]] inline std::size_t Endpoint::poll_locked() noexcept {
   const std::size_t n = do_poll(config_.poll_batch);
   last_poll_events_ = n;
-  // Is a scan due? Asked of the coarse clock (a tick behind at most), so
+  // Is a scan due? Asked of the coarse clock (three ticks behind at most), so
   // scans come every max(kExpiryScanInterval, one tick); the scan itself
   // compares deadlines with the precise clock, so nothing expires early.
   if ((backend_owned_ > 0 || quarantine_head_ != kNoExposure) && platform::CoarseClock::now() >= next_expiry_scan_) {

@@ -1368,7 +1368,7 @@ std::size_t FabricEndpoint::do_poll(std::size_t max) noexcept {
   std::size_t events = 0;
   if (shm_) {
     // Every poll asks whether the peer check is due: the coarse clock is
-    // enough for that (the check comes at most one tick late, against a
+    // enough for that (the check comes at most three ticks late, against a
     // default interval of 50 ms and a death bound of seconds).
     const auto now = platform::CoarseClock::now();
     if (options_.peer_check_interval.count() > 0 && now >= next_peer_check_) {

@@ -1376,8 +1376,8 @@ void VerbsEndpoint::housekeeping() noexcept {
   Impl& m = *impl_;
   // Runs after every poll that found the CQ dry, i.e. on every round of a
   // spin-wait. The coarse clock (vDSO, no clocksource read) is enough for
-  // 50 ms retransmits and a 2 s reset bound: they fire up to one tick late,
-  // never early. The precise clock cost a system call and an emulated HPET
+  // 50 ms retransmits and a 2 s reset bound: they fire up to three ticks
+  // late, never early. The precise clock cost a system call and an emulated HPET
   // read per round in the Soft-RoCE guest (clocksource hpet).
   const auto now = platform::CoarseClock::now();
   for (std::uint32_t ci = 0; ci < m.conns.size(); ++ci) {
