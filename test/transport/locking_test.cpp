@@ -482,6 +482,90 @@ TEST_CASE("op_timeout scales with the transfer; a dead peer still times out", "[
 }
 #endif
 
+#ifndef RPT_BACKEND_VERBS
+TEST_CASE("receives keep recv_timeout and other ops op_timeout when they alternate", "[fabric]") {
+  // The endpoint caches the deadline span of the last length posted of
+  // each bound (a send ping-pong alternates receives and sends): a receive
+  // posted right after a send of the same length must still get
+  // recv_timeout, and the send op_timeout. Both ends in this process; the
+  // other end neither posts a receive nor progresses until the end, so the
+  // 1 MiB send stays in flight.
+  constexpr std::uint64_t kLen = 1u << 20;
+  regpool::EndpointConfig cfg;
+  cfg.recv_timeout = 150ms;
+  cfg.op_timeout = 30s;
+  cfg.min_bandwidth = 0;  // the bounds exactly, whatever the length
+  rpt::Stack s("shm", cfg);
+  auto other = rpt::open_endpoint(s.domain, "shm", cfg);
+  const auto peer = s.ep->insert_peer(other->name());
+  (void)other->insert_peer(s.ep->name());
+  auto obj = s.alloc(4 * kLen);
+  const Slice source = rpt::slice_or_die(Slice::data(obj, 0, kLen));
+  const Slice rx1 = rpt::slice_or_die(Slice::data(obj, kLen, kLen));
+  const Slice rx2 = rpt::slice_or_die(Slice::data(obj, 2 * kLen, kLen));
+  const Slice theirs = rpt::slice_or_die(Slice::data(obj, 3 * kLen, kLen));
+  rpt::fill(source.bytes(), 5);
+  {
+    // The first message between two endpoints completes only while the
+    // target progresses (connection setup).
+    const Slice hello = rpt::slice_or_die(Slice::data(obj, 0, 8));
+    auto in = other->post_recv(rpt::slice_or_die(Slice::data(obj, 3 * kLen, 8)));
+    REQUIRE(in.ok());
+    std::atomic<bool> stop{false};
+    std::thread serve([&] {
+      while (!stop.load()) (void)other->progress();
+    });
+    const Completion c = rpt::wait_ok(*s.ep, s.ep->send(peer, hello), 10s);
+    const Completion r = other->wait(*in, 10s);
+    stop = true;
+    serve.join();
+    REQUIRE(c.status == Status::ok);
+    REQUIRE(r.status == Status::ok);
+  }
+
+  const auto t0 = Clock::now();
+  auto r1 = s.ep->post_recv(rx1);  // nothing is ever sent here: times out
+  REQUIRE(r1.ok());
+  auto sent = s.ep->send(peer, source);
+  REQUIRE(sent.ok());
+  auto r2 = s.ep->post_recv(rx2);  // same length as the send just posted
+  REQUIRE(r2.ok());
+
+  const Completion c1 = s.ep->wait(*r1, 10s);
+  const Completion c2 = s.ep->wait(*r2, 10s);
+  const double recv_ms = ms_since(t0);
+  INFO("receives: " << regpool::to_string(c1.status) << ", " << regpool::to_string(c2.status) << " after "
+                    << recv_ms << " ms");
+  CHECK(c1.status == Status::timeout);
+  CHECK(c2.status == Status::timeout);
+  // 150 ms plus up to two coarse ticks; far from op_timeout's 30 s.
+  CHECK(recv_ms >= 150);
+  CHECK(recv_ms < 2000);
+  // The send kept op_timeout: still in flight well past recv_timeout.
+  const Completion pending = s.ep->wait(*sent, 400ms);
+  INFO("send after " << ms_since(t0) << " ms: " << regpool::to_string(pending.status));
+  CHECK(pending.status == Status::in_progress);
+  CHECK(s.ep->stats().timeouts == 2);
+
+  // Now the other end receives it.
+  auto got = other->post_recv(theirs);
+  REQUIRE(got.ok());
+  std::atomic<bool> stop{false};
+  std::thread serve([&] {
+    while (!stop.load()) (void)other->progress();
+  });
+  const Completion done = s.ep->wait(*sent, 10s);
+  const Completion in = other->wait(*got, 10s);
+  stop = true;
+  serve.join();
+  CHECK(done.status == Status::ok);
+  CHECK(in.status == Status::ok);
+  CHECK(in.bytes == kLen);
+  CHECK(rpt::hash(theirs.bytes()) == rpt::hash(source.bytes()));
+  CHECK(s.ep->stats().timeouts == 2);
+}
+#endif
+
 #ifdef RPT_BACKEND_VERBS
 TEST_CASE("verbs: expose to a peer and destroying its Exposure never wait under the mutex", "[verbs]") {
   const std::string prov = "verbs";
