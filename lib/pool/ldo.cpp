@@ -3,6 +3,7 @@
 #include <new>
 
 #include "pool/pool_core.hpp"
+#include "pool/post_registration.hpp"
 #include "regpool/ldo.hpp"
 #include "regpool/pool.hpp"
 
@@ -224,9 +225,9 @@ Result<DomainRegion> Ldo::region(Domain& domain) const noexcept {
     return d;
   };
   if (cb_->kind != detail::BlockKind::user) {
-    const int i = cb_->arena->pool()->domain_index(&domain);
-    if (i < 0) return Status::unsupported;
-    return fill(cb_->arena->registration(static_cast<std::size_t>(i)));
+    const Registration* r = detail::arena_registration(*cb_, domain);
+    if (r == nullptr) return Status::unsupported;
+    return fill(*r);
   }
   auto* ub = static_cast<detail::UserBlock*>(cb_);
   auto find = [&]() -> const Registration* {

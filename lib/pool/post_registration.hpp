@@ -20,6 +20,14 @@
 
 namespace regpool::detail {
 
+// A pool object's registration with `domain`: its arena's (nullptr when the
+// pool does not serve `domain`). Shared with Ldo::region().
+[[gnu::always_inline]] inline const Registration* arena_registration(const ControlBlock& cb,
+                                                                      Domain& domain) noexcept {
+  const int i = cb.arena->pool()->domain_index(&domain);
+  return i < 0 ? nullptr : &cb.arena->registration(static_cast<std::size_t>(i));
+}
+
 // The registration covering `ldo`'s bytes with `domain`. Statuses as
 // Ldo::region(): invalid_argument for an empty handle, unsupported when the
 // pool does not serve `domain`, the registration's failure for a user
@@ -27,9 +35,9 @@ namespace regpool::detail {
 [[gnu::always_inline]] inline Result<const Registration*> post_registration(const Ldo& ldo, Domain& domain) noexcept {
   const ControlBlock* cb = LdoAccess::block(ldo);
   if (cb != nullptr && cb->kind != BlockKind::user) {
-    const int i = cb->arena->pool()->domain_index(&domain);
-    if (i < 0) return Status::unsupported;
-    return &cb->arena->registration(static_cast<std::size_t>(i));
+    const Registration* r = arena_registration(*cb, domain);
+    if (r == nullptr) return Status::unsupported;
+    return r;
   }
   auto r = ldo.region(domain);
   if (!r) return r.status();
