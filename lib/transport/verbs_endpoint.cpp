@@ -1377,8 +1377,8 @@ void VerbsEndpoint::housekeeping() noexcept {
   // Runs after every poll that found the CQ dry, i.e. on every round of a
   // spin-wait. The coarse clock (vDSO, no clocksource read) is enough for
   // 50 ms retransmits and a 2 s reset bound: they fire up to three ticks
-  // late, never early. The precise clock cost a system call and an emulated HPET
-  // read per round in the Soft-RoCE guest (clocksource hpet).
+  // late, never early. The precise clock cost a system call and an emulated
+  // HPET read per round in the Soft-RoCE guest (clocksource hpet).
   const auto now = platform::CoarseClock::now();
   for (std::uint32_t ci = 0; ci < m.conns.size(); ++ci) {
     Conn& c = m.conns[ci];
