@@ -203,6 +203,44 @@ struct SlotState {
   bool unsignaled = false;
 };
 
+// QP number -> connection index, with the last answer remembered in front
+// of the hash map (QP number 0 is never an RC QP's, so 0 means none):
+// completions come in runs from one QP, and a hash lookup per completion is
+// a visible part of an op under qemu TCG. Every change goes through here,
+// so the remembered answer can never outlive its entry.
+class QpIndex {
+ public:
+  // Throws std::bad_alloc (the caller undoes the QP).
+  void insert(std::uint32_t qpn, std::uint32_t conn) {
+    map_[qpn] = conn;
+    hit_qpn_ = 0;
+  }
+  // Erases qpn's entry, only when it still maps to `conn` if one is given.
+  void erase(std::uint32_t qpn, std::uint32_t conn = kNone) noexcept {
+    const auto it = map_.find(qpn);
+    if (it != map_.end() && (conn == kNone || it->second == conn)) map_.erase(it);
+    hit_qpn_ = 0;
+  }
+  void clear() noexcept {
+    map_.clear();
+    hit_qpn_ = 0;
+  }
+  // The connection of QP number qpn, or kNone.
+  std::uint32_t find(std::uint32_t qpn) const noexcept {
+    if (qpn == hit_qpn_) return hit_conn_;
+    const auto it = map_.find(qpn);
+    if (it == map_.end()) return kNone;
+    hit_qpn_ = qpn;
+    hit_conn_ = it->second;
+    return it->second;
+  }
+
+ private:
+  std::unordered_map<std::uint32_t, std::uint32_t> map_;
+  mutable std::uint32_t hit_qpn_ = 0;
+  mutable std::uint32_t hit_conn_ = 0;
+};
+
 struct VerbsEndpoint::Impl {
   ibv_cq* cq = nullptr;
   // Sleeping waits (EndpointConfig::wait_mode sleep/adaptive): the CQ's
@@ -222,13 +260,7 @@ struct VerbsEndpoint::Impl {
   // Every receive completion names its QP only by number: this maps it to
   // its connection in O(1) (a scan of conns per completion grew with the
   // number of peers). An entry lives exactly as long as the QP.
-  std::unordered_map<std::uint32_t, std::uint32_t> conn_of_qpn;
-  // conn_by_qpn's last answer (QP number 0 is never an RC QP's: none):
-  // completions come in runs from one QP, and a hash lookup per completion
-  // is a visible part of an op under qemu TCG. Cleared wherever
-  // conn_of_qpn changes.
-  mutable std::uint32_t hit_qpn = 0;
-  mutable std::uint32_t hit_conn = 0;
+  QpIndex conn_of_qpn;
   std::vector<Exposed> exposed;
   // VerbsWindowStats (read from any thread).
   std::atomic<std::uint64_t> mw_allocated{0};
@@ -417,7 +449,6 @@ void VerbsEndpoint::close_resources() noexcept {
     c = Conn{};
   }
   m.conn_of_qpn.clear();
-  m.hit_qpn = 0;
   if (m.ud) (void)ibv_destroy_qp(m.ud);
   if (m.srq) (void)ibv_destroy_srq(m.srq);
   if (m.cq) (void)ibv_destroy_cq(m.cq);  // every event was acknowledged (do_arm)
@@ -506,8 +537,7 @@ int VerbsEndpoint::open_qp(std::uint32_t ci) noexcept {
   if (!qp) return errno != 0 ? errno : ENOMEM;
   try {
     if (c.ring.size() != m.sq_depth) c.ring.assign(m.sq_depth, {});
-    m.conn_of_qpn[qp->qp_num] = ci;
-    m.hit_qpn = 0;
+    m.conn_of_qpn.insert(qp->qp_num, ci);
   } catch (...) {
     (void)ibv_destroy_qp(qp);
     return ENOMEM;
@@ -582,9 +612,7 @@ void VerbsEndpoint::forget_released_qpn(std::uint32_t ci) noexcept {
   Impl& m = *impl_;
   Conn& c = m.conns[ci];
   if (c.released_qpn == 0) return;
-  const auto it = m.conn_of_qpn.find(c.released_qpn);
-  if (it != m.conn_of_qpn.end() && it->second == ci) m.conn_of_qpn.erase(it);
-  m.hit_qpn = 0;
+  m.conn_of_qpn.erase(c.released_qpn, ci);
   c.released_qpn = 0;
 }
 
@@ -711,7 +739,6 @@ void VerbsEndpoint::finish_reset(std::uint32_t ci) noexcept {
   if (close) {
     forget_released_qpn(ci);
     m.conn_of_qpn.erase(c.qp->qp_num);
-    m.hit_qpn = 0;
     (void)ibv_destroy_qp(c.qp);
     m.rc_qps.fetch_sub(1, std::memory_order_relaxed);
     (void)ibv_destroy_ah(c.ah);
@@ -809,13 +836,7 @@ std::uint32_t VerbsEndpoint::conn_by_id(std::uint64_t endpoint_id) const noexcep
 }
 
 std::uint32_t VerbsEndpoint::conn_by_qpn(std::uint32_t qpn) const noexcept {
-  const Impl& m = *impl_;
-  if (qpn == m.hit_qpn) return m.hit_conn;
-  const auto it = m.conn_of_qpn.find(qpn);
-  if (it == m.conn_of_qpn.end()) return kNone;
-  m.hit_qpn = qpn;
-  m.hit_conn = it->second;
-  return it->second;
+  return impl_->conn_of_qpn.find(qpn);
 }
 
 std::uint64_t VerbsEndpoint::do_insert_peer(std::span<const std::byte> name) {
