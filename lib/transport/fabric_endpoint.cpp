@@ -836,6 +836,11 @@ Status FabricEndpoint::rma_msg(bool write, const BackendOp& op, void* buf, void*
   auto region = detail::post_registration(op.local->ldo(), *domain_);
   if (!region) return region.status();
   if (more == 0) {
+    if (op.length <= inject_limit_) {
+      const Status st = post_status(fi_inject(ep_, op.local->address(), op.length, peers_[op.peer_handle].data));
+      if (st == Status::ok) injected_.push_back(op.index);  // reserved: max_in_flight
+      return st;
+    }
     return post_status(fi_send(ep_, op.local->address(), op.length, (*region)->descriptor(), peers_[op.peer_handle].data,
                                data_context(op)));
   }
@@ -1364,9 +1369,33 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
   return events;
 }
 
+// Injected sends (do_send) complete here, at the first poll after their
+// post: the bytes are the provider's since fi_inject returned. On shm a
+// target known to be dead will never read them (as for a send's CQ entry).
+std::size_t FabricEndpoint::complete_injected(std::size_t max) noexcept {
+  const std::size_t n = std::min(max, injected_.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t index = injected_[i];
+    const BackendOp& op = op_at(index);
+    if (shm_ && shm_peer_gone(op.peer_handle)) {
+      complete(index, Status::peer_unreachable, 0);
+    } else {
+      complete(index, Status::ok, op.length);
+    }
+  }
+  injected_.erase(injected_.begin(), injected_.begin() + static_cast<std::ptrdiff_t>(n));
+  return n;
+}
+
 std::size_t FabricEndpoint::do_poll(std::size_t max) noexcept {
   std::size_t events = 0;
   if (shm_) {
+    // Only shm injects (open_shm_watch).
+    if (!injected_.empty()) {
+      events = complete_injected(max);
+      if (events >= max) return events;
+      max -= events;
+    }
     // Every poll asks whether the peer check is due: the coarse clock is
     // enough for that (the check comes at most three ticks late, against a
     // default interval of 50 ms and a death bound of seconds).
@@ -1377,7 +1406,7 @@ std::size_t FabricEndpoint::do_poll(std::size_t max) noexcept {
     }
     // fi_cq_read takes our own region lock: never call it while that lock
     // is held (a killed peer may be holding it for ever).
-    if (!shm_region_blocked(own_data_)) events = poll_data(max);
+    if (!shm_region_blocked(own_data_)) events += poll_data(max);
     if (ctrl_cq_ && !shm_region_blocked(own_ctrl_)) events += poll_ctrl_paced();
     return events;
   }
@@ -1684,6 +1713,17 @@ std::uint64_t FabricEndpoint::dead_peers_found() const noexcept {
 void FabricEndpoint::open_shm_watch(const std::vector<std::byte>& data_name) {
   shm_ = fabric_provider::facts(domain_->provider_name()).shared_memory && addr_kind_ == static_cast<std::uint8_t>(fabric_wire::AddrKind::string);
   if (!shm_) return;
+  // Small sends by fi_inject (do_send), on shm only: its inject copies the
+  // message into the target's queue inside the call, as its fi_send of the
+  // same size does before writing the completion entry, and the completion
+  // (complete_injected) checks the target's pid as poll_data does. net and
+  // tcp;ofi_rxm accept an inject to a peer whose connection has failed and
+  // drop it with no completion at all (measured: transport-peer-death, 6 s
+  // of successful sends to a killed peer), so there every send keeps its
+  // completion entry, which reports the failure.
+  const fi_info* info = domain_->native_info();
+  if (options_.inject_sends && info->tx_attr) inject_limit_ = info->tx_attr->inject_size;
+  injected_.reserve(config().max_in_flight);
   deaths_ = std::make_unique<fabric_shm::DeathWatch>();
   if (config().wait_mode != WaitMode::spin) {
     // No wait object on shm: a doorbell peers ring (fabric_shm.hpp). Without

@@ -222,7 +222,7 @@ inline regpool::FabricConfig fabric_config(const std::string& provider) {
 inline std::unique_ptr<regpool::Endpoint> open_endpoint(const std::shared_ptr<regpool::Domain>& domain,
                                                         const std::string& backend,
                                                         const regpool::EndpointConfig& ec,
-                                                        std::uint64_t max_incoming = 0) {
+                                                        std::uint64_t max_incoming = 0, bool inject_sends = true) {
 #if REGPOOL_HAVE_VERBS
   if (backend == "verbs") return regpool::VerbsEndpoint::open(std::static_pointer_cast<regpool::VerbsDomain>(domain), ec);
 #endif
@@ -231,6 +231,7 @@ inline std::unique_ptr<regpool::Endpoint> open_endpoint(const std::shared_ptr<re
     regpool::FabricEndpointOptions fo;
     fo.emulated_atomics = regpool::FabricEndpointOptions::EmulatedAtomics::serve;
     if (max_incoming != 0) fo.max_incoming_message = max_incoming;
+    fo.inject_sends = inject_sends;
     return regpool::FabricEndpoint::open(std::static_pointer_cast<regpool::FabricDomain>(domain), ec, fo);
   }
 #endif
@@ -247,14 +248,15 @@ struct Stack {
   std::unique_ptr<regpool::Endpoint> ep;
 
   explicit Stack(const std::string& backend, regpool::EndpointConfig ec = {},
-                 std::size_t arena = std::size_t{16} << 20, std::uint64_t max_incoming = 0) {
+                 std::size_t arena = std::size_t{16} << 20, std::uint64_t max_incoming = 0,
+                 bool inject_sends = true) {
 #if REGPOOL_HAVE_VERBS
     if (backend == "verbs") domain = regpool::VerbsDomain::open();
 #endif
 #if REGPOOL_HAVE_FABRIC
     if (backend != "verbs") domain = regpool::FabricDomain::open(fabric_config(backend));
 #endif
-    if (domain) ep = open_endpoint(domain, backend, ec, max_incoming);
+    if (domain) ep = open_endpoint(domain, backend, ec, max_incoming, inject_sends);
     if (!ep) throw regpool::Error(regpool::Status::unsupported, 0, "test: backend " + backend + " not built");
     regpool::PoolConfig pc;
     pc.arena_size = arena;
