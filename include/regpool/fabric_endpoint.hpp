@@ -573,17 +573,18 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   };
   std::vector<HeldCompletion> held_;
   bool hold_for_probe(std::uint32_t index, Status otherwise) noexcept;
-  // Sends of at most inject_limit_ bytes go by fi_inject: the provider
-  // copies the message before the call returns and writes no completion,
-  // so the op completes at our next poll (injected_, in posting order)
-  // without a CQ entry to write and read. 0 = never (not shm, or
-  // FabricEndpointOptions::inject_sends is off; open_shm_watch).
-  std::uint64_t inject_limit_ = 0;
-  std::vector<std::uint32_t> injected_;
-  std::size_t complete_injected(std::size_t max) noexcept;
   void settle_held() noexcept;
   std::chrono::steady_clock::time_point next_owed_scan_{};
   std::atomic<std::uint64_t> gone_peers_{0};
+
+  // Sends of at most inject_limit_ bytes go by fi_inject: the provider
+  // copies the message before the call returns and writes no completion,
+  // so the op completes at our next poll (injected_: their tags, in
+  // posting order) without a CQ entry to write and read. 0 = never (not
+  // shm, or FabricEndpointOptions::inject_sends is off; open_shm_watch).
+  std::uint64_t inject_limit_ = 0;
+  std::vector<std::uint64_t> injected_;
+  std::size_t complete_injected(std::size_t max) noexcept;
 
   // tcp;ofi_rxm: where the excess of an oversized eager message goes, so
   // the provider never truncates one (which loses the connection's later

@@ -838,7 +838,7 @@ Status FabricEndpoint::rma_msg(bool write, const BackendOp& op, void* buf, void*
   if (more == 0) {
     if (op.length <= inject_limit_) {
       const Status st = post_status(fi_inject(ep_, op.local->address(), op.length, peers_[op.peer_handle].data));
-      if (st == Status::ok) injected_.push_back(op.index);  // reserved: max_in_flight
+      if (st == Status::ok) injected_.push_back(op.tag);  // reserved: max_in_flight
       return st;
     }
     return post_status(fi_send(ep_, op.local->address(), op.length, (*region)->descriptor(), peers_[op.peer_handle].data,
@@ -1372,10 +1372,13 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
 // Injected sends (do_send) complete here, at the first poll after their
 // post: the bytes are the provider's since fi_inject returned. On shm a
 // target known to be dead will never read them (as for a send's CQ entry).
+// Kept by tag, as a CQ entry's context is: an op the base gave up meanwhile
+// (do_abandon for a dead peer) may have a new op in its slot by now.
 std::size_t FabricEndpoint::complete_injected(std::size_t max) noexcept {
   const std::size_t n = std::min(max, injected_.size());
   for (std::size_t i = 0; i < n; ++i) {
-    const std::uint32_t index = injected_[i];
+    const std::uint32_t index = index_of_tag(injected_[i]);
+    if (index == kNoIndex) continue;
     const BackendOp& op = op_at(index);
     if (shm_ && shm_peer_gone(op.peer_handle)) {
       complete(index, Status::peer_unreachable, 0);
