@@ -585,6 +585,7 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   std::uint64_t inject_limit_ = 0;
   std::vector<std::uint64_t> injected_;
   std::size_t complete_injected(std::size_t max) noexcept;
+  void complete_send(std::uint32_t index, const BackendOp& op) noexcept;
 
   // tcp;ofi_rxm: where the excess of an oversized eager message goes, so
   // the provider never truncates one (which loses the connection's later

@@ -1351,15 +1351,7 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
           break;
         case OpKind::fetch_add:
         case OpKind::compare_swap: complete(index, Status::ok, 8); break;
-        case OpKind::send:
-          // shm completes a send once the message sits in the target's
-          // queue; a target known to be dead will never read it.
-          if (shm_ && shm_peer_gone(op.peer_handle)) {
-            complete(index, Status::peer_unreachable, 0);
-          } else {
-            complete(index, Status::ok, op.length);
-          }
-          break;
+        case OpKind::send: complete_send(index, op); break;
         default: complete(index, Status::ok, op.length); break;
       }
     }
@@ -1367,6 +1359,18 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
     if (static_cast<std::size_t>(got) < want) break;
   }
   return events;
+}
+
+// A send done by the provider, from its CQ entry or injected: shm finishes
+// a send once the message sits in the target's queue, and a target known to
+// be dead will never read it. One place for both paths, so they cannot
+// drift apart.
+void FabricEndpoint::complete_send(std::uint32_t index, const BackendOp& op) noexcept {
+  if (shm_ && shm_peer_gone(op.peer_handle)) {
+    complete(index, Status::peer_unreachable, 0);
+  } else {
+    complete(index, Status::ok, op.length);
+  }
 }
 
 // Injected sends (do_send) complete here, at the first poll after their
@@ -1379,12 +1383,7 @@ std::size_t FabricEndpoint::complete_injected(std::size_t max) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint32_t index = index_of_tag(injected_[i]);
     if (index == kNoIndex) continue;
-    const BackendOp& op = op_at(index);
-    if (shm_ && shm_peer_gone(op.peer_handle)) {
-      complete(index, Status::peer_unreachable, 0);
-    } else {
-      complete(index, Status::ok, op.length);
-    }
+    complete_send(index, op_at(index));
   }
   injected_.erase(injected_.begin(), injected_.begin() + static_cast<std::ptrdiff_t>(n));
   return n;
