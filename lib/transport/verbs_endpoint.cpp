@@ -166,6 +166,8 @@ struct VerbsEndpoint::Conn {
   std::uint32_t unsignaled_run = 0;
   bool fence_outstanding = false;
   std::uint64_t fence_seq = 0;
+  // Listed in Impl::tail_conns (while it may have an unsignalled tail).
+  bool tail_listed = false;
   // Ring of unsignalled user ops: (seq, slot index).
   std::vector<std::pair<std::uint64_t, std::uint32_t>> ring;
   std::size_t ring_head = 0;
@@ -257,6 +259,21 @@ struct VerbsEndpoint::Impl {
   std::uint64_t post_seq = 0;
   std::vector<SlotState> slots;
   std::vector<Conn> conns;
+  // Connections that have posted an unsignalled op since their ring was
+  // last empty: the only ones the fence pass of housekeeping() looks at on
+  // every dry poll. Each is listed once (Conn::tail_listed); capacity for
+  // every connection is reserved when one is added, so listing never
+  // allocates on the post path.
+  std::vector<std::uint32_t> tail_conns;
+  // The coarse clock's reading at housekeeping()'s last timer sweep.
+  MonoClock::time_point last_sweep{};
+  // Puts `fresh` in conns[ci] and keeps the slot's place in tail_conns: the
+  // fence pass unlists it once its ring is empty, as a fresh one's is.
+  void replace_conn(std::uint32_t ci, Conn&& fresh) noexcept {
+    const bool listed = conns[ci].tail_listed;
+    conns[ci] = std::move(fresh);
+    conns[ci].tail_listed = listed;
+  }
   // Every receive completion names its QP only by number: this maps it to
   // its connection in O(1) (a scan of conns per completion grew with the
   // number of peers). An entry lives exactly as long as the QP.
@@ -448,6 +465,7 @@ void VerbsEndpoint::close_resources() noexcept {
     if (c.ah) (void)ibv_destroy_ah(c.ah);
     c = Conn{};
   }
+  m.tail_conns.clear();
   m.conn_of_qpn.clear();
   if (m.ud) (void)ibv_destroy_qp(m.ud);
   if (m.srq) (void)ibv_destroy_srq(m.srq);
@@ -502,10 +520,11 @@ std::uint32_t VerbsEndpoint::new_conn(const void* remote_name) {
   c.state = Conn::State::released;
   c.used = true;
   try {
+    m.tail_conns.reserve(m.conns.size() + 1);
     if (ci == m.conns.size()) {
       m.conns.push_back(std::move(c));
     } else {
-      m.conns[ci] = std::move(c);
+      m.replace_conn(ci, std::move(c));
     }
   } catch (...) {
     (void)ibv_destroy_ah(c.ah);
@@ -742,7 +761,7 @@ void VerbsEndpoint::finish_reset(std::uint32_t ci) noexcept {
     (void)ibv_destroy_qp(c.qp);
     m.rc_qps.fetch_sub(1, std::memory_order_relaxed);
     (void)ibv_destroy_ah(c.ah);
-    c = Conn{};
+    m.replace_conn(ci, Conn{});
     return;
   }
   c.retired_seq = c.wr_seq;
@@ -865,7 +884,7 @@ void VerbsEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
     // Released (or never used): nothing on the wire, only the address handle.
     forget_released_qpn(ci);
     (void)ibv_destroy_ah(m.conns[ci].ah);
-    m.conns[ci] = Conn{};
+    m.replace_conn(ci, Conn{});
     return;
   }
   // Windows bound on the QP without a bind or invalidate in flight go now
@@ -1073,6 +1092,10 @@ void VerbsEndpoint::note_rc_posted(std::uint32_t ci, std::uint32_t index, std::u
     c.ring[(c.ring_head + c.ring_count) % c.ring.size()] = {last, index};
     ++c.ring_count;
     ++c.unsignaled_run;
+    if (!c.tail_listed) {
+      c.tail_listed = true;
+      m.tail_conns.push_back(ci);  // capacity reserved in new_conn
+    }
   }
 }
 
@@ -1396,65 +1419,88 @@ std::size_t VerbsEndpoint::poll_cq(std::size_t max) noexcept {
 void VerbsEndpoint::housekeeping() noexcept {
   Impl& m = *impl_;
   // Runs after every poll that found the CQ dry, i.e. on every round of a
-  // spin-wait. The coarse clock (vDSO, no clocksource read) is enough for
-  // 50 ms retransmits and a 2 s reset bound: they fire up to three ticks
-  // late, never early. The precise clock cost a system call and an emulated
-  // HPET read per round in the Soft-RoCE guest (clocksource hpet).
+  // spin-wait, so it must cost next to nothing there and not grow with the
+  // number of connections.
+  //
+  // The timers (retransmits, the reset bound, idle release) read the coarse
+  // clock (vDSO, no clocksource read; the precise clock cost a system call
+  // and an emulated HPET read per round in the Soft-RoCE guest): 50 ms
+  // retransmits and a 2 s reset bound fire up to three ticks late, never
+  // early. Every timer is set to a future time and compared with that
+  // reading, so a sweep that sees the same reading as the last one decides
+  // the same: the sweep over all connections runs once per clock tick (a
+  // use noted by IdleTimer::touch after it is observed a tick later, which
+  // only delays a release by that tick).
   const auto now = platform::CoarseClock::now();
-  for (std::uint32_t ci = 0; ci < m.conns.size(); ++ci) {
-    Conn& c = m.conns[ci];
-    if (!c.used) continue;
-    if (c.state == Conn::State::resetting && now >= c.reset_deadline) {
-      finish_reset(ci);  // some old WRs never came back: answer them now
-      continue;
-    }
-    if (c.state == Conn::State::connecting && now >= c.next_req) {
-      c.next_req = now + kRetransmit;
-      send_ctrl(c, kReq, c.epoch);
-    }
-    if (c.state == Conn::State::releasing) {
-      if (now >= c.release_deadline) {
-        // The peer did not answer (not progressing): keep the connection,
-        // ask again after another full period.
-        c.state = Conn::State::connected;
-        c.idle.restart(now);
-      } else if (now >= c.next_req) {
-        c.next_req = now + kRetransmit;  // UD is unreliable: ask again
-        send_ctrl_to(c, kRel, 0, c.qp->qp_num, c.remote_qpn);
-      }
-      continue;
-    }
-    if (c.state == Conn::State::connected && m.idle_policy.enabled()) {
-      c.idle.observe(now);
-      // The exposure scan in conn_busy runs only once the time is up.
-      if (m.idle_policy.propose(c.idle, false, now) && !conn_busy(ci)) {
-        c.state = Conn::State::releasing;
-        c.release_deadline = now + m.release_bound;
-        c.next_req = now + kRetransmit;
-        send_ctrl_to(c, kRel, 0, c.qp->qp_num, c.remote_qpn);
+  if (now != m.last_sweep) {
+    m.last_sweep = now;
+    for (std::uint32_t ci = 0; ci < m.conns.size(); ++ci) {
+      Conn& c = m.conns[ci];
+      if (!c.used) continue;
+      if (c.state == Conn::State::resetting && now >= c.reset_deadline) {
+        finish_reset(ci);  // some old WRs never came back: answer them now
         continue;
       }
-    }
-    // An unsignalled tail with nothing signalled behind it would never
-    // complete: close it with a signalled zero-length RDMA WRITE (a no-op at
-    // the target, IB spec C9-88: no key is checked for zero bytes).
-    if (c.state == Conn::State::connected && c.ring_count > 0 && !c.fence_outstanding) {
-      const auto tail = c.ring[(c.ring_head + c.ring_count - 1) % c.ring.size()].first;
-      if (tail > c.last_signaled_seq && c.wr_seq - c.retired_seq + 1 <= m.sq_depth) {
-        ibv_send_wr wr{};
-        ibv_send_wr* bad = nullptr;
-        const std::uint64_t seq = c.wr_seq + 1;
-        wr.wr_id = make_wr_id(kTagFence, seq, ci);
-        wr.opcode = IBV_WR_RDMA_WRITE;
-        wr.send_flags = IBV_SEND_SIGNALED;
-        wr.num_sge = 0;
-        if (ibv_post_send(c.qp, &wr, &bad) == 0) {
-          c.wr_seq = seq;
-          c.fence_seq = seq;
-          c.fence_outstanding = true;
-          c.last_signaled_seq = seq;
-          c.unsignaled_run = 0;
+      if (c.state == Conn::State::connecting && now >= c.next_req) {
+        c.next_req = now + kRetransmit;
+        send_ctrl(c, kReq, c.epoch);
+      }
+      if (c.state == Conn::State::releasing) {
+        if (now >= c.release_deadline) {
+          // The peer did not answer (not progressing): keep the connection,
+          // ask again after another full period.
+          c.state = Conn::State::connected;
+          c.idle.restart(now);
+        } else if (now >= c.next_req) {
+          c.next_req = now + kRetransmit;  // UD is unreliable: ask again
+          send_ctrl_to(c, kRel, 0, c.qp->qp_num, c.remote_qpn);
         }
+        continue;
+      }
+      if (c.state == Conn::State::connected && m.idle_policy.enabled()) {
+        c.idle.observe(now);
+        // The exposure scan in conn_busy runs only once the time is up.
+        if (m.idle_policy.propose(c.idle, false, now) && !conn_busy(ci)) {
+          c.state = Conn::State::releasing;
+          c.release_deadline = now + m.release_bound;
+          c.next_req = now + kRetransmit;
+          send_ctrl_to(c, kRel, 0, c.qp->qp_num, c.remote_qpn);
+        }
+      }
+    }
+  }
+  // An unsignalled tail with nothing signalled behind it would never
+  // complete: close it with a signalled zero-length RDMA WRITE (a no-op at
+  // the target, IB spec C9-88: no key is checked for zero bytes). Not
+  // waiting for the clock: an application may be waiting for that tail now.
+  // Only the listed connections are looked at; one whose ring is empty is
+  // unlisted (its next unsignalled post lists it again).
+  for (std::size_t k = 0; k < m.tail_conns.size();) {
+    const std::uint32_t ci = m.tail_conns[k];
+    Conn& c = m.conns[ci];
+    if (c.ring_count == 0) {
+      c.tail_listed = false;
+      m.tail_conns[k] = m.tail_conns.back();
+      m.tail_conns.pop_back();
+      continue;
+    }
+    ++k;
+    if (c.state != Conn::State::connected || c.fence_outstanding) continue;
+    const auto tail = c.ring[(c.ring_head + c.ring_count - 1) % c.ring.size()].first;
+    if (tail > c.last_signaled_seq && c.wr_seq - c.retired_seq + 1 <= m.sq_depth) {
+      ibv_send_wr wr{};
+      ibv_send_wr* bad = nullptr;
+      const std::uint64_t seq = c.wr_seq + 1;
+      wr.wr_id = make_wr_id(kTagFence, seq, ci);
+      wr.opcode = IBV_WR_RDMA_WRITE;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      wr.num_sge = 0;
+      if (ibv_post_send(c.qp, &wr, &bad) == 0) {
+        c.wr_seq = seq;
+        c.fence_seq = seq;
+        c.fence_outstanding = true;
+        c.last_signaled_seq = seq;
+        c.unsignaled_run = 0;
       }
     }
   }
