@@ -168,6 +168,23 @@ struct VerbsEndpoint::Conn {
   std::uint64_t fence_seq = 0;
   // Listed in Impl::tail_conns (while it may have an unsignalled tail).
   bool tail_listed = false;
+  // Posts a signalled zero-length RDMA WRITE behind everything on the send
+  // queue (a no-op at the target, IB spec C9-88: no key is checked for zero
+  // bytes): its completion retires every WR before it, unsignalled ones
+  // included. `ci` is this connection's index.
+  bool post_fence(std::uint32_t ci) noexcept {
+    ibv_send_wr wr{};
+    ibv_send_wr* bad = nullptr;
+    const std::uint64_t seq = wr_seq + 1;
+    wr.wr_id = make_wr_id(kTagFence, seq, ci);
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    if (ibv_post_send(qp, &wr, &bad) != 0) return false;
+    wr_seq = seq;
+    fence_seq = seq;
+    fence_outstanding = true;
+    return true;
+  }
   // Ring of unsignalled user ops: (seq, slot index).
   std::vector<std::pair<std::uint64_t, std::uint32_t>> ring;
   std::size_t ring_head = 0;
@@ -706,19 +723,7 @@ void VerbsEndpoint::begin_reset(std::uint32_t ci, int after) noexcept {
   // without a CQE. Posted after the move to ERROR, so it is flushed at once
   // instead of queueing behind a large transfer (on rxe, ibv_post_send runs
   // the send queue in the calling thread).
-  if (c.wr_seq != c.retired_seq) {
-    ibv_send_wr wr{};
-    ibv_send_wr* bad = nullptr;
-    const std::uint64_t seq = c.wr_seq + 1;
-    wr.wr_id = make_wr_id(kTagFence, seq, ci);
-    wr.opcode = IBV_WR_RDMA_WRITE;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    if (ibv_post_send(c.qp, &wr, &bad) == 0) {
-      c.wr_seq = seq;
-      c.fence_seq = seq;
-      c.fence_outstanding = true;
-    }
-  }
+  if (c.wr_seq != c.retired_seq) (void)c.post_fence(ci);
   c.reset_seq = c.wr_seq;
   c.reset_deadline = MonoClock::now() + kResetBound;
   // Nothing is waited for here (the endpoint's mutex is held): handle_wc
@@ -1470,9 +1475,8 @@ void VerbsEndpoint::housekeeping() noexcept {
     }
   }
   // An unsignalled tail with nothing signalled behind it would never
-  // complete: close it with a signalled zero-length RDMA WRITE (a no-op at
-  // the target, IB spec C9-88: no key is checked for zero bytes). Not
-  // waiting for the clock: an application may be waiting for that tail now.
+  // complete: close it with a fence (Conn::post_fence). Not waiting for the
+  // clock: an application may be waiting for that tail now.
   // Only the listed connections are looked at; one whose ring is empty is
   // unlisted (its next unsignalled post lists it again).
   for (std::size_t k = 0; k < m.tail_conns.size();) {
@@ -1487,21 +1491,9 @@ void VerbsEndpoint::housekeeping() noexcept {
     ++k;
     if (c.state != Conn::State::connected || c.fence_outstanding) continue;
     const auto tail = c.ring[(c.ring_head + c.ring_count - 1) % c.ring.size()].first;
-    if (tail > c.last_signaled_seq && c.wr_seq - c.retired_seq + 1 <= m.sq_depth) {
-      ibv_send_wr wr{};
-      ibv_send_wr* bad = nullptr;
-      const std::uint64_t seq = c.wr_seq + 1;
-      wr.wr_id = make_wr_id(kTagFence, seq, ci);
-      wr.opcode = IBV_WR_RDMA_WRITE;
-      wr.send_flags = IBV_SEND_SIGNALED;
-      wr.num_sge = 0;
-      if (ibv_post_send(c.qp, &wr, &bad) == 0) {
-        c.wr_seq = seq;
-        c.fence_seq = seq;
-        c.fence_outstanding = true;
-        c.last_signaled_seq = seq;
-        c.unsignaled_run = 0;
-      }
+    if (tail > c.last_signaled_seq && c.wr_seq - c.retired_seq + 1 <= m.sq_depth && c.post_fence(ci)) {
+      c.last_signaled_seq = c.wr_seq;
+      c.unsignaled_run = 0;
     }
   }
 }
