@@ -1433,9 +1433,9 @@ void VerbsEndpoint::housekeeping() noexcept {
   // retransmits and a 2 s reset bound fire up to three ticks late, never
   // early. Every timer is set to a future time and compared with that
   // reading, so a sweep that sees the same reading as the last one decides
-  // the same: the sweep over all connections runs once per clock tick (a
-  // use noted by IdleTimer::touch after it is observed a tick later, which
-  // only delays a release by that tick).
+  // the same: the sweep over all connections runs once per clock tick. (A
+  // use that IdleTimer::touch counts after a sweep is dated by the next
+  // tick's sweep, which only delays a release by that tick.)
   const auto now = platform::CoarseClock::now();
   if (now != m.last_sweep) {
     m.last_sweep = now;
