@@ -71,7 +71,10 @@
 //    ops complete peer_unreachable, the peer is marked broken), and releases
 //    its own region lock only once its holder is proven dead
 //    (FabricEndpointOptions::peer_check_interval, stuck_lock_patience;
-//    shm_stats()).
+//    shm_stats()). A peer killed holding our lock between that try and the
+//    provider's own spin is rescued by a helper thread the endpoint owns
+//    (FabricEndpointOptions::rescue_stuck_calls): the one thread an shm
+//    endpoint starts, asleep but for a look a few times a second.
 //  - net and dead peers (libfabric 1.17 answers -FI_EAGAIN for ever to a
 //    post aimed at a peer whose process is gone, as it does for a while to
 //    a live peer that has not taken the connection yet): when posts to a
@@ -123,6 +126,7 @@ struct CtrlMsg;
 namespace fabric_shm {
 class Bell;
 class DeathWatch;
+class LockRescuer;
 class RegionLock;
 }  // namespace fabric_shm
 namespace tcp {
@@ -224,6 +228,17 @@ struct FabricEndpointOptions {
   // (FabricShmStats::lock_recoveries); otherwise the endpoint keeps
   // skipping and says so (FabricShmStats::region_stuck).
   std::chrono::milliseconds stuck_lock_patience{2000};
+  // shm only. The try above and the provider's own spin on the lock are two
+  // steps: a peer that streams operations into us can take our region lock
+  // between them and be killed holding it, and the call then spins inside
+  // libfabric for ever, holding the endpoint's mutex. With this on (the
+  // default), each shm endpoint owns one helper thread that sleeps and
+  // looks every stuck_lock_patience / 8 (at most every 250 ms) whether a
+  // provider call of this endpoint has been inside for stuck_lock_patience
+  // with its own region lock held at every look; if so, it releases the
+  // lock by the rule above (FabricShmStats::lock_rescues) and the call goes
+  // on. Off: no thread, and such a call may never return.
+  bool rescue_stuck_calls = true;
   // The largest message peers may send to this endpoint, where a longer one
   // would harm the connection instead of failing its own receive (net: a
   // message longer than its receive plus the overflow area behind every
@@ -246,6 +261,9 @@ struct FabricShmStats {
   std::uint64_t lock_skips = 0;       // provider calls skipped because a region lock was held
   std::uint64_t lock_recoveries = 0;  // own region lock released after its holder was proven dead
   bool region_stuck = false;          // own region lock held past stuck_lock_patience, holder not proven dead
+  // Own region lock released by the helper thread under a provider call
+  // stuck behind it (FabricEndpointOptions::rescue_stuck_calls).
+  std::uint64_t lock_rescues = 0;
   // The doorbell (docs/progress.md, "How shm sleeps"): this endpoint sleeps
   // on one (wait_mode sleep or adaptive, and its file could be made); how
   // many inserted peers' bells it has mapped now; and how many of its posts
@@ -368,6 +386,9 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   // lock has been seen held.
   struct OwnRegion {
     std::unique_ptr<fabric_shm::RegionLock> lock;
+    // Provider calls that may take the lock: odd while one runs (written
+    // under the endpoint's mutex, read by the rescuer_).
+    std::atomic<std::uint64_t> calls{0};
     bool held = false;
     bool stuck = false;  // held past stuck_lock_patience, holder not proven dead
     std::chrono::steady_clock::time_point held_since{};
@@ -539,6 +560,10 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   std::atomic<std::uint64_t> lock_skips_{0};
   std::atomic<std::uint64_t> lock_recoveries_{0};
   std::atomic<bool> region_stuck_{false};
+  // shm: the thread that releases our own region lock under a provider
+  // call stuck behind a dead holder (null when off or the layout is
+  // unknown). Declared after the regions it watches; reset first at close.
+  std::unique_ptr<fabric_shm::LockRescuer> rescuer_;
   // shm, sleeping wait modes: this endpoint's doorbell (null when none).
   std::unique_ptr<fabric_shm::Bell> bell_;
   // shm: peers' processes watched for exit (pidfds in one epoll set), and

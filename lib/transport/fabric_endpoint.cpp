@@ -28,7 +28,9 @@
 #include <chrono>
 #include <cerrno>
 #include <cstring>
+#include <new>
 #include <string>
+#include <system_error>
 #include <thread>
 
 namespace regpool {
@@ -46,6 +48,23 @@ namespace {
 // inside the call for as long; a lock whose holder died is still skipped
 // (then the pid check, or the recovery) after this much.
 constexpr auto kRegionLockPatience = std::chrono::microseconds(10);
+
+// Marks one provider call that may take one of our own shm region locks:
+// the region's counter is odd while it runs, which is what the rescuer
+// (fabric_shm::LockRescuer) looks for. Calls into the provider run under
+// the endpoint's mutex, so a plain increment (a load and a store) is
+// enough: no locked instruction on the poll and receive paths.
+class CallMark {
+ public:
+  explicit CallMark(std::atomic<std::uint64_t>& calls) noexcept : calls_(calls) { bump(); }
+  CallMark(const CallMark&) = delete;
+  CallMark& operator=(const CallMark&) = delete;
+  ~CallMark() { bump(); }
+
+ private:
+  void bump() noexcept { calls_.store(calls_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
+  std::atomic<std::uint64_t>& calls_;
+};
 
 // Control CQ pacing (FabricEndpoint::poll_ctrl_paced).
 constexpr std::uint32_t kCtrlIdleEvery = 4;
@@ -446,11 +465,14 @@ void FabricEndpoint::open_control() {
   if (shm_ && own_data_.lock) {
     auto lock = std::make_unique<fabric_shm::RegionLock>();
     if (lock->open(fabric_shm::region_name(ctrl_name_, addr_scheme_), ::getpid())) own_ctrl_.lock = std::move(lock);
+    if (rescuer_ && own_ctrl_.lock) rescuer_->watch(1, own_ctrl_.lock.get(), &own_ctrl_.calls);
   }
   control_open_.store(true, std::memory_order_release);
 }
 
 void FabricEndpoint::close_resources() noexcept {
+  // The rescuer first: it reads the region locks unmapped below.
+  rescuer_.reset();
   // shm: closing may take our region locks. One still held after a short
   // grace (a killed peer's, not recovered) is released: the region is
   // being unlinked, and a live holder's writes land in its own mapping of
@@ -504,6 +526,7 @@ void FabricEndpoint::close_control() noexcept {
   if (ctrl_av_) (void)fi_close(&ctrl_av_->fid);
   ctrl_av_ = nullptr;
   ctrl_reg_.reset();
+  if (rescuer_) rescuer_->watch(1, nullptr, nullptr);
   own_ctrl_.lock.reset();
   ctrl_name_.clear();
   control_open_.store(false, std::memory_order_release);
@@ -607,6 +630,9 @@ std::uint64_t FabricEndpoint::do_insert_peer(std::span<const std::byte> name) {
     if (handle_by_addr_.size() <= a) handle_by_addr_.resize(a + 1, kNoEntry);
     handle_by_addr_[a] = static_cast<std::uint32_t>(handle);
     if (handle == peers_.size()) peers_.emplace_back();
+    // Its process is evidence for the rescuer (a stuck call behind a lock
+    // its death left held).
+    if (rescuer_ && p.pid != 0 && !rescuer_->peer_added(p.pid)) throw std::bad_alloc();
   } catch (...) {
     (void)fi_av_remove(av_, &a, 1, 0);
     if (has_ctrl) {
@@ -666,6 +692,7 @@ void FabricEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
     last_peer_death_ = std::chrono::steady_clock::now();
   }
   if (deaths_) deaths_->forget(handle);
+  if (rescuer_) rescuer_->peer_removed(p.pid);
   fi_addr_t a = p.data;
   sweep_retired();
   bool retired = false;
@@ -862,10 +889,14 @@ std::uint64_t FabricEndpoint::msg_flags(std::uint64_t more) const noexcept {
 }
 
 Status FabricEndpoint::do_recv(const BackendOp& op) noexcept {
-  // shm posts receives under our own region lock.
+  // shm: fi_recv did not take our region lock when no message was waiting
+  // (it returned with another process holding the lock, measured
+  // 2026-11-27); whether it does when it matches a waiting message is not
+  // measured, so the call is still checked and marked like a poll.
   if (shm_ && shm_region_blocked(own_data_)) return Status::would_block;
   auto region = detail::post_registration(op.local->ldo(), *domain_);
   if (!region) return region.status();
+  const CallMark mark(own_data_.calls);
   if (!overflow_) {
     return post_status(
         fi_recv(ep_, op.local->address(), op.length, (*region)->descriptor(), FI_ADDR_UNSPEC, data_context(op)));
@@ -913,6 +944,7 @@ Status FabricEndpoint::post_ctrl_recv(std::size_t k) noexcept {
   void* ctx = ctrl_contexts_.get() + (n + k) * kContextSize;
   for (int tries = 0;; ++tries) {
     if (shm_ && shm_region_blocked(own_ctrl_)) return Status::would_block;
+    const CallMark mark(own_ctrl_.calls);
     const ssize_t rc = fi_recv(ctrl_ep_, buf, kCtrlMsgSize, ctrl_reg_.descriptor(), FI_ADDR_UNSPEC, ctx);
     if (rc == 0) return Status::ok;
     if (rc != -FI_EAGAIN || tries > 1000) return status_from_fi(static_cast<int>(rc));
@@ -1177,7 +1209,11 @@ std::size_t FabricEndpoint::poll_ctrl() noexcept {
   if (!pending_replies_.empty()) flush_pending_replies();
   for (;;) {
     fi_cq_data_entry entries[16];
-    const ssize_t got = fi_cq_read(ctrl_cq_, entries, 16);
+    ssize_t got = 0;
+    {
+      const CallMark mark(own_ctrl_.calls);
+      got = fi_cq_read(ctrl_cq_, entries, 16);
+    }
     if (got == -FI_EAVAIL) {
       fi_cq_err_entry err{};
       if (fi_cq_readerr(ctrl_cq_, &err, 0) != 1) break;
@@ -1272,7 +1308,11 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
     fi_cq_data_entry entries[32];
     fi_addr_t sources[32];
     const std::size_t want = std::min<std::size_t>(32, max - events);
-    const ssize_t got = source_ ? fi_cq_readfrom(cq_, entries, want, sources) : fi_cq_read(cq_, entries, want);
+    ssize_t got = 0;
+    {
+      const CallMark mark(own_data_.calls);
+      got = source_ ? fi_cq_readfrom(cq_, entries, want, sources) : fi_cq_read(cq_, entries, want);
+    }
     if (got == -FI_EAVAIL) {
       fi_cq_err_entry err{};
       if (fi_cq_readerr(cq_, &err, 0) != 1) break;
@@ -1744,6 +1784,15 @@ void FabricEndpoint::open_shm_watch(const std::vector<std::byte>& data_name) {
     if (lock->open(fabric_shm::region_name(addr, addr_scheme_), self)) r.lock = std::move(lock);
   };
   own(own_data_, data_name);  // the control region's: open_control
+  if (own_data_.lock && options_.rescue_stuck_calls) {
+    try {
+      rescuer_ = std::make_unique<fabric_shm::LockRescuer>(options_.stuck_lock_patience);
+    } catch (const std::system_error& e) {
+      throw Error(Status::out_of_memory, e.code().value(),
+                  std::string("fabric endpoint: cannot start the shm lock rescuer thread: ") + e.what());
+    }
+    rescuer_->watch(0, own_data_.lock.get(), &own_data_.calls);
+  }
 }
 
 void FabricEndpoint::shm_peer_insert(PeerAddr& p, std::span<const std::byte> data, std::span<const std::byte> ctrl) {
@@ -1927,6 +1976,7 @@ FabricShmStats FabricEndpoint::shm_stats() const noexcept {
   st.dead_peers = dead_peers_.load(std::memory_order_relaxed);
   st.lock_skips = lock_skips_.load(std::memory_order_relaxed);
   st.lock_recoveries = lock_recoveries_.load(std::memory_order_relaxed);
+  st.lock_rescues = rescuer_ ? rescuer_->rescues() : 0;
   st.region_stuck = region_stuck_.load(std::memory_order_relaxed);
   st.doorbell = bell_ != nullptr;
   st.bell_peers = bell_peers_.load(std::memory_order_relaxed);

@@ -192,6 +192,16 @@ void RegionLock::force_release() noexcept {
 #endif
 }
 
+bool RegionLock::try_take() noexcept { return header_ != nullptr && pthread_spin_trylock(lock_word(header_)) == 0; }
+
+bool RegionLock::waited_on() noexcept {
+#if defined(__x86_64__) && defined(__GLIBC__)
+  return header_ != nullptr && __atomic_load_n(lock_word(header_), __ATOMIC_ACQUIRE) < 0;
+#else
+  return false;
+#endif
+}
+
 Mappers region_mappers(const std::string& name) noexcept {
   Mappers m;
   DIR* proc = ::opendir("/proc");
@@ -254,6 +264,114 @@ Mappers region_mappers(const std::string& name) noexcept {
   }
   ::closedir(proc);
   return m;
+}
+
+// ------------------------------------------------------------ the rescuer
+
+LockRescuer::LockRescuer(std::chrono::milliseconds patience)
+    : patience_(std::max(patience, std::chrono::milliseconds(1))),
+      // Eight looks per patience: a call is rescued between patience and
+      // 1.125 patience after it got stuck, and a sleeping thread wakes a
+      // few times a second at most.
+      period_(std::clamp(patience_ / 8, std::chrono::milliseconds(1), std::chrono::milliseconds(250))),
+      thread_([this] { run(); }) {}
+
+LockRescuer::~LockRescuer() {
+  {
+    std::lock_guard<std::mutex> g(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void LockRescuer::watch(std::size_t slot, RegionLock* lock, const std::atomic<std::uint64_t>* calls) noexcept {
+  if (slot >= kRegions) return;
+  std::lock_guard<std::mutex> g(mutex_);
+  watches_[slot] = Watch{};
+  if (lock && calls) {
+    watches_[slot].lock = lock;
+    watches_[slot].calls = calls;
+  }
+}
+
+bool LockRescuer::peer_added(std::int64_t pid) noexcept {
+  if (pid <= 0) return true;
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> g(mutex_);
+  // Removed peers are evidence for a call stuck up to `patience` after
+  // their removal only: the list stays as long as the inserted peers.
+  std::erase_if(peers_, [&](const Peer& p) {
+    return p.removed != std::chrono::steady_clock::time_point{} && p.removed + 4 * patience_ < now;
+  });
+  try {
+    peers_.push_back(Peer{pid, {}});
+  } catch (...) {
+    return false;
+  }
+  return true;
+}
+
+void LockRescuer::peer_removed(std::int64_t pid) noexcept {
+  if (pid <= 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> g(mutex_);
+  for (Peer& p : peers_) {
+    if (p.pid == pid && p.removed == std::chrono::steady_clock::time_point{}) {
+      p.removed = now;
+      return;
+    }
+  }
+}
+
+void LockRescuer::run() noexcept {
+  std::unique_lock<std::mutex> g(mutex_);
+  while (!stop_) {
+    wake_.wait_for(g, period_, [this] { return stop_; });
+    if (stop_) break;
+    const auto now = std::chrono::steady_clock::now();
+    for (Watch& w : watches_) look(w, now);
+  }
+}
+
+void LockRescuer::look(Watch& w, std::chrono::steady_clock::time_point now) noexcept {
+  if (!w.lock) return;
+  const std::uint64_t call = w.calls->load(std::memory_order_relaxed);
+  if ((call & 1) == 0 || !w.lock->held()) {
+    // No call inside, or the lock free at this look: whatever is running
+    // is not stuck behind it.
+    w.tracking = false;
+    return;
+  }
+  if (!w.tracking || w.call != call) {
+    w.tracking = true;
+    w.call = call;
+    w.since = now;
+    w.next_look = now + patience_;
+    return;
+  }
+  if (now < w.next_look) return;
+  w.next_look = now + patience_;
+  const Mappers m = region_mappers(w.lock->name());
+  const bool nobody_alive = m.complete && m.live == 0;
+  const bool dead_holder = m.complete && m.stopped == 0 && peer_died_since(w.since - patience_);
+  if (!nobody_alive && !dead_holder) return;
+  // The look at /proc took a while: still the same call behind a held lock?
+  if (w.calls->load(std::memory_order_relaxed) != call || !w.lock->held()) {
+    w.tracking = false;
+    return;
+  }
+  w.lock->force_release();
+  rescues_.fetch_add(1, std::memory_order_relaxed);
+  w.tracking = false;
+}
+
+bool LockRescuer::peer_died_since(std::chrono::steady_clock::time_point since) const noexcept {
+  for (const Peer& p : peers_) {
+    if (p.removed != std::chrono::steady_clock::time_point{} && p.removed < since) continue;
+    if (!process_alive(p.pid)) return true;
+  }
+  return false;
 }
 
 namespace {

@@ -4,8 +4,10 @@
 // region with a pthread spin lock that lives in the region itself
 // (/dev/shm/<pid>:<domain>:<endpoint>, offset 0x18). A peer takes *our*
 // lock whenever it posts to us (and holds it across the whole CMA copy of a
-// fast RMA), we take it in every fi_cq_read and fi_recv, and we take a
-// peer's lock in every post to it. A process killed while holding a lock
+// fast RMA) and then sets the region's `signal` word; our fi_cq_read takes
+// it whenever it finds that word set (measured 2026-11-27: with the word
+// clear it returns without the lock); and we take a peer's lock in every
+// post to it. A process killed while holding a lock
 // leaves it held for ever, and the next provider call that wants it spins
 // for ever: no timeout of ours can fire from inside that call.
 //
@@ -17,7 +19,9 @@
 //    *try* the provider's lock (pthread_spin_trylock, the same glibc
 //    protocol the provider uses) before any call that would spin on it, and
 //    which can release it once its holder is proven dead;
-//  - who maps a region (from /proc), the evidence for that proof.
+//  - who maps a region (from /proc), the evidence for that proof;
+//  - LockRescuer: a thread that releases our own lock under a provider call
+//    already stuck behind it, which no check before the call can prevent.
 // Everything here is used only when the region header has the exact layout
 // measured on libfabric 1.17 (RegionLock::open checks it), so another
 // libfabric version gets the pid checks only, never a write into its
@@ -25,13 +29,17 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "regpool/endpoint_backend.hpp"
@@ -138,6 +146,14 @@ class RegionLock {
   bool held_for(std::chrono::nanoseconds patience) noexcept;
   // Releases the lock on behalf of a holder proven dead.
   void force_release() noexcept;
+  // For tests that play a peer killed holding the lock. try_take takes it
+  // when it is free (pthread_spin_trylock; false when held or nothing is
+  // mapped). waited_on: while we hold it, whether some thread is spinning
+  // in pthread_spin_lock for it, i.e. inside a provider call (glibc x86-64:
+  // each waiter's locked decrement leaves the word negative; elsewhere
+  // always false).
+  bool try_take() noexcept;
+  bool waited_on() noexcept;
 
  private:
   void* header_ = nullptr;
@@ -158,6 +174,86 @@ struct Mappers {
   bool complete = true;
 };
 Mappers region_mappers(const std::string& name) noexcept;
+
+// ---------------------------------------------------------------------------
+// The rescuer (docs/provider-facts.md, "shm and dead peers"). The endpoint
+// tries its own region lock before every provider call that takes it, but
+// between that try and the provider's own pthread_spin_lock a peer that
+// streams operations into us can take the lock and be killed holding it.
+// The call then spins inside libfabric for ever, holding the endpoint's
+// mutex, so no check of the endpoint can run again (measured: 1 run in 8 to
+// 16 of tools-perf-kill-shm under ASan). A rescuer is one sleeping thread
+// per shm endpoint that can act while the polling thread is stuck:
+//  - the endpoint marks each provider call that may take one of its own
+//    region locks (a counter per region, odd while such a call runs: two
+//    relaxed stores around the call, nothing else on the hot path);
+//  - the rescuer wakes every patience / 8 and samples, per region, the
+//    counter and the lock word (plain reads);
+//  - when one call has lasted at least `patience` and the lock was held at
+//    every sample meanwhile, it looks for the holder with the rule of
+//    FabricEndpoint::shm_try_recover: no other live process maps the
+//    region, or a peer process we were told about (peer_added) is gone,
+//    died or was removed at most `patience` before the call was first seen,
+//    and no process that maps the region is stopped or traced. Then the
+//    holder was the dead process: the lock is released and the call goes
+//    on. Otherwise it looks again after another `patience`.
+// A live holder keeps the lock for one provider operation (at most a CMA
+// copy); nothing of the provider's waits for anything else while holding
+// it (a peer's lock is only tried under it), so a call that stays inside
+// for `patience` with the lock held at every look is behind a holder that
+// is stopped or gone.
+//
+// Thread-safety: watch, peer_added and peer_removed may be called from any
+// thread (under the rescuer's own mutex, which progress never takes). The
+// watched locks and counters must outlive the rescuer or a watch() that
+// replaces them. The destructor stops and joins the thread (bounded: one
+// look at /proc at most).
+class LockRescuer {
+ public:
+  static constexpr std::size_t kRegions = 2;  // data, control
+  // Starts the thread; throws std::system_error when it cannot.
+  explicit LockRescuer(std::chrono::milliseconds patience);
+  LockRescuer(const LockRescuer&) = delete;
+  LockRescuer& operator=(const LockRescuer&) = delete;
+  ~LockRescuer();
+
+  // Watches `lock` (null: stops watching `slot`), whose calls are marked on
+  // `calls`.
+  void watch(std::size_t slot, RegionLock* lock, const std::atomic<std::uint64_t>* calls) noexcept;
+  // The process behind an inserted peer, and its removal: evidence for the
+  // rule above. peer_added allocates (setup path); false when it could not.
+  bool peer_added(std::int64_t pid) noexcept;
+  void peer_removed(std::int64_t pid) noexcept;
+  // Locks released under a stuck call.
+  std::uint64_t rescues() const noexcept { return rescues_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Watch {
+    RegionLock* lock = nullptr;
+    const std::atomic<std::uint64_t>* calls = nullptr;
+    bool tracking = false;
+    std::uint64_t call = 0;
+    std::chrono::steady_clock::time_point since{};  // call first seen stuck
+    std::chrono::steady_clock::time_point next_look{};
+  };
+  struct Peer {
+    std::int64_t pid = 0;
+    std::chrono::steady_clock::time_point removed{};  // epoch: still inserted
+  };
+  void run() noexcept;
+  void look(Watch& w, std::chrono::steady_clock::time_point now) noexcept;
+  bool peer_died_since(std::chrono::steady_clock::time_point since) const noexcept;
+
+  std::chrono::milliseconds patience_;
+  std::chrono::milliseconds period_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::array<Watch, kRegions> watches_{};
+  std::vector<Peer> peers_;
+  std::atomic<std::uint64_t> rescues_{0};
+  std::thread thread_;  // last: started once everything above exists
+};
 
 // ---------------------------------------------------------------------------
 // The doorbell (docs/progress.md, "How shm sleeps"). libfabric 1.17 shm has

@@ -14,6 +14,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -63,7 +64,7 @@ struct Proc {
   std::shared_ptr<regpool::FabricDomain> domain;
   std::unique_ptr<regpool::Pool> pool;
   std::unique_ptr<FabricEndpoint> ep;
-  explicit Proc(const std::string& prov) {
+  explicit Proc(const std::string& prov, std::size_t max_in_flight = 64) {
     domain = regpool::FabricDomain::open(rpt::fabric_config(prov));
     regpool::PoolConfig pc;
     pc.arena_size = std::size_t{64} << 20;
@@ -71,7 +72,7 @@ struct Proc {
     regpool::EndpointConfig ec;
     ec.op_timeout = 3s;
     ec.post_timeout = 3s;
-    ec.max_in_flight = 64;
+    ec.max_in_flight = max_in_flight;
     regpool::FabricEndpointOptions fo;
     fo.peer_check_interval = 20ms;
     fo.stuck_lock_patience = 500ms;
@@ -88,6 +89,14 @@ struct Proc {
     return std::move(*r);
   }
 };
+
+// The name of an shm endpoint's own data region (/dev/shm/<name>), from
+// the data address inside its name().
+std::string own_region(Proc& p) {
+  const auto name = p.ep->name();
+  const std::span<const std::byte> data(name.data() + 8, static_cast<std::size_t>(name[4]) | (std::size_t(name[5]) << 8));
+  return regpool::fabric_shm::region_name(data, "fi_shm://");
+}
 
 regpool::Result<regpool::Token> post(FabricEndpoint& ep, Op op, regpool::PeerId peer, const RemoteRef& ref, const Slice& s) {
   switch (op) {
@@ -163,9 +172,7 @@ Served serve_and_kill(Proc& p, const std::string& prov, Op op, regpool::PeerId& 
   // held now means the child died holding it.
   if (prov == "shm") {
     regpool::fabric_shm::RegionLock own;
-    const auto name = p.ep->name();
-    const std::span<const std::byte> data(name.data() + 8, static_cast<std::size_t>(name[4]) | (std::size_t(name[5]) << 8));
-    if (own.open(regpool::fabric_shm::region_name(data, "fi_shm://"), ::getpid())) {
+    if (own.open(own_region(p), ::getpid())) {
       // Sampled a few times: a lock the child left held stays held.
       bool held = true;
       for (int i = 0; i < 20 && held; ++i) {
@@ -588,4 +595,236 @@ TEST_CASE("the death watch reports exited processes by token, once, zombies incl
   ::waitpid(d, nullptr, 0);
   ::kill(holder, SIGKILL);
   ::waitpid(holder, nullptr, 0);
+}
+
+namespace {
+
+// A child that maps `region` (owned by `owner`) and takes its lock, then
+// sleeps holding it until it is killed; or, with `hold` false, only maps it.
+rpt::ChildGuard lock_holder(const std::string& region, pid_t owner, bool hold) {
+  return rpt::spawn(
+      [&]() -> int {
+        regpool::fabric_shm::RegionLock lock;
+        RPT_CHECK(lock.open(region, owner));
+        while (hold && !lock.try_take()) std::this_thread::yield();
+        for (;;) ::pause();
+      },
+      120);
+}
+
+// The region's `signal` word (libfabric 1.17 smr_region, offset 0x1c,
+// right after the lock; measured: a peer's post to us sets it, our
+// fi_cq_read clears it, and a fi_cq_read that finds it clear returns
+// without taking the lock). Mapped for the rest of the (child) process.
+std::atomic<std::int32_t>* region_signal(const std::string& region) {
+  const int fd = ::shm_open(region.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return nullptr;
+  void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return nullptr;
+  return reinterpret_cast<std::atomic<std::int32_t>*>(static_cast<std::byte*>(p) + 0x1c);
+}
+
+bool wait_held(regpool::fabric_shm::RegionLock& lock, bool held) {
+  const auto until = Clock::now() + 10s;
+  while (lock.held() != held && Clock::now() < until) std::this_thread::sleep_for(1ms);
+  return lock.held() == held;
+}
+
+void kill_and_reap(rpt::ChildGuard& kid) {
+  ::kill(kid.pid, SIGKILL);
+  (void)rpt::reap(kid, 10s);
+}
+
+}  // namespace
+
+TEST_CASE("the rescuer releases our region lock under a stuck call only when its holder is proven dead", "[fabric]") {
+  // fabric_shm::LockRescuer on a real shm region of ours, with the call
+  // that would be stuck behind the lock played by a counter we hold odd.
+  ::alarm(kAlarmSeconds);
+  Proc p("shm");
+  const std::string region = own_region(p);
+  regpool::fabric_shm::RegionLock lock;
+  if (!lock.open(region, ::getpid())) {
+    WARN("the shm region's layout is not libfabric 1.17's: no lock to rescue");
+    return;
+  }
+  constexpr auto kPatience = 200ms;
+  std::atomic<std::uint64_t> calls{0};
+  const auto rescued_within = [&](regpool::fabric_shm::LockRescuer& r, std::chrono::milliseconds bound) {
+    const auto until = Clock::now() + bound;
+    while (r.rescues() == 0 && Clock::now() < until) std::this_thread::sleep_for(2ms);
+    return r.rescues() != 0;
+  };
+
+  SECTION("holder killed, another process still maps the region: released, not before the patience") {
+    auto other = lock_holder(region, ::getpid(), false);
+    auto holder = lock_holder(region, ::getpid(), true);
+    REQUIRE(wait_held(lock, true));
+    regpool::fabric_shm::LockRescuer r(kPatience);
+    REQUIRE(r.peer_added(holder.pid));
+    calls.store(1);
+    const auto marked = Clock::now();
+    r.watch(0, &lock, &calls);
+    kill_and_reap(holder);
+    REQUIRE(rescued_within(r, 5s));
+    const auto took = Clock::now() - marked;
+    INFO("rescued after " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
+    CHECK(took >= kPatience);
+    CHECK(took < kPatience * 2 + 500ms);
+    CHECK_FALSE(lock.held());
+    CHECK(r.rescues() == 1);
+    kill_and_reap(other);
+  }
+  SECTION("holder killed, nobody else maps the region: released without any peer's evidence") {
+    auto holder = lock_holder(region, ::getpid(), true);
+    REQUIRE(wait_held(lock, true));
+    regpool::fabric_shm::LockRescuer r(kPatience);
+    calls.store(1);
+    r.watch(0, &lock, &calls);
+    kill_and_reap(holder);
+    REQUIRE(rescued_within(r, 5s));
+    CHECK_FALSE(lock.held());
+  }
+  SECTION("no call inside: a dead holder's lock is left to the endpoint's own recovery") {
+    auto holder = lock_holder(region, ::getpid(), true);
+    REQUIRE(wait_held(lock, true));
+    regpool::fabric_shm::LockRescuer r(kPatience);
+    REQUIRE(r.peer_added(holder.pid));
+    calls.store(2);  // a call came and went
+    r.watch(0, &lock, &calls);
+    kill_and_reap(holder);
+    CHECK_FALSE(rescued_within(r, 3 * kPatience));
+    CHECK(lock.held());
+    lock.force_release();
+  }
+  SECTION("holder alive, no peer died: kept held") {
+    auto other = lock_holder(region, ::getpid(), false);
+    auto holder = lock_holder(region, ::getpid(), true);
+    REQUIRE(wait_held(lock, true));
+    regpool::fabric_shm::LockRescuer r(kPatience);
+    REQUIRE(r.peer_added(holder.pid));
+    REQUIRE(r.peer_added(other.pid));
+    calls.store(1);
+    r.watch(0, &lock, &calls);
+    CHECK_FALSE(rescued_within(r, 3 * kPatience));
+    CHECK(lock.held());
+    kill_and_reap(holder);
+    kill_and_reap(other);
+    lock.force_release();
+  }
+  SECTION("a peer died but a process that maps the region is stopped: kept held") {
+    auto holder = lock_holder(region, ::getpid(), true);
+    REQUIRE(wait_held(lock, true));
+    auto dead = rpt::spawn([]() -> int { return 0; }, 10);
+    regpool::fabric_shm::LockRescuer r(kPatience);
+    REQUIRE(r.peer_added(dead.pid));
+    REQUIRE(rpt::reap(dead, 10s) == 0);
+    ::kill(holder.pid, SIGSTOP);
+    calls.store(1);
+    r.watch(0, &lock, &calls);
+    CHECK_FALSE(rescued_within(r, 3 * kPatience));
+    CHECK(lock.held());
+    ::kill(holder.pid, SIGCONT);
+    kill_and_reap(holder);
+    lock.force_release();
+  }
+  SECTION("a peer removed well before the call is no evidence") {
+    auto other = lock_holder(region, ::getpid(), false);
+    auto holder = lock_holder(region, ::getpid(), true);
+    REQUIRE(wait_held(lock, true));
+    regpool::fabric_shm::LockRescuer r(kPatience);
+    REQUIRE(r.peer_added(holder.pid));
+    r.peer_removed(holder.pid);
+    kill_and_reap(holder);
+    std::this_thread::sleep_for(2 * kPatience);
+    calls.store(1);
+    r.watch(0, &lock, &calls);
+    CHECK_FALSE(rescued_within(r, 3 * kPatience));
+    CHECK(lock.held());
+    kill_and_reap(other);
+    lock.force_release();
+  }
+  calls.store(0);
+  ::alarm(0);
+}
+
+TEST_CASE("a poll stuck inside the provider behind a lock a dead process took is rescued", "[fabric]") {
+  // The race the endpoint's own checks cannot close: a poll (shm takes our
+  // region lock in every fi_cq_read) tries the lock, finds it free and
+  // calls the provider; between the two a process that keeps taking the
+  // lock, as a peer streaming into us does, takes it and dies. The call
+  // then spins inside libfabric, where no check of ours runs. Here the
+  // process dies exactly then: it exits holding the lock as soon as it
+  // sees a thread spinning in pthread_spin_lock for it, which only our
+  // poll's provider call does. Without the rescuer this test hangs and the
+  // alarm ends it.
+  ::alarm(kAlarmSeconds);
+  Proc p("shm");
+  const std::string region = own_region(p);
+  regpool::fabric_shm::RegionLock lock;
+  if (!lock.open(region, ::getpid())) {
+    WARN("the shm region's layout is not libfabric 1.17's: no lock to rescue");
+    return;
+  }
+#if !(defined(__x86_64__) && defined(__GLIBC__))
+  WARN("a waiter on the lock cannot be seen on this platform");
+  return;
+#endif
+  auto streamer = rpt::spawn(
+      [&]() -> int {
+        regpool::fabric_shm::RegionLock l;
+        RPT_CHECK(l.open(region, ::getppid()));
+        std::atomic<std::int32_t>* signal = region_signal(region);
+        RPT_CHECK(signal != nullptr);
+        std::minstd_rand gap_rng(static_cast<unsigned>(::getpid()));
+        for (;;) {
+          if (!l.try_take()) continue;
+          // Hold it for a while, as a peer's copy into us does; a poll
+          // that got past its try in our last gap is now spinning.
+          const auto until = Clock::now() + 20us;
+          while (Clock::now() < until) {
+            if (l.waited_on()) ::_exit(0);  // dies holding it
+          }
+          l.force_release();
+          signal->store(1);  // "a command for you", as every post to us says
+          // A short gap before the next post: a poll's try may see it.
+          const auto gap = Clock::now() + std::chrono::nanoseconds(gap_rng() % 300);
+          while (Clock::now() < gap) {
+          }
+        }
+      },
+      120);
+  std::atomic<bool> stop{false};
+  std::atomic<std::int64_t> longest_ns{0};
+  std::thread poller([&] {
+    while (!stop.load()) {
+      const auto t0 = Clock::now();
+      p.ep->progress();
+      const std::int64_t d = (Clock::now() - t0).count();
+      if (d > longest_ns.load()) longest_ns.store(d);
+    }
+  });
+  const int exit_code = rpt::reap(streamer, 60s);
+  const auto died = Clock::now();
+  INFO("the streamer's exit: " << exit_code);
+  REQUIRE(exit_code == 0);  // it saw our poll spinning inside the provider
+  const auto until = died + 5s;
+  while (lock.held() && Clock::now() < until) std::this_thread::sleep_for(1ms);
+  const auto freed = Clock::now();
+  CHECK_FALSE(lock.held());
+  std::this_thread::sleep_for(20ms);
+  stop.store(true);
+  poller.join();
+  const auto st = p.ep->shm_stats();
+  INFO("rescues " << st.lock_rescues << ", recoveries " << st.lock_recoveries << ", released "
+                  << std::chrono::duration_cast<std::chrono::milliseconds>(freed - died).count()
+                  << " ms after the death; longest poll "
+                  << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::nanoseconds(longest_ns.load())).count()
+                  << " ms");
+  CHECK(st.lock_rescues == 1);
+  // The patience (500 ms) and at most a look or two more.
+  CHECK(freed - died < 2s);
+  CHECK(std::chrono::nanoseconds(longest_ns.load()) < 2s);
+  ::alarm(0);
 }
