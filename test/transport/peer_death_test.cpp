@@ -625,6 +625,14 @@ std::atomic<std::int32_t>* region_signal(const std::string& region) {
   return reinterpret_cast<std::atomic<std::int32_t>*>(static_cast<std::byte*>(p) + 0x1c);
 }
 
+// Our own mapping of our region's lock; false (with a warning) where the
+// region's layout is not the one measured, and nothing can be tested.
+bool open_own_lock(const std::string& region, regpool::fabric_shm::RegionLock& lock) {
+  if (lock.open(region, ::getpid())) return true;
+  WARN("the shm region's layout is not libfabric 1.17's: no lock to rescue");
+  return false;
+}
+
 bool wait_held(regpool::fabric_shm::RegionLock& lock, bool held) {
   const auto until = Clock::now() + 10s;
   while (lock.held() != held && Clock::now() < until) std::this_thread::sleep_for(1ms);
@@ -645,10 +653,7 @@ TEST_CASE("the rescuer releases our region lock under a stuck call only when its
   Proc p("shm");
   const std::string region = own_region(p);
   regpool::fabric_shm::RegionLock lock;
-  if (!lock.open(region, ::getpid())) {
-    WARN("the shm region's layout is not libfabric 1.17's: no lock to rescue");
-    return;
-  }
+  if (!open_own_lock(region, lock)) return;
   constexpr auto kPatience = 200ms;
   std::atomic<std::uint64_t> calls{0};
   const auto rescued_within = [&](regpool::fabric_shm::LockRescuer& r, std::chrono::milliseconds bound) {
@@ -750,10 +755,11 @@ TEST_CASE("the rescuer releases our region lock under a stuck call only when its
 }
 
 TEST_CASE("a poll stuck inside the provider behind a lock a dead process took is rescued", "[fabric]") {
-  // The race the endpoint's own checks cannot close: a poll (shm takes our
-  // region lock in every fi_cq_read) tries the lock, finds it free and
-  // calls the provider; between the two a process that keeps taking the
-  // lock, as a peer streaming into us does, takes it and dies. The call
+  // The race the endpoint's own checks cannot close: a poll tries the
+  // lock, finds it free and calls the provider (whose fi_cq_read takes the
+  // lock when a post to us has set the region's signal); between the two a
+  // process that keeps taking the lock, as a peer streaming into us does,
+  // takes it and dies. The call
   // then spins inside libfabric, where no check of ours runs. Here the
   // process dies exactly then: it exits holding the lock as soon as it
   // sees a thread spinning in pthread_spin_lock for it, which only our
@@ -763,10 +769,7 @@ TEST_CASE("a poll stuck inside the provider behind a lock a dead process took is
   Proc p("shm");
   const std::string region = own_region(p);
   regpool::fabric_shm::RegionLock lock;
-  if (!lock.open(region, ::getpid())) {
-    WARN("the shm region's layout is not libfabric 1.17's: no lock to rescue");
-    return;
-  }
+  if (!open_own_lock(region, lock)) return;
 #if !(defined(__x86_64__) && defined(__GLIBC__))
   WARN("a waiter on the lock cannot be seen on this platform");
   return;
