@@ -270,9 +270,9 @@ Mappers region_mappers(const std::string& name) noexcept {
 
 LockRescuer::LockRescuer(std::chrono::milliseconds patience)
     : patience_(std::max(patience, std::chrono::milliseconds(1))),
-      // Eight looks per patience: a call is rescued between patience and
-      // 1.125 patience after it got stuck, and a sleeping thread wakes a
-      // few times a second at most.
+      // Eight looks per patience: a call is rescued between the patience
+      // and the patience plus two looks (1.25 patience) after it got stuck,
+      // and the sleeping thread wakes a few times a second at most.
       period_(std::clamp(patience_ / 8, std::chrono::milliseconds(1), std::chrono::milliseconds(250))),
       thread_([this] { run(); }) {}
 
