@@ -237,7 +237,9 @@ struct FabricEndpointOptions {
   // provider call of this endpoint has been inside for stuck_lock_patience
   // with its own region lock held at every look; if so, it releases the
   // lock by the rule above (FabricShmStats::lock_rescues) and the call goes
-  // on. Off: no thread, and such a call may never return.
+  // on. The same for a post stuck behind a target's lock whose owner
+  // process is gone (the target died in its own progress, holding it).
+  // Off: no thread, and such a call may never return.
   bool rescue_stuck_calls = true;
   // The largest message peers may send to this endpoint, where a longer one
   // would harm the connection instead of failing its own receive (net: a
@@ -261,8 +263,9 @@ struct FabricShmStats {
   std::uint64_t lock_skips = 0;       // provider calls skipped because a region lock was held
   std::uint64_t lock_recoveries = 0;  // own region lock released after its holder was proven dead
   bool region_stuck = false;          // own region lock held past stuck_lock_patience, holder not proven dead
-  // Own region lock released by the helper thread under a provider call
-  // stuck behind it (FabricEndpointOptions::rescue_stuck_calls).
+  // Region locks released by the helper thread under a provider call stuck
+  // behind them: our own, or a dead target's under a post
+  // (FabricEndpointOptions::rescue_stuck_calls).
   std::uint64_t lock_rescues = 0;
   // The doorbell (docs/progress.md, "How shm sleeps"): this endpoint sleeps
   // on one (wait_mode sleep or adaptive, and its file could be made); how

@@ -772,6 +772,7 @@ void* FabricEndpoint::local_desc(const BackendOp& op) noexcept {
 
 Status FabricEndpoint::do_post(const BackendOp& op) noexcept {
   Status st = post_data(op, 0);
+  if (rescuer_) rescuer_->post_end();  // the mark shm_peer_gate began
   if (probe_stalls_ && op.kind != OpKind::recv) st = watch_stall(op.peer_handle, st);
   if (st == Status::ok && shm_ && rings_target(op)) ring_peer(op.peer_handle);
   return st;
@@ -788,6 +789,7 @@ Status FabricEndpoint::do_post_batch(std::span<const BackendOp* const> ops, std:
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const BackendOp& op = *ops[i];
     st = post_data(op, i + 1 < ops.size() ? static_cast<std::uint64_t>(FI_MORE) : 0);
+    if (rescuer_) rescuer_->post_end();
     if (probe_stalls_ && op.kind != OpKind::recv) st = watch_stall(op.peer_handle, st);
     if (st != Status::ok) break;
     ++posted;
@@ -1910,6 +1912,9 @@ bool FabricEndpoint::shm_peer_gone(std::uint64_t handle) noexcept {
     p.checked = std::chrono::steady_clock::time_point{};  // check the pid on the retry
     return Status::would_block;
   }
+  // The provider call comes next: the rescuer watches this lock until the
+  // post returns (do_post ends the mark).
+  if (lock && rescuer_) rescuer_->post_begin(lock);
   return Status::ok;
 }
 

@@ -313,9 +313,11 @@ bool LockRescuer::peer_added(std::int64_t pid) noexcept {
 }
 
 void LockRescuer::peer_removed(std::int64_t pid) noexcept {
-  if (pid <= 0) return;
   const auto now = std::chrono::steady_clock::now();
+  // Taken whatever the pid: the peer's lock may be unmapped once this
+  // returns, and a post's target is read only under this mutex.
   std::lock_guard<std::mutex> g(mutex_);
+  if (pid <= 0) return;
   for (Peer& p : peers_) {
     if (p.pid == pid && p.removed == std::chrono::steady_clock::time_point{}) {
       p.removed = now;
@@ -331,7 +333,44 @@ void LockRescuer::run() noexcept {
     if (stop_) break;
     const auto now = std::chrono::steady_clock::now();
     for (Watch& w : watches_) look(w, now);
+    look_post(now);
   }
+}
+
+void LockRescuer::look_post(std::chrono::steady_clock::time_point now) noexcept {
+  // Under mutex_: the target stays mapped while we hold it (peer_removed).
+  // A non-null target was named by a post still in progress when it was
+  // read (post_end clears it before the endpoint can remove that peer).
+  Watch& w = post_watch_;
+  const std::uint64_t call = post_calls_.load(std::memory_order_acquire);
+  RegionLock* target = post_target_.load(std::memory_order_relaxed);
+  if ((call & 1) == 0 || target == nullptr || !target->held()) {
+    w.tracking = false;
+    return;
+  }
+  if (!w.tracking || w.call != call || w.lock != target) {
+    w.tracking = true;
+    w.call = call;
+    w.lock = target;
+    w.since = now;
+    w.next_look = now + patience_;
+    return;
+  }
+  if (now < w.next_look) return;
+  w.next_look = now + patience_;
+  // The region's name starts with its owner's pid ("<pid>:<domain>:<ep>").
+  const std::string& name = target->name();
+  char* end = nullptr;
+  const long owner = std::strtol(name.c_str(), &end, 10);
+  if (owner <= 0 || end == nullptr || *end != ':' || process_alive(owner)) return;
+  if (post_calls_.load(std::memory_order_relaxed) != call || post_target_.load(std::memory_order_relaxed) != target ||
+      !target->held()) {
+    w.tracking = false;
+    return;
+  }
+  target->force_release();
+  rescues_.fetch_add(1, std::memory_order_relaxed);
+  w.tracking = false;
 }
 
 void LockRescuer::look(Watch& w, std::chrono::steady_clock::time_point now) noexcept {

@@ -222,9 +222,37 @@ class LockRescuer {
   void watch(std::size_t slot, RegionLock* lock, const std::atomic<std::uint64_t>* calls) noexcept;
   // The process behind an inserted peer, and its removal: evidence for the
   // rule above. peer_added allocates (setup path); false when it could not.
+  // peer_removed must be called before the peer's RegionLock is unmapped
+  // (it takes the rescuer's mutex, under which alone a post's target lock
+  // is read: see post_begin).
   bool peer_added(std::int64_t pid) noexcept;
   void peer_removed(std::int64_t pid) noexcept;
-  // Locks released under a stuck call.
+
+  // Posts. The same window exists on a peer's lock: a post tries it, and
+  // the peer takes it in its own progress and dies before the provider's
+  // spin. The endpoint names the lock a post is about to take
+  // (post_begin, after its try) and ends the mark after the provider call
+  // (post_end; a no-op without a begin). A post stuck behind that lock for
+  // the patience, held at every look, whose region's owner process is gone,
+  // has the lock released: the region is a dead process's, and a write
+  // into it harms nobody (the pid check then fails the peer's operations).
+  // A live owner recovers its own lock itself. Both are called under the
+  // endpoint's mutex, on the post path: relaxed stores, no locked
+  // instruction. `target` must stay mapped until post_end and then until
+  // peer_removed has returned.
+  void post_begin(RegionLock* target) noexcept {
+    post_target_.store(target, std::memory_order_relaxed);
+    post_calls_.store(post_calls_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    post_marked_ = true;
+  }
+  void post_end() noexcept {
+    if (!post_marked_) return;
+    post_marked_ = false;
+    post_calls_.store(post_calls_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    post_target_.store(nullptr, std::memory_order_relaxed);
+  }
+
+  // Locks released under a stuck call (own region or a post's target).
   std::uint64_t rescues() const noexcept { return rescues_.load(std::memory_order_relaxed); }
 
  private:
@@ -242,6 +270,7 @@ class LockRescuer {
   };
   void run() noexcept;
   void look(Watch& w, std::chrono::steady_clock::time_point now) noexcept;
+  void look_post(std::chrono::steady_clock::time_point now) noexcept;
   bool peer_died_since(std::chrono::steady_clock::time_point since) const noexcept;
 
   std::chrono::milliseconds patience_;
@@ -250,6 +279,11 @@ class LockRescuer {
   std::condition_variable wake_;
   bool stop_ = false;
   std::array<Watch, kRegions> watches_{};
+  // The post in progress (post_begin) and what the thread saw of it.
+  std::atomic<std::uint64_t> post_calls_{0};
+  std::atomic<RegionLock*> post_target_{nullptr};
+  bool post_marked_ = false;  // the endpoint's, under its mutex
+  Watch post_watch_{};
   std::vector<Peer> peers_;
   std::atomic<std::uint64_t> rescues_{0};
   std::thread thread_;  // last: started once everything above exists

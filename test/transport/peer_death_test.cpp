@@ -633,6 +633,27 @@ bool open_own_lock(const std::string& region, regpool::fabric_shm::RegionLock& l
   return false;
 }
 
+// Takes `l` in a loop, holding it 20 us each time (a copy under the lock),
+// with gaps of 0-300 ns (a try may see the lock free there and call the
+// provider, whose spin comes a little later), setting `signal` after each
+// release when given; and exits holding it as soon as a thread spins in
+// pthread_spin_lock for it, i.e. a provider call got past its try.
+[[noreturn]] void hold_until_waited_on(regpool::fabric_shm::RegionLock& l, std::atomic<std::int32_t>* signal) {
+  std::minstd_rand gap_rng(static_cast<unsigned>(::getpid()));
+  for (;;) {
+    if (!l.try_take()) continue;
+    const auto until = Clock::now() + 20us;
+    while (Clock::now() < until) {
+      if (l.waited_on()) ::_exit(0);  // dies holding it
+    }
+    l.force_release();
+    if (signal) signal->store(1);  // "a command for you", as every post says
+    const auto gap = Clock::now() + std::chrono::nanoseconds(gap_rng() % 300);
+    while (Clock::now() < gap) {
+    }
+  }
+}
+
 bool wait_held(regpool::fabric_shm::RegionLock& lock, bool held) {
   const auto until = Clock::now() + 10s;
   while (lock.held() != held && Clock::now() < until) std::this_thread::sleep_for(1ms);
@@ -676,7 +697,7 @@ TEST_CASE("the rescuer releases our region lock under a stuck call only when its
     const auto took = Clock::now() - marked;
     INFO("rescued after " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
     CHECK(took >= kPatience);
-    CHECK(took < kPatience * 2 + 500ms);
+    CHECK(took < 5s);  // the patience and two looks; slack for a loaded machine
     CHECK_FALSE(lock.held());
     CHECK(r.rescues() == 1);
     kill_and_reap(other);
@@ -780,22 +801,7 @@ TEST_CASE("a poll stuck inside the provider behind a lock a dead process took is
         RPT_CHECK(l.open(region, ::getppid()));
         std::atomic<std::int32_t>* signal = region_signal(region);
         RPT_CHECK(signal != nullptr);
-        std::minstd_rand gap_rng(static_cast<unsigned>(::getpid()));
-        for (;;) {
-          if (!l.try_take()) continue;
-          // Hold it for a while, as a peer's copy into us does; a poll
-          // that got past its try in our last gap is now spinning.
-          const auto until = Clock::now() + 20us;
-          while (Clock::now() < until) {
-            if (l.waited_on()) ::_exit(0);  // dies holding it
-          }
-          l.force_release();
-          signal->store(1);  // "a command for you", as every post to us says
-          // A short gap before the next post: a poll's try may see it.
-          const auto gap = Clock::now() + std::chrono::nanoseconds(gap_rng() % 300);
-          while (Clock::now() < gap) {
-          }
-        }
+        hold_until_waited_on(l, signal);
       },
       120);
   std::atomic<bool> stop{false};
@@ -826,8 +832,64 @@ TEST_CASE("a poll stuck inside the provider behind a lock a dead process took is
                   << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::nanoseconds(longest_ns.load())).count()
                   << " ms");
   CHECK(st.lock_rescues == 1);
-  // The patience (500 ms) and at most a look or two more.
-  CHECK(freed - died < 2s);
-  CHECK(std::chrono::nanoseconds(longest_ns.load()) < 2s);
+  // The patience (500 ms) and a look or two more (0.6 s idle); the bound
+  // leaves room for a loaded machine, and only says "returns".
+  CHECK(freed - died < 5s);
+  CHECK(std::chrono::nanoseconds(longest_ns.load()) < 5s);
+  ::alarm(0);
+}
+
+TEST_CASE("a post stuck inside the provider behind the lock of a target that died holding it is rescued", "[fabric]") {
+  // The same window on a peer's lock: our post tries the target's region
+  // lock, finds it free and calls the provider; the target takes its own
+  // lock in its progress and dies before the provider's spin. Here the
+  // target does so exactly then (it exits holding its lock when it sees
+  // our post's pthread_spin_lock waiting). Without the rescuer's post
+  // watch, the send never returns and the alarm ends the test.
+  ::alarm(kAlarmSeconds);
+#if !(defined(__x86_64__) && defined(__GLIBC__))
+  WARN("a waiter on the lock cannot be seen on this platform");
+  return;
+#endif
+  Proc p("shm");
+  {
+    regpool::fabric_shm::RegionLock own;
+    if (!open_own_lock(own_region(p), own)) return;
+  }
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  auto target = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        Proc t("shm");
+        (void)b->allgather(t.ep->name(), 20s);
+        regpool::fabric_shm::RegionLock l;
+        RPT_CHECK(l.open(own_region(t), ::getpid()));
+        hold_until_waited_on(l, nullptr);
+      },
+      120);
+  auto names = boot->allgather({}, 20s);
+  const regpool::PeerId peer = p.ep->insert_peer(names[1]);
+  auto small = p.alloc(8);
+  const Slice s8 = rpt::slice_or_die(Slice::data(small));
+  const auto t0 = Clock::now();
+  Status st = Status::ok;
+  auto longest = Clock::duration::zero();
+  while (st != Status::peer_unreachable && Clock::now() - t0 < 60s) {
+    const auto s0 = Clock::now();
+    auto t = p.ep->send(peer, s8);
+    st = t.ok() ? p.ep->wait(*t, 10s).status : t.status();
+    longest = std::max(longest, Clock::now() - s0);
+  }
+  const int exit_code = rpt::reap(target, 10s);
+  const auto st_shm = p.ep->shm_stats();
+  INFO("the target's exit " << exit_code << "; last send " << regpool::to_string(st) << "; rescues "
+                            << st_shm.lock_rescues << ", longest send "
+                            << std::chrono::duration_cast<std::chrono::milliseconds>(longest).count() << " ms");
+  REQUIRE(exit_code == 0);  // it saw our post spinning inside the provider
+  CHECK(st == Status::peer_unreachable);
+  CHECK(st_shm.lock_rescues == 1);
+  // The patience (500 ms) and a look or two more; room for a loaded machine.
+  CHECK(longest < 5s);
   ::alarm(0);
 }
