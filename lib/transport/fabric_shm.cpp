@@ -348,16 +348,7 @@ void LockRescuer::look_post(std::chrono::steady_clock::time_point now) noexcept 
     w.tracking = false;
     return;
   }
-  if (!w.tracking || w.call != call || w.lock != target) {
-    w.tracking = true;
-    w.call = call;
-    w.lock = target;
-    w.since = now;
-    w.next_look = now + patience_;
-    return;
-  }
-  if (now < w.next_look) return;
-  w.next_look = now + patience_;
+  if (!stuck_for_patience(w, call, target, now)) return;
   // The region's name starts with its owner's pid ("<pid>:<domain>:<ep>").
   const std::string& name = target->name();
   char* end = nullptr;
@@ -368,7 +359,26 @@ void LockRescuer::look_post(std::chrono::steady_clock::time_point now) noexcept 
     w.tracking = false;
     return;
   }
-  target->force_release();
+  release(w, *target);
+}
+
+bool LockRescuer::stuck_for_patience(Watch& w, std::uint64_t call, const RegionLock* lock,
+                                     std::chrono::steady_clock::time_point now) noexcept {
+  if (!w.tracking || w.call != call || w.seen != lock) {
+    w.tracking = true;
+    w.call = call;
+    w.seen = lock;
+    w.since = now;
+    w.next_look = now + patience_;
+    return false;
+  }
+  if (now < w.next_look) return false;
+  w.next_look = now + patience_;
+  return true;
+}
+
+void LockRescuer::release(Watch& w, RegionLock& lock) noexcept {
+  lock.force_release();
   rescues_.fetch_add(1, std::memory_order_relaxed);
   w.tracking = false;
 }
@@ -382,15 +392,7 @@ void LockRescuer::look(Watch& w, std::chrono::steady_clock::time_point now) noex
     w.tracking = false;
     return;
   }
-  if (!w.tracking || w.call != call) {
-    w.tracking = true;
-    w.call = call;
-    w.since = now;
-    w.next_look = now + patience_;
-    return;
-  }
-  if (now < w.next_look) return;
-  w.next_look = now + patience_;
+  if (!stuck_for_patience(w, call, w.lock, now)) return;
   const Mappers m = region_mappers(w.lock->name());
   const bool nobody_alive = m.complete && m.live == 0;
   const bool dead_holder = m.complete && m.stopped == 0 && peer_died_since(w.since - patience_);
@@ -400,9 +402,7 @@ void LockRescuer::look(Watch& w, std::chrono::steady_clock::time_point now) noex
     w.tracking = false;
     return;
   }
-  w.lock->force_release();
-  rescues_.fetch_add(1, std::memory_order_relaxed);
-  w.tracking = false;
+  release(w, *w.lock);
 }
 
 bool LockRescuer::peer_died_since(std::chrono::steady_clock::time_point since) const noexcept {

@@ -20,8 +20,9 @@
 //    protocol the provider uses) before any call that would spin on it, and
 //    which can release it once its holder is proven dead;
 //  - who maps a region (from /proc), the evidence for that proof;
-//  - LockRescuer: a thread that releases our own lock under a provider call
-//    already stuck behind it, which no check before the call can prevent.
+//  - LockRescuer: a thread that releases a lock under a provider call
+//    already stuck behind it (our own lock, or a dead target's under a
+//    post), which no check before the call can prevent.
 // Everything here is used only when the region header has the exact layout
 // measured on libfabric 1.17 (RegionLock::open checks it), so another
 // libfabric version gets the pid checks only, never a write into its
@@ -261,6 +262,7 @@ class LockRescuer {
     const std::atomic<std::uint64_t>* calls = nullptr;
     bool tracking = false;
     std::uint64_t call = 0;
+    const RegionLock* seen = nullptr;  // the lock the tracked call waits on
     std::chrono::steady_clock::time_point since{};  // call first seen stuck
     std::chrono::steady_clock::time_point next_look{};
   };
@@ -271,6 +273,11 @@ class LockRescuer {
   void run() noexcept;
   void look(Watch& w, std::chrono::steady_clock::time_point now) noexcept;
   void look_post(std::chrono::steady_clock::time_point now) noexcept;
+  // Tracks the call `call` seen behind `lock`: true when the same call has
+  // been seen so for the patience, at most once per patience.
+  bool stuck_for_patience(Watch& w, std::uint64_t call, const RegionLock* lock,
+                          std::chrono::steady_clock::time_point now) noexcept;
+  void release(Watch& w, RegionLock& lock) noexcept;
   bool peer_died_since(std::chrono::steady_clock::time_point since) const noexcept;
 
   std::chrono::milliseconds patience_;
