@@ -1960,9 +1960,7 @@ void FabricEndpoint::shm_try_recover(OwnRegion& r, std::chrono::steady_clock::ti
     peer_died = true;
   }
   const fabric_shm::Mappers m = fabric_shm::region_mappers(r.lock->name());
-  const bool nobody_alive = m.complete && m.live == 0;
-  const bool dead_holder = m.complete && m.stopped == 0 && peer_died;
-  if (nobody_alive || dead_holder) {
+  if (fabric_shm::holder_proven_dead(m, peer_died)) {
     r.lock->force_release();
     r.held = false;
     r.stuck = false;

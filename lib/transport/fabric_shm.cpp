@@ -394,9 +394,7 @@ void LockRescuer::look(Watch& w, std::chrono::steady_clock::time_point now) noex
   }
   if (!stuck_for_patience(w, call, w.lock, now)) return;
   const Mappers m = region_mappers(w.lock->name());
-  const bool nobody_alive = m.complete && m.live == 0;
-  const bool dead_holder = m.complete && m.stopped == 0 && peer_died_since(w.since - patience_);
-  if (!nobody_alive && !dead_holder) return;
+  if (!holder_proven_dead(m, peer_died_since(w.since - patience_))) return;
   // The look at /proc took a while: still the same call behind a held lock?
   if (w.calls->load(std::memory_order_relaxed) != call || !w.lock->held()) {
     w.tracking = false;

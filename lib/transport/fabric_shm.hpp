@@ -175,6 +175,13 @@ struct Mappers {
   bool complete = true;
 };
 Mappers region_mappers(const std::string& name) noexcept;
+// The rule both the endpoint's recovery and the rescuer apply to a lock
+// held past the patience: its holder is proven dead when no other live
+// process maps the region, or a peer died and no mapper is stopped or
+// traced (a stopped one may be the holder and let go when it runs on).
+inline bool holder_proven_dead(const Mappers& m, bool peer_died) noexcept {
+  return m.complete && (m.live == 0 || (m.stopped == 0 && peer_died));
+}
 
 // ---------------------------------------------------------------------------
 // The rescuer (docs/provider-facts.md, "shm and dead peers"). The endpoint

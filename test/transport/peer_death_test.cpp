@@ -64,7 +64,7 @@ struct Proc {
   std::shared_ptr<regpool::FabricDomain> domain;
   std::unique_ptr<regpool::Pool> pool;
   std::unique_ptr<FabricEndpoint> ep;
-  explicit Proc(const std::string& prov, std::size_t max_in_flight = 64) {
+  explicit Proc(const std::string& prov) {
     domain = regpool::FabricDomain::open(rpt::fabric_config(prov));
     regpool::PoolConfig pc;
     pc.arena_size = std::size_t{64} << 20;
@@ -72,7 +72,7 @@ struct Proc {
     regpool::EndpointConfig ec;
     ec.op_timeout = 3s;
     ec.post_timeout = 3s;
-    ec.max_in_flight = max_in_flight;
+    ec.max_in_flight = 64;
     regpool::FabricEndpointOptions fo;
     fo.peer_check_interval = 20ms;
     fo.stuck_lock_patience = 500ms;
