@@ -4,7 +4,7 @@
 // the same binary and run, alternating the two every repetition.
 //
 //   bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke]
-//   bench-rma --loop put|get|send --impl regpool|direct [--iters N] [--size B]
+//   bench-rma --loop put|get|send|tagged --impl regpool|direct [--iters N] [--size B]
 //
 // Forks its own target side. The target polls both stacks from one thread
 // (manual progress: shm and tcp;ofi_rxm need the target to progress), echoes
@@ -23,7 +23,8 @@
 // --loop: no timing and no second process. Both sides live in this process
 // (each stack's own endpoints, as bench-sendpath does) and one stack runs
 // N operations one at a time: a put or get and its wait, or a send round
-// (post a receive on the target, send, wait for both). bench/rma-insns
+// (post a receive on the target, send, wait for both), or the same round
+// through a Messenger on each stack (tagged, regpool only). bench/rma-insns
 // counts it under callgrind at two N and prints the difference per
 // operation: the instructions of one operation on each stack, which hold
 // on a loaded machine where wall-clock ratios do not.
@@ -50,6 +51,7 @@
 #include "regpool/bootstrap.hpp"
 #include "regpool/fabric_domain.hpp"
 #include "regpool/fabric_endpoint.hpp"
+#include "regpool/messaging.hpp"
 #include "regpool/pool.hpp"
 #include "regpool/slice.hpp"
 
@@ -574,7 +576,7 @@ int run_loop(const Options& o) {
   if (!exposure) die("expose");
   const regpool::RemoteRef ref = exposure->ref();
   const auto peer = a.ep->insert_peer(b.ep->name());
-  (void)b.ep->insert_peer(a.ep->name());
+  const auto back = b.ep->insert_peer(a.ep->name());
   {
     // As above, the target progressing between attempts (not from a
     // thread: its spinning would be counted, as much as the scheduler
@@ -596,6 +598,23 @@ int run_loop(const Options& o) {
   // Made once, as in the latency loop of the two-process run.
   const Slice local = must(Slice::data(src, 0, size));
   const Slice inbox = must(Slice::data(target, 0, size));
+  if (op == 't') {
+    // The Messenger's tagged round, the same shape as the send round:
+    // receive posted on the target, send, wait for both. Against the
+    // send round it is what matching, credits and the header cost.
+    regpool::Messenger ma(*a.ep, *a.pool), mb(*b.ep, *b.pool);
+    auto tagged_ok = [](regpool::Messenger& m, regpool::Result<regpool::MessageToken> t) {
+      if (!t) die(std::string("messenger post: ") + regpool::to_string(t.status()));
+      auto c = m.wait(*t, 30s);
+      if (c.status != Status::ok) die(std::string("messenger op: ") + regpool::to_string(c.status));
+    };
+    for (std::uint64_t i = 0; i < o.loop_iters; ++i) {
+      auto in = mb.recv(back, 7, 0, inbox);
+      tagged_ok(ma, ma.send(peer, 7, local));
+      tagged_ok(mb, std::move(in));
+    }
+    return 0;
+  }
   for (std::uint64_t i = 0; i < o.loop_iters; ++i) {
     if (op == 'p') {
       wait_ok(*a.ep, a.ep->put(local, peer, ref, 0));
@@ -621,7 +640,7 @@ int main(int argc, char** argv) {
       std::printf(
           "usage: bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke]\n"
           "                 [--no-fork [--port P] | --target HOST:PORT]\n"
-          "       bench-rma [--provider shm|tcp] --loop put|get|send [--impl regpool|direct]\n"
+          "       bench-rma [--provider shm|tcp] --loop put|get|send|tagged [--impl regpool|direct]\n"
           "                 [--iters N] [--size B]\n"
           "  By default the target side is forked. --no-fork waits on port P (0: any,\n"
           "  printed on stderr) for a target started as 'bench-rma --target HOST:PORT'\n"
@@ -658,8 +677,8 @@ int main(int argc, char** argv) {
       o.port = static_cast<std::uint16_t>(p);
     } else if (a == "--loop" && i + 1 < argc) {
       o.loop_op = argv[++i];
-      if (o.loop_op != "put" && o.loop_op != "get" && o.loop_op != "send") {
-        std::fprintf(stderr, "bench-rma: --loop needs put, get or send\n");
+      if (o.loop_op != "put" && o.loop_op != "get" && o.loop_op != "send" && o.loop_op != "tagged") {
+        std::fprintf(stderr, "bench-rma: --loop needs put, get, send or tagged\n");
         return 2;
       }
     } else if (a == "--impl" && i + 1 < argc) {
@@ -689,6 +708,10 @@ int main(int argc, char** argv) {
   }
   if (o.no_fork && !o.target_host.empty()) {
     std::fprintf(stderr, "bench-rma: --no-fork (initiator) and --target (target) exclude each other\n");
+    return 2;
+  }
+  if (o.loop_op == "tagged" && o.loop_impl == "direct") {
+    std::fprintf(stderr, "bench-rma: --loop tagged is the Messenger's round (regpool only); compare it with --loop send\n");
     return 2;
   }
   ::setenv("FI_TCP_IFACE", "lo", 0);
