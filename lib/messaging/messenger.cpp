@@ -169,10 +169,11 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   std::uint32_t peers_heard = 0;  // peers with PeerState::heard
   // High-water marks the periodic scan stops at: every op slot at or above
   // ops_high has always been free (the free stack hands out fresh slots in
-  // ascending order, so ops_high is the peak number in use), every peer at or above peers_high has never sent us a message
-  // (so is owed no credits). A scan over the whole preallocated tables
-  // (max_operations x 448 bytes, max_peers x 56) touched about 120 KB a
-  // millisecond by default, evicting the L1 cache the message path runs in.
+  // ascending order, so ops_high is the peak number in use), and every peer
+  // at or above peers_high has never sent us a message (so is owed no
+  // credits). The whole preallocated tables (max_operations x 448 bytes,
+  // max_peers x 56) are about 120 KB by default, more than the L1 cache,
+  // walked once a millisecond for the few entries in use.
   std::uint32_t ops_high = 0;
   PeerId peers_high = 0;
   std::uint32_t unexp_head = kNone, unexp_tail = kNone;
