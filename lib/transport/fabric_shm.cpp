@@ -136,6 +136,7 @@ bool RegionLock::open(const std::string& name, std::int64_t pid) noexcept {
   }
   header_ = p;
   mapped_ = kHeaderBytes;
+  owner_ = pid;
   return true;
 }
 
@@ -349,11 +350,7 @@ void LockRescuer::look_post(std::chrono::steady_clock::time_point now) noexcept 
     return;
   }
   if (!stuck_for_patience(w, call, target, now)) return;
-  // The region's name starts with its owner's pid ("<pid>:<domain>:<ep>").
-  const std::string& name = target->name();
-  char* end = nullptr;
-  const long owner = std::strtol(name.c_str(), &end, 10);
-  if (owner <= 0 || end == nullptr || *end != ':' || process_alive(owner)) return;
+  if (process_alive(target->owner())) return;
   if (post_calls_.load(std::memory_order_relaxed) != call || post_target_.load(std::memory_order_relaxed) != target ||
       !target->held()) {
     w.tracking = false;

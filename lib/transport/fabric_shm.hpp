@@ -134,6 +134,8 @@ class RegionLock {
   bool open(const std::string& name, std::int64_t pid) noexcept;
   bool valid() const noexcept { return header_ != nullptr; }
   const std::string& name() const noexcept { return name_; }
+  // The region's owner, as open() found it in the header.
+  std::int64_t owner() const noexcept { return owner_; }
 
   // true when someone holds the lock right now; never waits. glibc x86-64:
   // a read of the lock word (free when positive); elsewhere a try that, when
@@ -159,6 +161,7 @@ class RegionLock {
  private:
   void* header_ = nullptr;
   std::size_t mapped_ = 0;
+  std::int64_t owner_ = 0;
   std::string name_;
 };
 
