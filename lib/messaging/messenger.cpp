@@ -466,6 +466,57 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     }
   }
 
+  // Messenger::send's eager message when nothing is queued to post and no
+  // thread drains: built here and posted straight away, not through the
+  // post ring (one Post built, moved in and moved out less, and no ring
+  // arithmetic, on the path a small message's latency is made of). The
+  // drain role is taken around the post, so posts others queue meanwhile
+  // go out after this one, in order, as the ring would have sent them.
+  void send_eager_direct(std::unique_lock<std::mutex>& g, std::uint32_t i, const Slice& data) noexcept {
+    Op& o = ops[i];
+    PeerState& ps = peers[o.peer];
+    const std::uint64_t len = data.length();
+    auto m = alloc_message(mw::kHeaderSize + len);
+    if (!m) return complete(i, m.status());
+    std::memcpy(m->data().data() + mw::kHeaderSize, data.address(), len);
+    mw::Header h;
+    h.type = mw::Type::eager;
+    h.space = o.space;
+    h.tag = o.tag;
+    h.length = len;
+    h.msg_id = make_token(o.gen, i);
+    h.reply_id = o.reply_id;
+    --ps.credits;
+    h.seq = ++ps.send_seq;
+    h.credits = std::min(ps.owed, cfg.peer_credits);
+    stamp(h);
+    ps.owed -= h.credits;
+    ps.announced = true;
+    mw::encode(h, m->data().data());
+    ++st.eager_sent;
+    const PeerId peer = o.peer;
+    const std::uint32_t gen = o.gen;
+    draining = true;
+    g.unlock();
+    Status s;
+    {
+      const Slice msg = *Slice::data(std::move(*m));
+      s = ep.send(peer, msg, [self = shared_from_this(), i, gen](const Completion& c) { self->on_sent(i, gen, c); })
+              .status();
+    }
+    g.lock();
+    draining = false;
+    if (s != Status::ok) {
+      Post p;
+      p.kind = PostKind::send;
+      p.peer = peer;
+      p.op = i;
+      p.gen = gen;
+      post_failed(p, s);
+    }
+    drain(g);
+  }
+
   void drain_queue(PeerId peer) noexcept {
     PeerState& ps = peers[peer];
     while (ps.credits > 0 && ps.qhead != kNone) {
@@ -1441,10 +1492,12 @@ Result<MessageToken> Messenger::send(PeerId peer, std::uint64_t tag, const Slice
       o.next = kNone;
       if (ps.qtail != kNone) c.ops[ps.qtail].next = *r; else ps.qhead = *r;
       ps.qtail = *r;
+    } else if (c.post_count == 0 && !c.draining && data.length() <= std::min(c.threshold, ps.peer_eager)) {
+      c.send_eager_direct(g, *r, data);
     } else {
       c.dispatch_send(*r, &data);
+      c.drain(g);
     }
-    c.drain(g);
   }
   return t;
 }
