@@ -20,9 +20,11 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "messaging/messaging_wire.hpp"
@@ -303,6 +305,63 @@ TEST_CASE("messages ahead of their sequence are held and delivered in order", "[
   CHECK(n.m.stats().rejected == 0);
   boot->barrier(60s);
   CHECK(rpt::reap(kid, 60s) == 0);
+}
+
+// Two Messengers in one process, a waiter thread on the receiving one and a
+// second thread driving its progress, so a message's callback often runs on
+// the thread that does not wait for it. A waiter whose last round left
+// nothing to do spins on the endpoint alone until a lock round elsewhere
+// moves the Messenger's change count (Messenger::wait): here every message
+// completes on the other thread, every wait must still return it, with its
+// bytes, in order. (Also the Messenger's threads case for ThreadSanitizer:
+// test/meson.build registers it alone in suite 'threads'.)
+TEST_CASE("threads: a waiter gets what another thread's progress delivered", "[fabric][messaging][threads]") {
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  Node a(prov), b(prov);
+  const PeerId to_b = a.s.ep->insert_peer(b.s.ep->name());
+  const PeerId from_a = b.s.ep->insert_peer(a.s.ep->name());
+  constexpr std::uint64_t kMessages = 2000;
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> posted{0};
+  std::atomic<std::uint64_t> failures{0};
+  std::thread helper([&] {
+    while (!stop.load(std::memory_order_relaxed)) (void)b.m.progress();
+  });
+  std::thread waiter([&] {
+    auto buf = b.s.alloc(64);
+    const Slice into = rpt::slice_or_die(Slice::data(buf, 0, 64));
+    for (std::uint64_t i = 0; i < kMessages; ++i) {
+      auto t = b.m.recv(from_a, 9, 0, into);
+      posted.store(i + 1, std::memory_order_release);
+      const MessageCompletion c = t ? b.m.wait(*t, 10s) : MessageCompletion{};
+      if (!t || c.status != Status::ok || c.received != 8 || c.peer != from_a || word_at(buf.data()) != i) {
+        failures.fetch_add(1);
+        break;
+      }
+    }
+  });
+  Slice out = a.filled(8, 1);
+  for (std::uint64_t i = 0; i < kMessages && failures.load() == 0; ++i) {
+    // Each message after its receive is posted: it is matched on arrival,
+    // inside whichever thread's progress round reads it.
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (posted.load(std::memory_order_acquire) <= i && failures.load() == 0 && std::chrono::steady_clock::now() < until) {
+      (void)a.m.progress();
+    }
+    std::memcpy(out.address(), &i, 8);
+    const MessageCompletion c = a.wait(a.m.send(to_b, 9, out), 10s);
+    if (c.status != Status::ok) {
+      failures.fetch_add(1);
+      break;
+    }
+  }
+  waiter.join();
+  stop.store(true);
+  helper.join();
+  CHECK(failures.load() == 0);
+  CHECK(posted.load() == kMessages);
+  CHECK(b.m.stats().rejected == 0);
 }
 
 TEST_CASE("a second Messenger on one endpoint is refused", "[fabric][messaging]") {
