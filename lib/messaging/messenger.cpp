@@ -1767,6 +1767,19 @@ MessageCompletion Messenger::wait(MessageToken token, std::chrono::milliseconds 
   const auto spin = mode == WaitMode::adaptive ? Clock::duration(c.ep.config().wait_spin) : Clock::duration::zero();
   auto last_work = mode == WaitMode::spin ? Clock::time_point{} : Clock::now();
   MessageCompletion done;
+  auto answer = [token](Status s) {
+    MessageCompletion m;
+    m.token = token;
+    m.status = s;
+    return m;
+  };
+  // Once the adaptive spin is over: sleep on the provider (at most 10 ms,
+  // so deadlines are noticed); true when it did.
+  auto nap = [&]() {
+    if (mode == WaitMode::spin || Clock::now() - last_work < spin) return false;
+    if (c.ep.progress_or_idle(std::chrono::milliseconds{10}) > 0) last_work = Clock::now();
+    return true;
+  };
   Core::Quiet q;
   for (;;) {
     // After a round that left the Messenger nothing to do, a spin round is
@@ -1783,15 +1796,9 @@ MessageCompletion Messenger::wait(MessageToken token, std::chrono::milliseconds 
       const auto now = platform::CoarseClock::now();
       if (delivered == 0 && c.changes.load(std::memory_order_acquire) == q.seen && now < q.scan_at) {
         if (now >= until - platform::CoarseClock::max_lag() && platform::CoarseClock::reached(until)) {
-          MessageCompletion pending;
-          pending.token = token;
-          pending.status = Status::in_progress;
-          return pending;
+          return answer(Status::in_progress);
         }
-        if (mode != WaitMode::spin && Clock::now() - last_work >= spin) {
-          if (c.ep.progress_or_idle(std::chrono::milliseconds{10}) > 0) last_work = Clock::now();
-          q.quiet = false;  // what it delivered is looked at by a full round
-        }
+        if (nap()) q.quiet = false;  // what it delivered is looked at by a full round
         continue;
       }
     }
@@ -1800,21 +1807,9 @@ MessageCompletion Messenger::wait(MessageToken token, std::chrono::milliseconds 
     Core::Awaited awaited = Core::Awaited::pending;
     if (c.progress_round(token, awaited, done, &q, delivered) > 0 && mode != WaitMode::spin) last_work = Clock::now();
     if (awaited == Core::Awaited::done) return done;
-    if (awaited == Core::Awaited::invalid) {
-      MessageCompletion bad;
-      bad.token = token;
-      bad.status = Status::invalid_argument;
-      return bad;
-    }
-    if (platform::CoarseClock::reached(until)) {
-      MessageCompletion pending;
-      pending.token = token;
-      pending.status = Status::in_progress;
-      return pending;
-    }
-    if (mode != WaitMode::spin && Clock::now() - last_work >= spin) {
-      if (c.ep.progress_or_idle(std::chrono::milliseconds{10}) > 0) last_work = Clock::now();
-    }
+    if (awaited == Core::Awaited::invalid) return answer(Status::invalid_argument);
+    if (platform::CoarseClock::reached(until)) return answer(Status::in_progress);
+    (void)nap();
   }
 }
 

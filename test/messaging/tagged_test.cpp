@@ -346,7 +346,8 @@ TEST_CASE("threads: a waiter gets what another thread's progress delivered", "[f
     // Each message after its receive is posted: it is matched on arrival,
     // inside whichever thread's progress round reads it.
     const auto until = std::chrono::steady_clock::now() + 10s;
-    while (posted.load(std::memory_order_acquire) <= i && failures.load() == 0 && std::chrono::steady_clock::now() < until) {
+    while (posted.load(std::memory_order_acquire) <= i && failures.load() == 0 &&
+           std::chrono::steady_clock::now() < until) {
       (void)a.m.progress();
     }
     std::memcpy(out.address(), &i, 8);
