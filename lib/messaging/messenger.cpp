@@ -195,6 +195,9 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   // tcp turnaround measured 0.6 us; bench/RESULTS.md). Each holds a header
   // and up to kSparePayload bytes.
   std::vector<Ldo> spares;
+  // A refill the pool refused waits for the next scan (a failed allocation
+  // is a slow path: not one per spin round).
+  bool spares_starved = false;
   static constexpr std::size_t kSpares = 4;
   static constexpr std::uint64_t kSparePayload = 192;
   std::vector<Post> posts;    // ring
@@ -431,33 +434,76 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   // credits). Given `data`, an eager send copies from it and o.buf is
   // never set: the op holds no reference to the caller's object (one
   // reference count round trip less per eager message).
-  void dispatch_send(std::uint32_t i, const Slice* data = nullptr) noexcept {
-    Op& o = ops[i];
-    PeerState& ps = peers[o.peer];
-    const Slice& src = data ? *data : o.buf;
-    const std::uint64_t len = src.length();
+  bool goes_eager(const PeerState& ps, std::uint64_t len) const noexcept {
+    return len <= std::min(threshold, ps.peer_eager);
+  }
+
+  // Op i's header for a message of `len` bytes (the caller sets the type).
+  mw::Header header_for(std::uint32_t i, std::uint64_t len) const noexcept {
+    const Op& o = ops[i];
     mw::Header h;
     h.space = o.space;
     h.tag = o.tag;
     h.length = len;
     h.msg_id = make_token(o.gen, i);
     h.reply_id = o.reply_id;
+    return h;
+  }
+
+  // Spends a credit of `ps` and its next sequence number on `h`, adds the
+  // credits we owe it and our limits, and writes `h` at `at`.
+  void seal(PeerState& ps, mw::Header& h, std::byte* at) noexcept {
+    --ps.credits;
+    h.seq = ++ps.send_seq;
+    h.credits = std::min(ps.owed, cfg.peer_credits);
+    stamp(h);
+    ps.owed -= h.credits;
+    mw::encode(h, at);
+  }
+
+  // Op i's eager message of the bytes `src`, sealed: in a spare when it
+  // fits one, else in a fresh pool object.
+  Result<Slice> eager_message(std::uint32_t i, const Slice& src) noexcept {
+    const std::uint64_t len = src.length();
+    Result<Ldo> m = Status::would_block;
+    if (len <= kSparePayload && !spares.empty()) {
+      m = std::move(spares.back());
+      spares.pop_back();
+      (void)m->resize_data(mw::kHeaderSize + len);  // within its capacity
+    } else {
+      m = alloc_message(mw::kHeaderSize + len);
+      if (!m) return m.status();
+    }
+    std::memcpy(m->data().data() + mw::kHeaderSize, src.address(), len);
+    mw::Header h = header_for(i, len);
+    h.type = mw::Type::eager;
+    seal(peers[ops[i].peer], h, m->data().data());
+    ++st.eager_sent;
+    return Slice::data(std::move(*m));
+  }
+
+  void dispatch_send(std::uint32_t i, const Slice* data = nullptr) noexcept {
+    Op& o = ops[i];
+    PeerState& ps = peers[o.peer];
+    const Slice& src = data ? *data : o.buf;
+    const std::uint64_t len = src.length();
     Post p;
     p.peer = o.peer;
     p.op = i;
     p.gen = o.gen;
-    if (len <= std::min(threshold, ps.peer_eager)) {
-      auto m = alloc_message(mw::kHeaderSize + len);
+    std::uint32_t returned = 0;  // credits the message gives back
+    if (goes_eager(ps, len)) {
+      const std::uint32_t owed = ps.owed;
+      auto m = eager_message(i, src);
       if (!m) return complete(i, m.status());
-      h.type = mw::Type::eager;
-      std::memcpy(m->data().data() + mw::kHeaderSize, src.address(), len);
+      returned = owed - ps.owed;
       if (!data) o.buf = Slice{};  // copied: the user's bytes are free
       p.kind = PostKind::send;
-      p.local = *Slice::data(std::move(*m));
-      ++st.eager_sent;
+      p.local = std::move(*m);
     } else {
       auto m = alloc_message(mw::kRtsSize);
       if (!m) return complete(i, m.status());
+      mw::Header h = header_for(i, len);
       h.type = mw::Type::rts;
       if (data) o.buf = *data;  // read by the receiver's gets (and our puts) until the fin
       o.rendezvous = true;
@@ -466,18 +512,14 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       p.kind = PostKind::rts;
       p.local = o.buf;
       p.msg = *Slice::data(std::move(*m));
+      seal(ps, h, p.msg.address());
+      returned = h.credits;
       ++st.rendezvous_sent;
     }
-    --ps.credits;
-    h.seq = ++ps.send_seq;
-    h.credits = std::min(ps.owed, cfg.peer_credits);
-    stamp(h);
-    ps.owed -= h.credits;
-    mw::encode(h, (p.kind == PostKind::rts ? p.msg : p.local).address());
     if (!push_post(std::move(p))) {
       ++ps.credits;
       --ps.send_seq;
-      ps.owed += h.credits;
+      ps.owed += returned;
       complete(i, Status::would_block);
     } else {
       ps.announced = true;
@@ -492,40 +534,16 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   // go out after this one, in order, as the ring would have sent them.
   void send_eager_direct(std::unique_lock<std::mutex>& g, std::uint32_t i, const Slice& data) noexcept {
     Op& o = ops[i];
-    PeerState& ps = peers[o.peer];
-    const std::uint64_t len = data.length();
-    Result<Ldo> m = Status::would_block;
-    if (len <= kSparePayload && !spares.empty()) {
-      m = std::move(spares.back());
-      spares.pop_back();
-      (void)m->resize_data(mw::kHeaderSize + len);  // within its capacity
-    } else {
-      m = alloc_message(mw::kHeaderSize + len);
-      if (!m) return complete(i, m.status());
-    }
-    std::memcpy(m->data().data() + mw::kHeaderSize, data.address(), len);
-    mw::Header h;
-    h.type = mw::Type::eager;
-    h.space = o.space;
-    h.tag = o.tag;
-    h.length = len;
-    h.msg_id = make_token(o.gen, i);
-    h.reply_id = o.reply_id;
-    --ps.credits;
-    h.seq = ++ps.send_seq;
-    h.credits = std::min(ps.owed, cfg.peer_credits);
-    stamp(h);
-    ps.owed -= h.credits;
-    ps.announced = true;
-    mw::encode(h, m->data().data());
-    ++st.eager_sent;
+    auto m = eager_message(i, data);
+    if (!m) return complete(i, m.status());
+    peers[o.peer].announced = true;
     const PeerId peer = o.peer;
     const std::uint32_t gen = o.gen;
     draining = true;
     g.unlock();
     Status s;
     {
-      const Slice msg = *Slice::data(std::move(*m));
+      const Slice msg = std::move(*m);
       s = ep.send(peer, msg, [self = shared_from_this(), i, gen](const Completion& c) { self->on_sent(i, gen, c); })
               .status();
     }
@@ -1299,9 +1317,12 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       // to allocate the next small messages.
       if (idle && !closed) {
         if (!lazy.empty()) repost_lazy_locked();
-        while (spares.size() < kSpares) {
+        while (spares.size() < kSpares && !spares_starved) {
           auto m = alloc_message(mw::kHeaderSize + kSparePayload);
-          if (!m) break;
+          if (!m) {
+            spares_starved = true;
+            break;
+          }
           spares.push_back(std::move(*m));
         }
       }
@@ -1328,8 +1349,8 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
         }
       }
       if (q) {
-        q->quiet = lazy.empty() && spares.size() == kSpares && post_count == 0 && graveyard.empty() &&
-                   ready_count == 0 && !closed;
+        q->quiet = lazy.empty() && (spares.size() == kSpares || spares_starved) && post_count == 0 &&
+                   graveyard.empty() && ready_count == 0 && !closed;
         q->seen = changes.load(std::memory_order_relaxed);
         q->scan_at = next_scan;
       }
@@ -1358,6 +1379,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
 
   void scan_locked(Clock::time_point now) noexcept {
     repost_lazy_locked();
+    spares_starved = false;
     // Dead peers and deadlines.
     for (std::uint32_t i = 0; i < ops_high; ++i) {
       Op& o = ops[i];
@@ -1556,7 +1578,7 @@ Result<MessageToken> Messenger::send(PeerId peer, std::uint64_t tag, const Slice
       o.next = kNone;
       if (ps.qtail != kNone) c.ops[ps.qtail].next = *r; else ps.qhead = *r;
       ps.qtail = *r;
-    } else if (c.post_count == 0 && !c.draining && data.length() <= std::min(c.threshold, ps.peer_eager)) {
+    } else if (c.post_count == 0 && !c.draining && c.goes_eager(ps, data.length())) {
       c.send_eager_direct(g, *r, data);
     } else {
       c.dispatch_send(*r, &data);
