@@ -12,7 +12,11 @@
 //                out-of-sequence arrivals wait there too ("early");
 //   posts_       a ring of endpoint posts decided under the mutex and made
 //                after it is released, by one drainer at a time, in order
-//                (so sends to a peer leave in sequence order).
+//                (so sends to a peer leave in sequence order). One post
+//                skips it: an eager send made when the ring is empty and
+//                nobody drains goes out from send() itself, holding the
+//                drain role meanwhile, so order holds the same way (see
+//                send_eager_direct).
 // The message header and its validation live in messaging_wire.hpp.
 
 #include <algorithm>
