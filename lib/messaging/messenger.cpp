@@ -18,6 +18,19 @@
 //                drain role meanwhile, so order holds the same way (see
 //                send_eager_direct).
 // The message header and its validation live in messaging_wire.hpp.
+//
+// Code layout: the functions a small message's path runs through are
+// [[gnu::hot]] (grouped in .text.hot with the endpoint's, by the linker),
+// and what a small message never reaches (rendezvous, errors, the scan,
+// early arrivals) is [[gnu::cold]] and out of line, so the eager path is
+// straight code on few lines. On tcp every message crosses the kernel's
+// socket path, which evicts the caches, and the path's code footprint is
+// paid again on every message: a profile-guided build of this file alone
+// made a tcp tagged ping-pong 1.3-3.8 % faster, and these marks get most of
+// that, 2.7 % in the same rounds (bench/RESULTS.md, "the eager path's code
+// layout").
+// The eager arrival (on_message, arrive, deliver) is inlined into on_recv
+// for the same reason.
 
 #include <algorithm>
 #include <atomic>
@@ -228,7 +241,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     return r.space == sp && (r.peer == kAnyPeer || r.peer == src) && ((r.tag ^ tag) & ~r.ignore) == 0;
   }
 
-  Result<std::uint32_t> claim_op(Kind kind) noexcept {
+  [[gnu::hot]] Result<std::uint32_t> claim_op(Kind kind) noexcept {
     if (closed) return Status::closed;
     if (free_ops.empty()) return Status::would_block;
     const std::uint32_t i = free_ops.back();
@@ -257,7 +270,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     return i;
   }
 
-  void free_op(std::uint32_t i) noexcept {
+  [[gnu::hot]] void free_op(std::uint32_t i) noexcept {
     Op& o = ops[i];
     o.state = State::free;
     o.buf = Slice{};
@@ -276,7 +289,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
 
   // Completes op i: internal ops are freed; user ops go to the ready ring
   // (callback) or stay for wait().
-  void complete(std::uint32_t i, Status s) noexcept {
+  [[gnu::hot]] void complete(std::uint32_t i, Status s) noexcept {
     Op& o = ops[i];
     if (o.state == State::free || o.state == State::done) return;
     if (o.exposure) graveyard.push_back(std::move(o.exposure));
@@ -345,7 +358,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     return true;
   }
 
-  Result<Ldo> alloc_message(std::uint64_t bytes) noexcept {
+  [[gnu::hot]] Result<Ldo> alloc_message(std::uint64_t bytes) noexcept {
     LdoShape shape;
     shape.data_size = bytes;
     shape.zeroing = Zeroing::uninitialized;
@@ -368,7 +381,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     return pool.allocate(shape);
   }
 
-  void post_bounce(std::uint32_t b) noexcept {
+  [[gnu::hot]] void post_bounce(std::uint32_t b) noexcept {
     auto s = Slice::raw(bounces[b], kWireHeaderSize, mw::kHeaderSize + threshold);
     if (!s) {
       bounce_empty[b] = true;
@@ -467,7 +480,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
 
   // Op i's eager message of the bytes `src`, sealed: in a spare when it
   // fits one, else in a fresh pool object.
-  Result<Slice> eager_message(std::uint32_t i, const Slice& src) noexcept {
+  [[gnu::hot]] Result<Slice> eager_message(std::uint32_t i, const Slice& src) noexcept {
     const std::uint64_t len = src.length();
     Result<Ldo> m = Status::would_block;
     if (len <= kSparePayload && !spares.empty()) {
@@ -536,7 +549,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   // arithmetic, on the path a small message's latency is made of). The
   // drain role is taken around the post, so posts others queue meanwhile
   // go out after this one, in order, as the ring would have sent them.
-  void send_eager_direct(std::unique_lock<std::mutex>& g, std::uint32_t i, const Slice& data) noexcept {
+  [[gnu::hot]] void send_eager_direct(std::unique_lock<std::mutex>& g, std::uint32_t i, const Slice& data) noexcept {
     Op& o = ops[i];
     auto m = eager_message(i, data);
     if (!m) return complete(i, m.status());
@@ -588,7 +601,8 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   // ---------- arrival ----------
   // A matched eager message or rts for receive op i. `ldo` is the bounce it
   // arrived in; returns true when the receive kept it (zero copy).
-  bool deliver(std::uint32_t i, PeerId src, const mw::Header& h, const RemoteRef& ref, Ldo& ldo) noexcept {
+  [[gnu::always_inline]] bool deliver(std::uint32_t i, PeerId src, const mw::Header& h, const RemoteRef& ref,
+                                      Ldo& ldo) noexcept {
     Op& o = ops[i];
     o.result.peer = src;
     o.result.tag = h.tag;
@@ -609,7 +623,16 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       complete(i, n < h.length ? Status::truncated : Status::ok);
       return false;
     }
-    // Rendezvous: pull with gets, then fin.
+    start_rendezvous_recv(i, src, h, ref);
+    return false;
+  }
+
+  // Receive i matched an rts: pull the payload with gets, then fin. Out of
+  // line and cold: a rendezvous moves at least the eager threshold's bytes,
+  // and the eager path stays the straight code it runs through.
+  [[gnu::cold]] void start_rendezvous_recv(std::uint32_t i, PeerId src, const mw::Header& h,
+                                           const RemoteRef& ref) noexcept {
+    Op& o = ops[i];
     o.state = State::active;
     o.rendezvous = true;
     o.peer = src;
@@ -620,7 +643,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       if (!m) {
         send_control(src, mw::Type::fin, h.msg_id, m.status());
         complete(i, m.status());
-        return false;
+        return;
       }
       o.buf = *Slice::data(std::move(*m));
     }
@@ -630,11 +653,10 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       ++st.rejected;
       send_control(src, mw::Type::fin, h.msg_id, Status::malformed);
       complete(i, Status::malformed);
-      return false;
+      return;
     }
     if (split_from != 0 && o.want >= split_from) grant_tail(i, h.msg_id);
     issue_gets(i);
-    return false;
   }
 
   // Split rendezvous: the second half of receive i's bytes (from a page
@@ -644,7 +666,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   // processes' CPUs copy at once instead of the receiver's alone. Queued
   // before the first get, so the sender starts while we copy. Anything
   // that fails here leaves the whole message to the gets.
-  void grant_tail(std::uint32_t i, std::uint64_t msg_id) noexcept {
+  [[gnu::cold]] void grant_tail(std::uint32_t i, std::uint64_t msg_id) noexcept {
     Op& o = ops[i];
     const std::uint64_t head = (o.want / 2) & ~std::uint64_t{4095};
     if (head == 0) return;
@@ -678,7 +700,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
 
   // The grant could not be made or sent: receive i fetches its tail itself,
   // unless its fin (announcing the grant) is out already: then it fails.
-  void ungrant(std::uint32_t i, Status s) noexcept {
+  [[gnu::cold]] void ungrant(std::uint32_t i, Status s) noexcept {
     Op& o = ops[i];
     o.put_wait = false;
     if (o.fin_sent) {
@@ -696,7 +718,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   // Queues op i's next chunk (bytes [issued, issued + chunk) of its buffer)
   // as a get from or a put to `remote_offset` of its peer's reference;
   // false, with rdv_status set, when it cannot.
-  bool push_chunk(std::uint32_t i, PostKind kind, std::uint64_t remote_offset) noexcept {
+  [[gnu::cold]] bool push_chunk(std::uint32_t i, PostKind kind, std::uint64_t remote_offset) noexcept {
     Op& o = ops[i];
     const std::uint64_t n = std::min(chunk, o.want - o.issued);
     auto local = o.buf.select(o.issued, n);
@@ -725,7 +747,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   // (its bytes leave only after the grant: no Messenger-wide cap, the
   // receiver's gets are capped on its side); once none is in flight and
   // none is left (or one failed), tells the receiver with a done.
-  void issue_puts(std::uint32_t i) noexcept {
+  [[gnu::cold]] void issue_puts(std::uint32_t i) noexcept {
     Op& o = ops[i];
     while (o.gets < cfg.rendezvous_depth && o.issued < o.want && o.rdv_status == Status::ok) {
       if (!push_chunk(i, PostKind::put, o.issued - o.put_base)) break;
@@ -741,7 +763,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   // Rendezvous send i completes once the receiver's fin is in, no put
   // reads its buffer any more, and no grant the fin announced is still
   // due. rdv_status holds the first failure (ours or the fin's).
-  void try_finish_send(std::uint32_t i) noexcept {
+  [[gnu::cold]] void try_finish_send(std::uint32_t i) noexcept {
     Op& o = ops[i];
     if (!o.fin_seen || o.gets != 0 || (o.granted ? o.want != 0 : o.fin_granted)) return;
     o.fin_wait = false;
@@ -751,7 +773,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   // Issues the gets of receive i that the per-message depth and the
   // Messenger-wide cap allow; a receive that gets none while it still has
   // bytes to fetch waits in the fetch queue for another's get to finish.
-  void issue_gets(std::uint32_t i) noexcept {
+  [[gnu::cold]] void issue_gets(std::uint32_t i) noexcept {
     Op& o = ops[i];
     while (o.gets < cfg.rendezvous_depth && o.issued < o.want && o.rdv_status == Status::ok) {
       if (gets_in_flight >= max_gets) {
@@ -764,14 +786,14 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     if (o.gets == 0 && (o.issued >= o.want || o.rdv_status != Status::ok)) finish_rendezvous_recv(i);
   }
 
-  void enqueue_fetch(std::uint32_t i) noexcept {
+  [[gnu::cold]] void enqueue_fetch(std::uint32_t i) noexcept {
     Op& o = ops[i];
     o.fetch_wait = true;
     o.next = kNone;
     if (fetch_tail != kNone) ops[fetch_tail].next = i; else fetch_head = i;
     fetch_tail = i;
   }
-  void unlink_fetch(std::uint32_t i) noexcept {
+  [[gnu::cold]] void unlink_fetch(std::uint32_t i) noexcept {
     std::uint32_t prev = kNone;
     for (std::uint32_t q = fetch_head; q != kNone; prev = q, q = ops[q].next) {
       if (q != i) continue;
@@ -784,7 +806,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   }
   // A get finished (or failed to post): the slot goes to the receives
   // waiting for one, in match order.
-  void pump_fetches() noexcept {
+  [[gnu::cold]] void pump_fetches() noexcept {
     while (fetch_head != kNone && gets_in_flight < max_gets) {
       const std::uint32_t i = fetch_head;
       fetch_head = ops[i].next;
@@ -799,7 +821,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   // buffer is free of our gets; it need not wait for our done), announcing
   // the grant if one went out; the receive completes once the sender's
   // done is in too (its puts write our buffer until then).
-  void finish_rendezvous_recv(std::uint32_t i) noexcept {
+  [[gnu::cold]] void finish_rendezvous_recv(std::uint32_t i) noexcept {
     Op& o = ops[i];
     const Status s = o.rdv_status;
     if (!o.fin_sent) {
@@ -816,13 +838,21 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
 
   // An in-sequence eager/rts message from src. Returns true when `ldo` was
   // kept (matched zero-copy or held as unexpected).
-  bool arrive(PeerId src, const mw::Header& h, const RemoteRef& ref, Ldo& ldo, bool credit_counted) noexcept {
+  [[gnu::always_inline]] bool arrive(PeerId src, const mw::Header& h, const RemoteRef& ref, Ldo& ldo,
+                                     bool credit_counted) noexcept {
     for (std::uint32_t i = posted_head; i != kNone; i = ops[i].next) {
       if (!matches(ops[i], src, h.space, h.tag)) continue;
       unlink_posted(i);
       if (!credit_counted) ++peers[src].owed;
       return deliver(i, src, h, ref, ldo);
     }
+    return hold_unexpected(src, h, ref, ldo, credit_counted);
+  }
+
+  // A message no posted receive matched: held (arrive). Out of line so
+  // that the matched path stays short.
+  [[gnu::noinline]] bool hold_unexpected(PeerId src, const mw::Header& h, const RemoteRef& ref, Ldo& ldo,
+                                         bool credit_counted) noexcept {
     if (h.space == mw::Space::reply || free_unexp.empty()) {
       // A reply nobody waits for (its request was canceled or timed out),
       // or no room to hold it (only a sender ignoring credits gets here).
@@ -897,7 +927,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   // in-sequence message, and with N senders streaming into a receiver that
   // holds their messages as unexpected it was O(N x peer_credits) per message
   // (68% of a 32-peer shm server's CPU, docs/scale.md).
-  void release_early(PeerId src) noexcept {
+  [[gnu::cold]] void release_early(PeerId src) noexcept {
     for (bool found = true; found && peers[src].early > 0;) {
       found = false;
       for (std::uint32_t u = unexp_head; u != kNone; u = unexpected[u].next) {
@@ -915,25 +945,11 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     }
   }
 
-  // A bounce receive completed (mutex held). Returns whether the bounce
-  // LDO must be replaced (it was kept).
-  bool on_message(PeerId src, std::span<const std::byte> bytes, Ldo& ldo) noexcept {
-    mw::Header h;
-    if (mw::parse(bytes, threshold, h) != Status::ok || src == kAnyPeer || src >= peers.size()) {
-      ++st.rejected;
-      return false;
-    }
-    PeerState& ps = peers[src];
-    if (!ps.heard) {
-      ps.heard = true;
-      ++peers_heard;
-      if (src >= peers_high) peers_high = src + 1;
-    }
-    learn(ps, h);
-    ps.credits = std::min(ps.grant, ps.credits + h.credits);
-    bool kept = false;
+  // A rendezvous's control message (fin, grant, done) for one of our ops,
+  // checked against it (on_message). Cold: one per rendezvous chunk set,
+  // not per message.
+  [[gnu::cold]] void on_rendezvous_control(PeerId src, const mw::Header& h, std::span<const std::byte> bytes) noexcept {
     switch (h.type) {
-      case mw::Type::credit: break;
       case mw::Type::fin: {
         const auto i = static_cast<std::uint32_t>(h.msg_id & 0xffffffffu);
         if (i < ops.size() && ops[i].gen == static_cast<std::uint32_t>(h.msg_id >> 32) &&
@@ -988,6 +1004,34 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
         }
         break;
       }
+      default: break;
+    }
+  }
+
+  // A bounce receive completed (mutex held). Returns whether the bounce
+  // LDO must be replaced (it was kept).
+  [[gnu::always_inline]] bool on_message(PeerId src, std::span<const std::byte> bytes, Ldo& ldo) noexcept {
+    mw::Header h;
+    if (mw::parse(bytes, threshold, h) != Status::ok || src == kAnyPeer || src >= peers.size()) {
+      ++st.rejected;
+      return false;
+    }
+    PeerState& ps = peers[src];
+    if (!ps.heard) {
+      ps.heard = true;
+      ++peers_heard;
+      if (src >= peers_high) peers_high = src + 1;
+    }
+    learn(ps, h);
+    ps.credits = std::min(ps.grant, ps.credits + h.credits);
+    bool kept = false;
+    switch (h.type) {
+      case mw::Type::credit: break;
+      case mw::Type::fin:
+      case mw::Type::grant:
+      case mw::Type::done:
+        on_rendezvous_control(src, h, bytes);
+        break;
       case mw::Type::eager:
       case mw::Type::rts: {
         RemoteRef ref;
@@ -1009,7 +1053,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
         if (h.seq == ps.recv_seq) {
           ++ps.recv_seq;
           kept = arrive(src, h, ref, ldo, false);
-          release_early(src);
+          if (ps.early > 0) release_early(src);
         } else if (h.seq > ps.recv_seq && !free_unexp.empty() && h.seq - ps.recv_seq < ops.size()) {
           // Ahead of a message still being handed over (two threads ran
           // completion callbacks): hold it until its turn.
@@ -1026,7 +1070,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     return kept;
   }
 
-  void on_recv(std::uint32_t b, const Completion& c) noexcept {
+  [[gnu::hot]] void on_recv(std::uint32_t b, const Completion& c) noexcept {
     {
       std::unique_lock<std::mutex> g(mu);
       if (closed || c.status == Status::closed || c.status == Status::canceled) return;
@@ -1053,12 +1097,12 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     }
   }
 
-  void repost_lazy_locked() noexcept {
+  [[gnu::hot]] void repost_lazy_locked() noexcept {
     for (const std::uint32_t b : lazy) post_bounce(b);
     lazy.clear();
   }
 
-  void on_sent(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
+  [[gnu::hot]] void on_sent(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
     {
       std::unique_lock<std::mutex> g(mu);
       if (closed || i == kNone || i >= ops.size() || ops[i].gen != gen) return;
@@ -1078,7 +1122,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     }
   }
 
-  void on_got(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
+  [[gnu::cold]] void on_got(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
     {
       std::unique_lock<std::mutex> g(mu);
       if (i >= ops.size() || ops[i].gen != gen) return;
@@ -1097,7 +1141,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     }
   }
 
-  void on_put(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
+  [[gnu::cold]] void on_put(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
     {
       std::unique_lock<std::mutex> g(mu);
       if (i >= ops.size() || ops[i].gen != gen) return;
@@ -1112,7 +1156,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   }
 
   // The grant's send completed: a failed one never reached the sender.
-  void on_granted(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
+  [[gnu::cold]] void on_granted(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
     {
       std::unique_lock<std::mutex> g(mu);
       if (closed || i >= ops.size() || ops[i].gen != gen || ops[i].state != State::active) return;
@@ -1132,7 +1176,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   // post. Callers that just queued under the mutex call it before letting
   // go: the same lock round, not a second one (a small message's path
   // takes the mutex a handful of times; each round trip counts).
-  void drain(std::unique_lock<std::mutex>& g) noexcept {
+  [[gnu::hot]] void drain(std::unique_lock<std::mutex>& g) noexcept {
     if (draining || (post_count == 0 && graveyard.empty())) return;
     draining = true;
     while (post_count > 0 || !graveyard.empty()) {
@@ -1180,7 +1224,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     return t.status();
   }
 
-  Status execute(Post& p) noexcept {
+  [[gnu::hot]] Status execute(Post& p) noexcept {
     // Moved into the one callback each post makes: one reference count
     // round trip per post instead of two.
     auto self = shared_from_this();
@@ -1216,7 +1260,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     return Status::invalid_argument;
   }
 
-  void post_failed(Post& p, Status s) noexcept {
+  [[gnu::cold]] void post_failed(Post& p, Status s) noexcept {
     switch (p.kind) {
       case PostKind::recv:
         if (s != Status::closed) bounce_empty[p.bounce] = true;  // retried by the scan
@@ -1258,7 +1302,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   }
 
   // ---------- peers, deadlines ----------
-  void fail_peer_locked(PeerId peer, Status s) noexcept {
+  [[gnu::cold]] void fail_peer_locked(PeerId peer, Status s) noexcept {
     if (peer >= peers.size()) return;
     for (std::uint32_t i = 0; i < ops_high; ++i) {
       Op& o = ops[i];
@@ -1312,7 +1356,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   // completion is moved to `out` and its slot freed, so wait() takes no
   // lock round of its own; then the callbacks that became ready. Returns
   // how many callbacks ran.
-  std::size_t progress_round(MessageToken token, Awaited& awaited, MessageCompletion& out,
+  [[gnu::hot]] std::size_t progress_round(MessageToken token, Awaited& awaited, MessageCompletion& out,
                              Quiet* q = nullptr, std::ptrdiff_t polled = -1) noexcept {
     const bool idle = (polled >= 0 ? static_cast<std::size_t>(polled) : ep.progress()) == 0;
     {
@@ -1381,7 +1425,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     return delivered;
   }
 
-  void scan_locked(Clock::time_point now) noexcept {
+  [[gnu::cold]] void scan_locked(Clock::time_point now) noexcept {
     repost_lazy_locked();
     spares_starved = false;
     // Dead peers and deadlines.
@@ -1555,7 +1599,8 @@ Messenger::~Messenger() {
   dead.clear();
 }
 
-Result<MessageToken> Messenger::send(PeerId peer, std::uint64_t tag, const Slice& data, MessageCallback cb) noexcept {
+[[gnu::hot]] Result<MessageToken> Messenger::send(PeerId peer, std::uint64_t tag, const Slice& data,
+                                                  MessageCallback cb) noexcept {
   Core& c = *core_;
   if (!data || data.length() == 0 || data.length() > mw::kMaxLength) return Status::invalid_argument;
   MessageToken t;
@@ -1593,8 +1638,8 @@ Result<MessageToken> Messenger::send(PeerId peer, std::uint64_t tag, const Slice
 }
 
 namespace {
-Result<MessageToken> post_receive(Core& c, PeerId source, std::uint64_t tag, std::uint64_t ignore,
-                                  const Slice* buffer, MessageCallback&& cb) noexcept {
+[[gnu::hot]] Result<MessageToken> post_receive(Core& c, PeerId source, std::uint64_t tag, std::uint64_t ignore,
+                                               const Slice* buffer, MessageCallback&& cb) noexcept {
   MessageToken t;
   Ldo spare;  // a bounce handed over: dropped after the unlock
   {
@@ -1780,7 +1825,7 @@ std::size_t Messenger::progress() noexcept {
   return core_->progress_round(MessageToken{}, none, unused);
 }
 
-MessageCompletion Messenger::wait(MessageToken token, std::chrono::milliseconds timeout) noexcept {
+[[gnu::hot]] MessageCompletion Messenger::wait(MessageToken token, std::chrono::milliseconds timeout) noexcept {
   Core& c = *core_;
   // Clock reads are kept off the spin: the deadline is checked on the
   // coarse clock (platform::wait_deadline), and only a waiter that may
