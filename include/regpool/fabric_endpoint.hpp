@@ -424,6 +424,7 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   Status post_emulated(const BackendOp& op) noexcept;
   void count_reply_peers() noexcept;
   std::size_t poll_data(std::size_t max) noexcept;
+  bool poll_error() noexcept;
   std::size_t poll_ctrl() noexcept;
   std::size_t poll_ctrl_paced() noexcept;
   REGPOOL_LOCAL void serve_request(const fabric_wire::CtrlMsg& req) noexcept;

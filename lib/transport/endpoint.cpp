@@ -24,6 +24,14 @@
 namespace regpool {
 namespace {
 
+// Code layout: the per-op path (post, poll, complete, wait, progress) is
+// [[gnu::hot]], grouped by the linker with the Messenger's and the
+// backend's hot functions; failure paths (reject, refuse, fail, expire,
+// reconnect) are [[gnu::cold]], out of the way of the path. On tcp each
+// message crosses the kernel's socket path, which evicts the caches, so
+// the lines and pages the path's code spans are paid on every message
+// (bench/RESULTS.md, "the eager path's code layout").
+
 // Completions handed to callbacks per round of progress(); bounds the stack
 // space progress() uses (callbacks and results are moved out of their slots
 // so they can run without the endpoint's mutex).
@@ -380,12 +388,12 @@ std::unique_lock<Endpoint::Mutex> Endpoint::lock_fair() const noexcept {
   return local;
 }
 
-void Endpoint::unlock_releasing_one(std::unique_lock<Mutex>& lk) noexcept {
+[[gnu::hot]] void Endpoint::unlock_releasing_one(std::unique_lock<Mutex>& lk) noexcept {
   const Slice last = take_release_locked();
   lk.unlock();
 }
 
-void Endpoint::unlock_and_release(std::unique_lock<Mutex>& lk) noexcept {
+[[gnu::hot]] void Endpoint::unlock_and_release(std::unique_lock<Mutex>& lk) noexcept {
   if (release_list_ == kNoExposure && release_count_ <= 1) {
     // The usual cases: nothing to drop, or the one reference of the op this
     // hold completed (a put or get and its wait), dropped after the unlock
@@ -653,7 +661,7 @@ std::size_t Endpoint::peer_count() const noexcept {
   return static_cast<std::size_t>(std::count_if(peers_.begin(), peers_.end(), [](const Peer& p) { return p.used; }));
 }
 
-bool Endpoint::usable(PeerId peer) const noexcept {
+[[gnu::hot]] bool Endpoint::usable(PeerId peer) const noexcept {
   const auto g = lock_fair();
   return usable() && peer < peers_.size() && peers_[peer].used && !peers_[peer].broken;
 }
@@ -670,7 +678,7 @@ Result<std::uint64_t> Endpoint::do_reconnect(PeerId /*peer*/, std::uint64_t hand
   }
 }
 
-Status Endpoint::reconnect(PeerId peer) noexcept {
+[[gnu::cold]] Status Endpoint::reconnect(PeerId peer) noexcept {
   Lock g(*this);
   if (!usable()) return Status::closed;
   if (peer >= peers_.size() || !peers_[peer].used) return Status::invalid_argument;
@@ -710,7 +718,7 @@ Status Endpoint::reconnect(PeerId peer) noexcept {
   return Status::ok;
 }
 
-void Endpoint::fail_ops_locked(PeerId peer, Status status, bool gone) noexcept {
+[[gnu::cold]] void Endpoint::fail_ops_locked(PeerId peer, Status status, bool gone) noexcept {
   // Their slots (and LDO references) stay with the backend until it lets go
   // of them (do_cancel), proves the provider has (do_abandon), or the
   // endpoint closes.
@@ -732,7 +740,7 @@ void Endpoint::fail_ops_locked(PeerId peer, Status status, bool gone) noexcept {
   }
 }
 
-void Endpoint::abandon_locked(std::uint32_t index) noexcept {
+[[gnu::cold]] void Endpoint::abandon_locked(std::uint32_t index) noexcept {
   Slot& s = slots_[index];
   // Only ops the user has already been answered for (completed), that the
   // backend still holds. Receives are not per-peer: they stay posted.
@@ -746,7 +754,7 @@ void Endpoint::abandon_locked(std::uint32_t index) noexcept {
   complete(index, s.result.status, 0);
 }
 
-void Endpoint::abandon_all_locked() noexcept {
+[[gnu::cold]] void Endpoint::abandon_all_locked() noexcept {
   if (backend_owned_ == 0 || !orphans_maybe_) return;
   bool left = false;
   for (std::size_t i = 0; i < config_.max_in_flight; ++i) {
@@ -759,7 +767,7 @@ void Endpoint::abandon_all_locked() noexcept {
   orphans_maybe_ = left;
 }
 
-void Endpoint::fail_peer(PeerId peer, Status status) noexcept {
+[[gnu::cold]] void Endpoint::fail_peer(PeerId peer, Status status) noexcept {
   Lock g(*this);
   if (peer >= peers_.size() || !peers_[peer].used) return;
   peers_[peer].broken = true;
@@ -1204,7 +1212,7 @@ ExposureStats Endpoint::exposure_stats() const noexcept {
   return exposure_stats_;
 }
 
-Status Endpoint::reject(Status st) noexcept {
+[[gnu::cold]] Status Endpoint::reject(Status st) noexcept {
   rejected_.fetch_add(1, std::memory_order_relaxed);
   return st;
 }
@@ -1219,11 +1227,11 @@ Result<Token> Endpoint::get(PeerId peer, const RemoteRef& remote, std::uint64_t 
   return submit(OpKind::get, peer, &local, &remote, remote_offset, local.length(), 0, 0, std::move(cb));
 }
 
-Result<Token> Endpoint::send(PeerId peer, const Slice& local, Callback cb) noexcept {
+[[gnu::hot]] Result<Token> Endpoint::send(PeerId peer, const Slice& local, Callback cb) noexcept {
   return submit(OpKind::send, peer, &local, nullptr, 0, local.length(), 0, 0, std::move(cb));
 }
 
-Result<Token> Endpoint::post_recv(const Slice& local, Callback cb) noexcept {
+[[gnu::hot]] Result<Token> Endpoint::post_recv(const Slice& local, Callback cb) noexcept {
   return submit(OpKind::recv, kAnyPeer, &local, nullptr, 0, local.length(), 0, 0, std::move(cb));
 }
 
@@ -1237,7 +1245,7 @@ Result<Token> Endpoint::compare_swap(PeerId peer, const RemoteRef& remote, std::
   return submit(OpKind::compare_swap, peer, nullptr, &remote, remote_offset, 8, desired, expected, std::move(cb));
 }
 
-Status Endpoint::peer_ready_locked(PeerId peer) noexcept {
+[[gnu::hot]] Status Endpoint::peer_ready_locked(PeerId peer) noexcept {
   Peer& p = peers_[peer];
   if (!p.settling) return Status::ok;
   if (Clock::now() < p.settle_until) return Status::would_block;
@@ -1362,7 +1370,7 @@ Result<std::uint32_t> Endpoint::claim_slot_locked(OpKind kind, PeerId peer, cons
   bump_locked(posted_);
 }
 
-void Endpoint::refuse_locked(std::uint32_t index, Slice& local) noexcept {
+[[gnu::cold]] void Endpoint::refuse_locked(std::uint32_t index, Slice& local) noexcept {
   Slot& s = slots_[index];
   s.user_pending = false;
   s.has_callback = false;
@@ -1370,7 +1378,7 @@ void Endpoint::refuse_locked(std::uint32_t index, Slice& local) noexcept {
   maybe_free_locked(index);
 }
 
-Status Endpoint::recheck_peer_locked(PeerId peer) const noexcept {
+[[gnu::cold]] Status Endpoint::recheck_peer_locked(PeerId peer) const noexcept {
   if (!usable() || stopping_.load(std::memory_order_relaxed)) return Status::closed;
   if (peer >= peers_.size() || !peers_[peer].used) return Status::invalid_argument;
   if (peers_[peer].broken) return Status::peer_unreachable;
@@ -1590,7 +1598,7 @@ Endpoint::Clock::time_point Endpoint::deadline_for(OpKind kind, std::uint64_t le
   return n;
 }
 
-void Endpoint::expire_locked(Clock::time_point now) noexcept {
+[[gnu::cold]] void Endpoint::expire_locked(Clock::time_point now) noexcept {
   Clock::time_point next = Clock::time_point::max();
   for (std::size_t i = 0; i < config_.max_in_flight; ++i) {
     Slot& s = slots_[i];
@@ -1609,7 +1617,7 @@ void Endpoint::expire_locked(Clock::time_point now) noexcept {
   impl_->next_op_deadline = next;
 }
 
-void Endpoint::complete(std::uint32_t index, Status status, std::uint64_t bytes, PeerId peer) noexcept {
+[[gnu::hot]] void Endpoint::complete(std::uint32_t index, Status status, std::uint64_t bytes, PeerId peer) noexcept {
   if (index >= config_.max_in_flight) return;
   Slot& s = slots_[index];
   if (!s.backend_owned) return;  // a backend bug; never free a slot twice
@@ -1665,11 +1673,11 @@ void Endpoint::finish_locked(Slot& s, std::uint32_t index, Status st, std::uint6
   free_.push_back(index);
 }
 
-void Endpoint::mark_peer_broken(PeerId peer) noexcept {
+[[gnu::cold]] void Endpoint::mark_peer_broken(PeerId peer) noexcept {
   if (peer < peers_.size()) peers_[peer].broken = true;
 }
 
-void Endpoint::fail_peer_ops(PeerId peer, Status st) noexcept {
+[[gnu::cold]] void Endpoint::fail_peer_ops(PeerId peer, Status st) noexcept {
   if (peer >= peers_.size()) return;
   peers_[peer].broken = true;
   fail_ops_locked(peer, st, true);
@@ -1679,7 +1687,7 @@ PeerId Endpoint::peer_for_handle(std::uint64_t handle) const noexcept {
   return handle < peer_by_handle_.size() ? peer_by_handle_[handle] : kAnyPeer;
 }
 
-std::uint32_t Endpoint::index_of_context(const void* context) const noexcept {
+[[gnu::hot]] std::uint32_t Endpoint::index_of_context(const void* context) const noexcept {
   const auto* first = reinterpret_cast<const std::byte*>(&slots_[0].context);
   const auto* p = static_cast<const std::byte*>(context);
   if (p < first) return kNoIndex;
@@ -1689,7 +1697,7 @@ std::uint32_t Endpoint::index_of_context(const void* context) const noexcept {
   return index < config_.max_in_flight ? static_cast<std::uint32_t>(index) : kNoIndex;
 }
 
-std::uint32_t Endpoint::index_of_tag(std::uint64_t tag) noexcept {
+[[gnu::hot]] std::uint32_t Endpoint::index_of_tag(std::uint64_t tag) noexcept {
   const auto index = static_cast<std::uint32_t>(tag & 0xffffffffU);
   if (index >= config_.max_in_flight) return kNoIndex;
   const Slot& s = slots_[index];
@@ -1702,12 +1710,12 @@ std::uint32_t Endpoint::index_of_tag(std::uint64_t tag) noexcept {
 
 const BackendOp& Endpoint::op_at(std::uint32_t index) const noexcept { return slots_[index].desc; }
 
-std::size_t Endpoint::progress() noexcept {
+[[gnu::hot]] std::size_t Endpoint::progress() noexcept {
   std::size_t events = 0;
   return progress_counting(events);
 }
 
-std::size_t Endpoint::progress_counting(std::size_t& events) noexcept {
+[[gnu::hot]] std::size_t Endpoint::progress_counting(std::size_t& events) noexcept {
   Lock g(*this);
   if (!stopping_.load(std::memory_order_relaxed)) events += poll_locked();
   std::size_t delivered = 0;
@@ -1781,7 +1789,8 @@ Endpoint::Clock::duration Endpoint::spin_window(const IdleState& st, Clock::time
   return learned;
 }
 
-void Endpoint::idle(std::size_t work, Clock::time_point until, std::uint64_t seen, IdleState& st) noexcept {
+[[gnu::hot]] void Endpoint::idle(std::size_t work, Clock::time_point until, std::uint64_t seen,
+                               IdleState& st) noexcept {
   if (!sleeps()) return;
   const auto now = Clock::now();
   if (st.since == Clock::time_point{}) st.since = now;  // the first idle round
@@ -1864,7 +1873,7 @@ void Endpoint::idle(std::size_t work, Clock::time_point until, std::uint64_t see
   if (bell_seq_) bell_sleepers_->fetch_sub(1, std::memory_order_seq_cst);
 }
 
-Completion Endpoint::wait(Token token, std::chrono::milliseconds timeout) noexcept {
+[[gnu::hot]] Completion Endpoint::wait(Token token, std::chrono::milliseconds timeout) noexcept {
   const std::uint32_t index = static_cast<std::uint32_t>(token.value & 0xffffffffu);
   const std::uint32_t gen = static_cast<std::uint32_t>(token.value >> 32);
   Completion bad{token, OpKind::put, Status::invalid_argument, kAnyPeer, 0, 0};

@@ -770,7 +770,7 @@ void* FabricEndpoint::local_desc(const BackendOp& op) noexcept {
          (op.peer_handle < peers_.size() && !peers_[op.peer_handle].cma);
 }
 
-Status FabricEndpoint::do_post(const BackendOp& op) noexcept {
+[[gnu::hot]] Status FabricEndpoint::do_post(const BackendOp& op) noexcept {
   Status st = post_data(op, 0);
   if (rescuer_) rescuer_->post_end();  // the mark shm_peer_gate began
   if (probe_stalls_ && op.kind != OpKind::recv) st = watch_stall(op.peer_handle, st);
@@ -890,7 +890,7 @@ std::uint64_t FabricEndpoint::msg_flags(std::uint64_t more) const noexcept {
   return FI_COMPLETION | more | (delivery_complete_ ? static_cast<std::uint64_t>(FI_DELIVERY_COMPLETE) : 0);
 }
 
-Status FabricEndpoint::do_recv(const BackendOp& op) noexcept {
+[[gnu::hot]] Status FabricEndpoint::do_recv(const BackendOp& op) noexcept {
   // shm: fi_recv did not take our region lock when no message was waiting
   // (it returned with another process holding the lock, measured
   // 2026-11-27); whether it does when it matches a waiting message is not
@@ -1304,7 +1304,70 @@ std::size_t FabricEndpoint::poll_ctrl() noexcept {
 
 // ------------------------------------------------------------ polling
 
-std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
+// The data CQ's error entry (poll_data found -FI_EAVAIL): read, mapped to
+// a status and completed. False when there was none to read. Out of line
+// and cold: a failed op is rare, and its cases (source errors, refusals,
+// truncation, dead peers) would otherwise sit inside the poll loop that
+// every completion runs through.
+[[gnu::cold]] bool FabricEndpoint::poll_error() noexcept {
+  fi_cq_err_entry err{};
+  if (fi_cq_readerr(cq_, &err, 0) != 1) return false;
+  if (probe_done(err.op_context, true)) return true;
+  const std::uint32_t index = data_index(err.op_context);
+  if (index == kNoIndex) return true;
+  if (err.err == FI_EADDRNOTAVAIL && op_at(index).kind == OpKind::recv) {
+    // FI_SOURCE_ERR providers: received whole, from an address not in
+    // our table; its bytes (err_data) are not trusted.
+    complete(index, err.len > op_at(index).length ? Status::out_of_bounds : Status::ok,
+             std::min<std::uint64_t>(err.len, op_at(index).length));
+    return true;
+  }
+  Status st = status_from_fi(err.err);
+  if (st == Status::ok) st = Status::transport_error;
+  const OpKind kind = op_at(index).kind;
+  // shm fails an op to a peer that died under it with a bare error
+  // (err 0 or an I/O code): say what happened when the pid says so.
+  if (shm_ && kind != OpKind::recv && st != Status::peer_unreachable && shm_peer_gone(op_at(index).peer_handle)) {
+    st = Status::peer_unreachable;
+  }
+  const bool rma = kind != OpKind::send && kind != OpKind::recv;
+  if (rma && err.err == FI_ECANCELED && key_refusal_closes_) {
+    // tcp;ofi_rxm: a target that rejects an RMA key closes the
+    // connection, and the initiator's op is cancelled with the
+    // target's verdict in prov_errno (measured: ENOENT for an unknown
+    // or revoked key; a dead peer gives ENOTCONN/ECONNRESET). Report the
+    // cause, and the peer as broken, which it now is (reconnect()).
+    if (err.prov_errno == ENOENT || err.prov_errno == -FI_ENOKEY) {
+      st = Status::bad_key;
+    } else if (err.prov_errno == EACCES || err.prov_errno == EPERM || err.prov_errno == -FI_EACCES) {
+      st = Status::access_denied;
+    }
+    if (st != Status::peer_unreachable) mark_peer_broken(op_at(index).peer);
+  }
+  if (err.err == FI_ECANCELED && refusal_keeps_connection_ && kind != OpKind::recv &&
+      !connection_errno(err.prov_errno)) {
+    // net: the target refused this op alone (measured: prov_errno
+    // EINVAL for an unknown key, and for a send its receive could not
+    // hold) and the connection carries on. A put/get/atomic was refused
+    // on its key or range; a send did not fit the posted receive.
+    st = rma ? Status::bad_key : Status::out_of_bounds;
+    // ... or the peer died and the connection's flush cancelled it:
+    // its listener tells which.
+    if (probe_stalls_ && hold_for_probe(index, st)) return true;
+  }
+  // A truncated receive still delivered its first bytes: err.len is the
+  // message's length and err.olen what did not fit (rxm), never more
+  // than the slice.
+  std::uint64_t bytes = 0;
+  if (op_at(index).kind == OpKind::recv && err.olen <= err.len) {
+    bytes = std::min<std::uint64_t>(err.len - err.olen, op_at(index).length);
+  }
+  complete(index, st, bytes);
+  return true;
+  return true;
+}
+
+[[gnu::hot]] std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
   std::size_t events = 0;
   while (events < max) {
     fi_cq_data_entry entries[32];
@@ -1316,60 +1379,8 @@ std::size_t FabricEndpoint::poll_data(std::size_t max) noexcept {
       got = source_ ? fi_cq_readfrom(cq_, entries, want, sources) : fi_cq_read(cq_, entries, want);
     }
     if (got == -FI_EAVAIL) {
-      fi_cq_err_entry err{};
-      if (fi_cq_readerr(cq_, &err, 0) != 1) break;
+      if (!poll_error()) break;
       ++events;
-      if (probe_done(err.op_context, true)) continue;
-      const std::uint32_t index = data_index(err.op_context);
-      if (index == kNoIndex) continue;
-      if (err.err == FI_EADDRNOTAVAIL && op_at(index).kind == OpKind::recv) {
-        // FI_SOURCE_ERR providers: received whole, from an address not in
-        // our table; its bytes (err_data) are not trusted.
-        complete(index, err.len > op_at(index).length ? Status::out_of_bounds : Status::ok,
-                 std::min<std::uint64_t>(err.len, op_at(index).length));
-        continue;
-      }
-      Status st = status_from_fi(err.err);
-      if (st == Status::ok) st = Status::transport_error;
-      const OpKind kind = op_at(index).kind;
-      // shm fails an op to a peer that died under it with a bare error
-      // (err 0 or an I/O code): say what happened when the pid says so.
-      if (shm_ && kind != OpKind::recv && st != Status::peer_unreachable && shm_peer_gone(op_at(index).peer_handle)) {
-        st = Status::peer_unreachable;
-      }
-      const bool rma = kind != OpKind::send && kind != OpKind::recv;
-      if (rma && err.err == FI_ECANCELED && key_refusal_closes_) {
-        // tcp;ofi_rxm: a target that rejects an RMA key closes the
-        // connection, and the initiator's op is cancelled with the
-        // target's verdict in prov_errno (measured: ENOENT for an unknown
-        // or revoked key; a dead peer gives ENOTCONN/ECONNRESET). Report the
-        // cause, and the peer as broken, which it now is (reconnect()).
-        if (err.prov_errno == ENOENT || err.prov_errno == -FI_ENOKEY) {
-          st = Status::bad_key;
-        } else if (err.prov_errno == EACCES || err.prov_errno == EPERM || err.prov_errno == -FI_EACCES) {
-          st = Status::access_denied;
-        }
-        if (st != Status::peer_unreachable) mark_peer_broken(op_at(index).peer);
-      }
-      if (err.err == FI_ECANCELED && refusal_keeps_connection_ && kind != OpKind::recv &&
-          !connection_errno(err.prov_errno)) {
-        // net: the target refused this op alone (measured: prov_errno
-        // EINVAL for an unknown key, and for a send its receive could not
-        // hold) and the connection carries on. A put/get/atomic was refused
-        // on its key or range; a send did not fit the posted receive.
-        st = rma ? Status::bad_key : Status::out_of_bounds;
-        // ... or the peer died and the connection's flush cancelled it:
-        // its listener tells which.
-        if (probe_stalls_ && hold_for_probe(index, st)) continue;
-      }
-      // A truncated receive still delivered its first bytes: err.len is the
-      // message's length and err.olen what did not fit (rxm), never more
-      // than the slice.
-      std::uint64_t bytes = 0;
-      if (op_at(index).kind == OpKind::recv && err.olen <= err.len) {
-        bytes = std::min<std::uint64_t>(err.len - err.olen, op_at(index).length);
-      }
-      complete(index, st, bytes);
       continue;
     }
     if (got <= 0) {
@@ -1431,7 +1442,7 @@ std::size_t FabricEndpoint::complete_injected(std::size_t max) noexcept {
   return n;
 }
 
-std::size_t FabricEndpoint::do_poll(std::size_t max) noexcept {
+[[gnu::hot]] std::size_t FabricEndpoint::do_poll(std::size_t max) noexcept {
   std::size_t events = 0;
   if (shm_) {
     // Only shm injects (open_shm_watch).
