@@ -199,9 +199,15 @@ struct Enforcement {
 //    the receiver's bounce buffers and a rendezvous (notice, get, fin) were
 //    measured to cost the same (docs/messaging.md): the default eager
 //    threshold of a Messenger on this endpoint.
+//  incoming_message_limit: the longest message peers may send to this
+//    endpoint (its name tells them; a longer send() of theirs returns
+//    Status::message_too_large). libfabric net: FabricEndpointOptions::
+//    max_incoming_message; tcp;ofi_rxm: the rxm layer's eager limit;
+//    elsewhere no limit. A Messenger keeps its eager payloads within it.
 struct TransferTraits {
   bool initiator_copies = false;
   std::uint64_t copy_crossover = 16 << 10;
+  std::uint64_t incoming_message_limit = ~std::uint64_t{0};
 };
 
 // Exposure counters of one endpoint (exposure_stats(); a consistent snapshot).
@@ -447,7 +453,8 @@ class REGPOOL_API Endpoint {
                     Callback cb = {}) noexcept;
   // A send longer than the peer accepts returns Status::message_too_large
   // and sends nothing (the peer's name says how much it takes: on net, its
-  // FabricEndpointOptions::max_incoming_message; elsewhere no limit).
+  // FabricEndpointOptions::max_incoming_message; on tcp;ofi_rxm, rxm's
+  // eager limit, 16 KiB by default; elsewhere no limit).
   Result<Token> send(PeerId peer, const Slice& local, Callback cb = {}) noexcept;
   // Receive one message from any peer into `local` (messages from one peer
   // are matched to posted receives in posting order).

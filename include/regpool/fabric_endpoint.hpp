@@ -251,8 +251,12 @@ struct FabricEndpointOptions {
   // Status::message_too_large without sending. A message up to the limit
   // that is longer than its receive fails that receive (out_of_bounds) and
   // nothing else. 4 KiB .. 4 GiB - 1 (construction throws otherwise).
-  // Providers without the hazard (shm, tcp;ofi_rxm) advertise no limit and
-  // ignore it.
+  // shm advertises no limit and ignores it. tcp;ofi_rxm ignores it too and
+  // advertises the rxm layer's eager limit instead (16 KiB unless
+  // FI_OFI_RXM_BUFFER_SIZE / FI_OFI_RXM_EAGER_LIMIT say otherwise): there a
+  // longer message that arrives before its receive and whose sender dies
+  // crashes the next receive inside libfabric 1.17
+  // (docs/provider-facts.md). Larger payloads go through a Messenger.
   std::uint64_t max_incoming_message = std::uint64_t{16} << 20;
 };
 

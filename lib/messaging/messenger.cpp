@@ -1508,9 +1508,15 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
   c.threshold = cfg.eager_threshold ? cfg.eager_threshold : default_eager_threshold(endpoint);
   // At least kMinEager (an rts fits; the limit every peer assumes of us
   // before we tell it ours), at most what one message and the header field
-  // carry.
-  c.threshold = std::clamp<std::uint64_t>(c.threshold, mw::kMinEager,
-                                          std::min<std::uint64_t>(limit - mw::kHeaderSize, mw::kMaxEager));
+  // carry, and within what the endpoint lets peers send it at all (peers
+  // send eagerly at most what we tell them, accept_eager).
+  const std::uint64_t incoming = endpoint.transfer_traits().incoming_message_limit;
+  if (incoming < 2 * mw::kRtsSize) {
+    throw Error(Status::unsupported, 0, "messenger: the endpoint accepts messages too small for the protocol header");
+  }
+  c.threshold = std::clamp<std::uint64_t>(
+      c.threshold, mw::kMinEager,
+      std::min<std::uint64_t>(std::min(limit, incoming) - mw::kHeaderSize, mw::kMaxEager));
   c.chunk = cfg.rendezvous_chunk ? cfg.rendezvous_chunk : std::min<std::uint64_t>(limit, 16 << 20);
   c.chunk = std::min(c.chunk, limit);
   if (cfg.rendezvous_split != 0) {

@@ -331,9 +331,20 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
                       "absorb one");
     }
     message_limit_ = lim;
+  } else if (facts.unexpected_rendezvous_crashes) {
+    // Only eager messages from peers: a rendezvous request left behind by
+    // a sender that died crashes our next receive (fabric_provider.hpp).
+    const std::uint64_t lim = fabric_provider::rxm_eager_limit();
+    if (lim < fabric_wire::kMinMessageLimit || lim > fabric_wire::kMaxMessageLimit) {
+      throw Error(Status::unsupported, 0,
+                  "fabric endpoint: provider '" + prov + "' has an eager limit of " + std::to_string(lim) +
+                      " bytes (FI_OFI_RXM_BUFFER_SIZE / FI_OFI_RXM_EAGER_LIMIT); regpool needs 4 KiB .. 4 GiB - 1 "
+                      "to bound what peers send");
+    }
+    message_limit_ = lim;
   }
   if (facts.truncation_breaks_connection && info->rx_attr && info->rx_attr->iov_limit >= 2) {
-    overflow_size_ = message_limit_ != 0 ? static_cast<std::size_t>(message_limit_) : kRecvOverflowBytes;
+    overflow_size_ = static_cast<std::size_t>(std::max<std::uint64_t>(message_limit_, kRecvOverflowBytes));
     // Reserved, not touched: only the excess of an oversized message ever
     // lands here, so an endpoint pays for the pages such messages wrote.
     void* m = ::mmap(nullptr, overflow_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
@@ -355,6 +366,7 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   // it opens now. Otherwise it opens when a serving peer is inserted.
   serving_ = emulated_atomics_ && options.emulated_atomics == FabricEndpointOptions::EmulatedAtomics::serve;
   if (serving_) open_control();
+  if (message_limit_ != 0) transfer_traits_.incoming_message_limit = message_limit_;
   name_ = fabric_wire::encode_name(data_name, serving_ ? std::span<const std::byte>(ctrl_name_)
                                                        : std::span<const std::byte>(),
                                    emulated_atomics_, message_limit_);

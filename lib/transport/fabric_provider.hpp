@@ -4,6 +4,7 @@
 // comparing provider names where it needs them; a provider not listed here
 // gets the cautious defaults (nothing claimed that was not measured).
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 
@@ -61,6 +62,17 @@ struct Facts {
   // peer that keeps posts waiting is probed there (transport/stall_probe.hpp)
   // and, when the connect is refused, failed as gone.
   bool dead_peer_answers_eagain = false;
+  // A message above the rxm layer's eager limit that arrives before its
+  // receive is kept as a rendezvous request. When its sender dies, rxm
+  // (libfabric 1.17) closes the connection but keeps the request, and the
+  // next receive it matches reads through the closed connection: SIGSEGV
+  // in fi_recv (measured: 16384 bytes safe, 16385 crashed, every run;
+  // docs/provider-facts.md). The endpoint therefore tells peers to send
+  // nothing longer than the eager limit (name(); a longer send() returns
+  // message_too_large), and larger payloads go by the Messenger's own
+  // rendezvous, which a dead peer cannot turn into a crash (tcp;ofi_rxm and
+  // any other ofi_rxm stack).
+  bool unexpected_rendezvous_crashes = false;
   // Shared-memory provider: CMA, /dev/shm regions, pid-based dead peers.
   bool shared_memory = false;
   // A put or get is one copy made by the initiator inside the post (shm:
@@ -90,6 +102,7 @@ inline Facts facts(const std::string& provider) {
     f.key_refusal_closes_connection = true;
     f.probe_connections = true;
     f.truncation_breaks_connection = true;
+    f.unexpected_rendezvous_crashes = true;
   } else if (provider == "net") {
     // libfabric 1.17's native RDM over TCP (no rxm), measured 2026-11-26.
     f.completes_before_delivery = true;
@@ -110,8 +123,30 @@ inline Facts facts(const std::string& provider) {
     f.key_refusal_closes_connection = true;
     f.target_checks_keys = core == "tcp";
     f.truncation_breaks_connection = core == "tcp";
+    f.unexpected_rendezvous_crashes = provider.ends_with(";ofi_rxm");
   }
   return f;
+}
+
+// The largest message the rxm layer sends eagerly (no rendezvous): 16 KiB
+// unless FI_OFI_RXM_BUFFER_SIZE or FI_OFI_RXM_EAGER_LIMIT say otherwise.
+// rxm versions derive the limit from these two differently (one, the
+// other, or the larger); the smaller of the two (the buffer size counting
+// as 16 KiB when unset) is eager under every rule, and peers agree on it
+// anyway (rxm refuses a connection between endpoints with different eager
+// limits). 0 when a variable is set but is not a positive number.
+inline std::uint64_t rxm_eager_limit() {
+  // A set variable: its value; unset: `fallback`; not a positive number: 0.
+  const auto env_size = [](const char* var, std::uint64_t fallback) -> std::uint64_t {
+    const char* v = std::getenv(var);
+    if (v == nullptr || *v == '\0') return fallback;
+    char* end = nullptr;
+    const unsigned long long n = std::strtoull(v, &end, 0);
+    return *end == '\0' ? n : 0;
+  };
+  const std::uint64_t buffer = env_size("FI_OFI_RXM_BUFFER_SIZE", std::uint64_t{16} << 10);
+  const std::uint64_t eager = env_size("FI_OFI_RXM_EAGER_LIMIT", buffer);
+  return buffer < eager ? buffer : eager;
 }
 
 }  // namespace regpool::fabric_provider

@@ -108,10 +108,12 @@ inline const char* check_address(std::span<const std::byte> a, const AddrRules& 
 //  - bit 2 (kNameLimit): a u32 (little endian) follows the header, before
 //    the addresses: the largest message this endpoint accepts, in bytes
 //    (at least kMinMessageLimit). Set where a longer message would harm
-//    the connection rather than fail its own receive (net stalls on a
-//    message longer than its receive + regpool's overflow area): senders
-//    refuse such a send locally (Status::message_too_large). Without the
-//    bit the endpoint takes any length the provider carries.
+//    the receiver rather than fail its own receive (net stalls on a
+//    message longer than its receive + regpool's overflow area;
+//    tcp;ofi_rxm crashes in the next receive when the sender of a
+//    rendezvous-size message dies before it is matched): senders refuse
+//    such a send locally (Status::message_too_large). Without the bit the
+//    endpoint takes any length the provider carries.
 // Version 1 (regpool before the control endpoint became optional) had bit
 // 0 only, meaning "emulates and serves"; its names are refused ("name
 // version"): peers must run the same name version, nothing is negotiated.

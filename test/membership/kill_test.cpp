@@ -309,7 +309,8 @@ int victim_main(const std::string& backend, int port, Victim what, int ready_fd,
   Client c(backend, port, 2);
   RPT_CHECK(c.hello());
   const Slice chunk = rpt::slice_or_die(Slice::data(c.buf));
-  const Slice data = rpt::slice_or_die(Slice::data(c.msg));
+  // As long as the server accepts (tcp;ofi_rxm: its 16 KiB eager limit).
+  const Slice data = rpt::slice_or_die(Slice::data(c.msg, 0, std::min(kChunk, rpt::incoming_limit(backend))));
   const Request d = c.request(kData);
   std::memcpy(c.msg.data().data(), &d, sizeof d);
   auto once = [&](std::uint64_t i) -> Status {
@@ -488,7 +489,9 @@ int doomed_client_main(const std::string& backend, int port, std::uint64_t id, V
     if (what == Victim::send) {
       const Request q = c.request(kData);
       std::memcpy(c.buf.data().data(), &q, sizeof q);
-      t = c.s.ep->send(c.conn->server(), chunk);
+      // As long as the server accepts (tcp;ofi_rxm: 16 KiB).
+      t = c.s.ep->send(c.conn->server(),
+                       rpt::slice_or_die(Slice::data(c.buf, 0, std::min(kChunk, rpt::incoming_limit(backend)))));
     }
     Status st = t.status();
     if (t) {

@@ -178,14 +178,25 @@ inline bool over_sockets(const std::string& backend) { return is_net(backend) ||
 inline bool connects_through_target_progress(const std::string& backend) {
   return over_sockets(backend) || backend == "verbs";
 }
-// Peers refuse sends longer than an endpoint's advertised limit
-// (FabricEndpointOptions::max_incoming_message) only where a longer message
-// would stall the connection (net, docs/provider-facts.md).
-inline bool advertises_message_limit(const std::string& backend) { return is_net(backend); }
+// Peers refuse sends longer than an endpoint's advertised limit only where
+// a longer message would harm the receiver (docs/provider-facts.md): net
+// (FabricEndpointOptions::max_incoming_message; a longer message stalls the
+// connection) and tcp;ofi_rxm (rxm's eager limit; a longer one left behind
+// by a sender that died crashes the next receive).
+inline bool advertises_message_limit(const std::string& backend) { return is_net(backend) || is_rxm(backend); }
+// That limit for an endpoint opened with max_incoming_message `requested`
+// (net); tcp;ofi_rxm ignores it and advertises 16 KiB (the tests leave
+// FI_OFI_RXM_* unset); no limit elsewhere.
+inline std::uint64_t incoming_limit(const std::string& backend, std::uint64_t requested = std::uint64_t{16} << 20) {
+  if (is_net(backend)) return requested;
+  if (is_rxm(backend)) return std::uint64_t{16} << 10;
+  return ~std::uint64_t{0};
+}
 // A 1 MiB send stays in flight until the receiver takes it (shm: CMA, the
-// receiver copies; tcp;ofi_rxm: rendezvous); net completes it once the
-// bytes are queued on the socket (membership-kill, measured).
-inline bool large_sends_wait_for_receiver(const std::string& backend) { return !is_net(backend); }
+// receiver copies; verbs); net completes it once the bytes are queued on
+// the socket (membership-kill, measured), and tcp;ofi_rxm refuses sends
+// above its 16 KiB eager limit (incoming_limit), which complete once queued.
+inline bool large_sends_wait_for_receiver(const std::string& backend) { return !is_net(backend) && !is_rxm(backend); }
 // A refused RMA key closes the connection (tcp;ofi_rxm: the peer is broken
 // until reconnect); net fails that op alone (docs/provider-facts.md).
 inline bool key_refusal_breaks_connection(const std::string& backend) { return is_rxm(backend); }

@@ -334,8 +334,10 @@ TEST_CASE("garbage control messages neither kill an emulating target nor disturb
         auto parts = regpool::unpack_blobs(b->allgather({}, 20s)[0]);
         const RemoteRef ref = rpt::decode_or_die(parts[1]);
         const auto& name = parts[0];
-        const std::size_t dl = data_len_of(name);
-        const std::span<const std::byte> ctrl_addr(name.data() + fw::kNameHeader + dl, name.size() - fw::kNameHeader - dl);
+        // The control address ends the name (after the header, the message
+        // limit field that tcp;ofi_rxm's names carry, and the data address).
+        const std::size_t cl = static_cast<std::size_t>(name[6]) | (static_cast<std::size_t>(name[7]) << 8);
+        const std::span<const std::byte> ctrl_addr(name.data() + name.size() - cl, cl);
         RawTcp raw;
         const auto target = raw.insert(ctrl_addr);
         const auto mine = raw.own_name();
@@ -456,9 +458,12 @@ TEST_CASE("garbage control messages neither kill an emulating target nor disturb
 // ------------------------------------------------------------------ tcp failure modes
 
 namespace {
-// eager, eager, rendezvous on rxm; on net the last two used to stall the
-// connection (longer than the receive + a 64 KiB overflow area).
-constexpr std::uint64_t kOversized[] = {100, 4096, 70000, std::uint64_t{1} << 20};
+// All eager on rxm (which refuses longer sends: its advertised limit is its
+// eager limit); on net the last two used to stall the connection (longer
+// than the receive + a 64 KiB overflow area). Sizes above the receiver's
+// advertised limit are left to the "above the receiver's advertised limit"
+// case.
+constexpr std::uint64_t kOversized[] = {100, 4096, 16384, 70000, std::uint64_t{1} << 20};
 constexpr std::uint64_t kSmall = 32;
 // The limit the receiver of the "above the limit" case advertises, and
 // what its sender tries: one byte more, then exactly the limit.
@@ -519,6 +524,7 @@ void oversized_case(const std::string& prov) {
         const auto peer = s.ep->insert_peer(b->allgather({}, 20s)[0]);
         auto buf = s.alloc(1 << 20);
         for (std::uint64_t big : kOversized) {
+          if (big > rpt::incoming_limit(prov)) continue;
           (void)b->allgather({}, 20s);  // receives are posted
           if (const int rc = send_oversized_then_followers(s, peer, buf, big); rc != 0) return rc;
         }
@@ -530,7 +536,7 @@ void oversized_case(const std::string& prov) {
   auto slots = s.alloc(kRecvLen * (kFollowers + 1));
   (void)boot->allgather(s.ep->name(), 20s);
   for (std::uint64_t big : kOversized) {
-    expect_oversized_then_followers(s, *boot, slots, big);
+    if (big <= rpt::incoming_limit(prov)) expect_oversized_then_followers(s, *boot, slots, big);
   }
   (void)boot->allgather({}, 60s);
   CHECK(rpt::reap(kid, 30s) == 0);
@@ -545,13 +551,15 @@ TEST_CASE("tcp, net: an oversized message fails its own receive and nothing else
 }
 
 namespace {
-// A receiver advertising kLimit: on net a send of kLimit + 1 is refused by
-// the sender (message_too_large, nothing sent) and the connection carries
-// on; one of exactly kLimit fails only its receive. Elsewhere no limit is
+// A receiver asking for kLimit: where a limit is advertised (net: kLimit;
+// tcp;ofi_rxm: its eager limit) a send of limit + 1 is refused by the
+// sender (message_too_large, nothing sent) and the connection carries on;
+// one of exactly the limit fails only its receive. Elsewhere no limit is
 // advertised and kLimit + 1 fails only its receive too.
 void above_limit_case(const std::string& prov) {
   INFO("backend " << prov);
   const bool limited = rpt::advertises_message_limit(prov);
+  const std::uint64_t limit = limited ? rpt::incoming_limit(prov, kLimit) : kLimit;
   auto boot = rpt::root_bootstrap();
   const auto port = boot->port();
   auto kid = rpt::spawn(
@@ -559,14 +567,14 @@ void above_limit_case(const std::string& prov) {
         auto b = rpt::child_bootstrap(port);
         rpt::Stack s(prov);
         const auto peer = s.ep->insert_peer(b->allgather({}, 20s)[0]);
-        auto buf = s.alloc(kLimit + 1);
+        auto buf = s.alloc(limit + 1);
         (void)b->allgather({}, 20s);  // receives are posted
         if (limited) {
-          const auto r = s.ep->send(peer, rpt::slice_or_die(Slice::data(buf, 0, kLimit + 1)));
+          const auto r = s.ep->send(peer, rpt::slice_or_die(Slice::data(buf, 0, limit + 1)));
           RPT_CHECK(!r.ok() && r.status() == Status::message_too_large);
           RPT_CHECK(s.ep->usable(peer));
-          if (const int rc = send_oversized_then_followers(s, peer, buf, kLimit); rc != 0) return rc;
-        } else if (const int rc = send_oversized_then_followers(s, peer, buf, kLimit + 1); rc != 0) {
+          if (const int rc = send_oversized_then_followers(s, peer, buf, limit); rc != 0) return rc;
+        } else if (const int rc = send_oversized_then_followers(s, peer, buf, limit + 1); rc != 0) {
           return rc;
         }
         (void)b->allgather({}, 60s);
@@ -576,7 +584,7 @@ void above_limit_case(const std::string& prov) {
   rpt::Stack s(prov, {}, std::size_t{16} << 20, kLimit);
   auto slots = s.alloc(kRecvLen * (kFollowers + 1));
   (void)boot->allgather(s.ep->name(), 20s);
-  expect_oversized_then_followers(s, *boot, slots, limited ? kLimit : kLimit + 1);
+  expect_oversized_then_followers(s, *boot, slots, limited ? limit : limit + 1);
   (void)boot->allgather({}, 60s);
   CHECK(rpt::reap(kid, 30s) == 0);
 }
