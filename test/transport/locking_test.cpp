@@ -308,10 +308,15 @@ TEST_CASE("reconnect and remove_peer with operations in flight leave the endpoin
 
   // Runs `action` while another thread calls stats() in a loop (each call
   // timed). Nobody progresses meanwhile, so what the action left in flight
-  // is still visible when it returns.
+  // is still visible when it returns. A third thread touches nothing of the
+  // endpoint and records the longest it was kept from running (`stall_ms`):
+  // when the host stops the guest, every thread sees the same gap (CI,
+  // 2026-11-28: reconnect and stats() both 209 ms, against 2-6 ms in other
+  // runs), and that time is the machine's, not the endpoint's.
   struct Watch {
     double stats_ms = 0;
     double action_ms = 0;
+    double stall_ms = 0;
     std::uint64_t in_flight_after = 0;
   };
   auto watch_during = [&](auto&& action) {
@@ -327,6 +332,15 @@ TEST_CASE("reconnect and remove_peer with operations in flight leave the endpoin
         std::this_thread::sleep_for(200us);
       }
     });
+    std::thread bystander([&] {
+      auto last = Clock::now();
+      while (!stop.load()) {
+        std::this_thread::sleep_for(200us);
+        const auto now = Clock::now();
+        w.stall_ms = std::max(w.stall_ms, std::chrono::duration<double, std::milli>(now - last).count() - 0.2);
+        last = now;
+      }
+    });
     while (!started.load()) std::this_thread::yield();
     const auto t = Clock::now();
     action();
@@ -335,6 +349,7 @@ TEST_CASE("reconnect and remove_peer with operations in flight leave the endpoin
     std::this_thread::sleep_for(20ms);
     stop.store(true);
     watcher.join();
+    bystander.join();
     return w;
   };
   // Progress until nothing is in flight; the slowest progress() call.
@@ -373,7 +388,8 @@ TEST_CASE("reconnect and remove_peer with operations in flight leave the endpoin
       rpt::wait_ok(*s.ep, s.ep->get(peer, ref, 0, rpt::slice_or_die(Slice::data(back))), 20s);
   INFO("reconnect with " << in_flight << " ops in flight: " << regpool::to_string(reconnect_status) << " in "
                          << r.action_ms << " ms, " << r.in_flight_after << " still in flight after it; worst stats "
-                         << r.stats_ms << " ms meanwhile, worst progress " << r_progress_ms
+                         << r.stats_ms << " ms meanwhile, a bystander stalled " << r.stall_ms
+                         << " ms, worst progress " << r_progress_ms
                          << " ms after it; put after it " << regpool::to_string(put_after.status) << " in "
                          << put_after_ms << " ms");
   CHECK(reconnect_status == Status::ok);
@@ -382,8 +398,8 @@ TEST_CASE("reconnect and remove_peer with operations in flight leave the endpoin
   CHECK(put_after.status == Status::ok);
   CHECK(get_after.status == Status::ok);
   CHECK(rpt::hash(rpt::slice_or_die(Slice::data(back)).bytes()) == rpt::hash(small.bytes()));
-  CHECK(r.stats_ms < kQuickMs);
-  CHECK(r.action_ms < kQuickMs);
+  CHECK(r.stats_ms < kQuickMs + r.stall_ms);
+  CHECK(r.action_ms < kQuickMs + r.stall_ms);
   CHECK(r_progress_ms < kQuickMs);
 #ifdef RPT_BACKEND_VERBS
   CHECK(in_flight == kChunks);  // rxe cannot move 32 MiB before reconnect()
@@ -402,11 +418,12 @@ TEST_CASE("reconnect and remove_peer with operations in flight leave the endpoin
   const double d_progress_ms = settle(10s);
   INFO("remove_peer of a dead peer: " << d.action_ms << " ms, " << d.in_flight_after
                                       << " still in flight after it; worst stats " << d.stats_ms
-                                      << " ms meanwhile, worst progress " << d_progress_ms
+                                      << " ms meanwhile, a bystander stalled " << d.stall_ms
+                                      << " ms, worst progress " << d_progress_ms
                                       << " ms after it; the put to it "
                                       << regpool::to_string(dead.ok() ? c.status : dead.status()));
-  CHECK(d.stats_ms < kQuickMs);
-  CHECK(d.action_ms < kQuickMs);
+  CHECK(d.stats_ms < kQuickMs + d.stall_ms);
+  CHECK(d.action_ms < kQuickMs + d.stall_ms);
   CHECK(d_progress_ms < kQuickMs);
   CHECK((!dead.ok() || c.status != Status::ok));
 #ifdef RPT_BACKEND_VERBS
