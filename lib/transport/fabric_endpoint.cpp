@@ -313,36 +313,38 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   }
 
   peers_.reserve(16);
-  // See do_recv: tcp;ofi_rxm loses a connection's stream on a truncated
-  // eager message, net closes the connection on any truncated message. Any
-  // eager message fits slice + this area; on net any message up to the
-  // advertised limit does, and peers send nothing longer (name_).
+  // The longest message peers may send us, advertised in name_: on net
+  // the user's choice, on rxm its eager limit, since a rendezvous request
+  // left behind by a sender that died crashes our next receive
+  // (fabric_provider.hpp). Checked once, naming where it came from.
+  std::uint64_t lim = 0;
+  std::string lim_source;
   if (facts.oversize_stalls_connection) {
-    const std::uint64_t lim = options.max_incoming_message;
-    if (lim < fabric_wire::kMinMessageLimit || lim > fabric_wire::kMaxMessageLimit) {
-      throw Error(Status::invalid_argument, 0,
-                  "fabric endpoint: FabricEndpointOptions::max_incoming_message " + std::to_string(lim) +
-                      " is outside 4 KiB .. 4 GiB - 1");
-    }
+    lim = options.max_incoming_message;
+    lim_source = "FabricEndpointOptions::max_incoming_message";
     if (!info->rx_attr || info->rx_attr->iov_limit < 2) {
       throw Error(Status::unsupported, 0,
                   "fabric endpoint: provider '" + prov +
                       "' stalls a connection on an oversized message and offers no two-buffer receive to "
                       "absorb one");
     }
-    message_limit_ = lim;
   } else if (facts.unexpected_rendezvous_crashes) {
-    // Only eager messages from peers: a rendezvous request left behind by
-    // a sender that died crashes our next receive (fabric_provider.hpp).
-    const std::uint64_t lim = fabric_provider::rxm_eager_limit();
+    lim = fabric_provider::rxm_eager_limit();
+    lim_source = "the eager limit of '" + prov + "' (FI_OFI_RXM_BUFFER_SIZE / FI_OFI_RXM_EAGER_LIMIT)";
+  }
+  if (!lim_source.empty()) {
     if (lim < fabric_wire::kMinMessageLimit || lim > fabric_wire::kMaxMessageLimit) {
-      throw Error(Status::unsupported, 0,
-                  "fabric endpoint: provider '" + prov + "' has an eager limit of " + std::to_string(lim) +
-                      " bytes (FI_OFI_RXM_BUFFER_SIZE / FI_OFI_RXM_EAGER_LIMIT); regpool needs 4 KiB .. 4 GiB - 1 "
-                      "to bound what peers send");
+      // The option is the caller's mistake; the environment is the site's.
+      throw Error(facts.oversize_stalls_connection ? Status::invalid_argument : Status::unsupported, 0,
+                  "fabric endpoint: " + lim_source + " is " + std::to_string(lim) +
+                      " bytes, outside the 4 KiB .. 4 GiB - 1 a name can advertise");
     }
     message_limit_ = lim;
   }
+  // See do_recv: tcp;ofi_rxm loses a connection's stream on a truncated
+  // eager message, net closes the connection on any truncated message. Any
+  // eager message fits slice + this area; on net any message up to the
+  // advertised limit does, and peers send nothing longer (name_).
   if (facts.truncation_breaks_connection && info->rx_attr && info->rx_attr->iov_limit >= 2) {
     overflow_size_ = static_cast<std::size_t>(std::max<std::uint64_t>(message_limit_, kRecvOverflowBytes));
     // Reserved, not touched: only the excess of an oversized message ever

@@ -669,3 +669,47 @@ TEST_CASE("tcp, net: a put with a revoked key reports bad_key; tcp breaks the pe
     if (rpt::over_sockets(prov)) revoked_key_case(prov);
   }
 }
+
+TEST_CASE("tcp, net: a message limit no name can advertise refuses the endpoint, naming where it came from", "[fabric]") {
+  for (const std::string& prov : rpt::backends()) {
+    if (!rpt::advertises_message_limit(prov)) continue;
+    INFO("backend " << prov);
+    if (rpt::is_net(prov)) {
+      // The caller's option: invalid_argument, at both ends of the range.
+      for (const std::uint64_t bad : {std::uint64_t{1024}, std::uint64_t{4} << 30}) {
+        INFO("max_incoming_message " << bad);
+        try {
+          rpt::Stack s(prov, {}, std::size_t{16} << 20, bad);
+          FAIL("the endpoint opened");
+        } catch (const regpool::Error& e) {
+          CHECK(e.status() == Status::invalid_argument);
+          CHECK(std::string(e.what()).find("max_incoming_message") != std::string::npos);
+        }
+      }
+      continue;
+    }
+    // rxm: the limit comes from the environment, so each try runs in a
+    // child (the variable must not leak into other cases) and reports 0 on
+    // the expected outcome. 8 KiB is advertised; 1 KiB is refused as the
+    // site's setting (unsupported), naming the variables.
+    for (const char* value : {"8192", "1024"}) {
+      INFO("FI_OFI_RXM_EAGER_LIMIT=" << value);
+      auto kid = rpt::spawn(
+          [&]() -> int {
+            ::setenv("FI_OFI_RXM_EAGER_LIMIT", value, 1);
+            try {
+              rpt::Stack s(prov);
+              RPT_CHECK(std::string(value) == "8192");
+              RPT_CHECK(s.ep->transfer_traits().incoming_message_limit == 8192);
+            } catch (const regpool::Error& e) {
+              RPT_CHECK(std::string(value) == "1024");
+              RPT_CHECK(e.status() == Status::unsupported);
+              RPT_CHECK(std::string(e.what()).find("FI_OFI_RXM_EAGER_LIMIT") != std::string::npos);
+            }
+            return 0;
+          },
+          60);
+      CHECK(rpt::reap(kid, 60s) == 0);
+    }
+  }
+}
