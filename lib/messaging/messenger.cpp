@@ -36,6 +36,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -1502,21 +1503,21 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
                 "positive, peer_credits at most 65535");
   }
   const std::uint64_t limit = endpoint.message_size_limit();
-  if (limit < 2 * mw::kRtsSize) {
-    throw Error(Status::unsupported, 0, "messenger: the endpoint's messages are too small for the protocol header");
+  // What one message may carry: what our endpoint sends, and what it lets
+  // peers send it (peers send eagerly at most what we tell them).
+  const std::uint64_t incoming = endpoint.transfer_traits().incoming_message_limit;
+  const std::uint64_t both_ways = std::min(limit, incoming);
+  if (both_ways < 2 * mw::kRtsSize) {
+    throw Error(Status::unsupported, 0,
+                "messenger: the endpoint " + std::string(limit < incoming ? "sends" : "accepts") + " messages of " +
+                    std::to_string(both_ways) + " bytes at most, too small for the protocol header");
   }
   c.threshold = cfg.eager_threshold ? cfg.eager_threshold : default_eager_threshold(endpoint);
   // At least kMinEager (an rts fits; the limit every peer assumes of us
-  // before we tell it ours), at most what one message and the header field
-  // carry, and within what the endpoint lets peers send it at all (peers
-  // send eagerly at most what we tell them, accept_eager).
-  const std::uint64_t incoming = endpoint.transfer_traits().incoming_message_limit;
-  if (incoming < 2 * mw::kRtsSize) {
-    throw Error(Status::unsupported, 0, "messenger: the endpoint accepts messages too small for the protocol header");
-  }
-  c.threshold = std::clamp<std::uint64_t>(
-      c.threshold, mw::kMinEager,
-      std::min<std::uint64_t>(std::min(limit, incoming) - mw::kHeaderSize, mw::kMaxEager));
+  // before we tell it ours), at most what one message both ways and the
+  // header field carry (accept_eager).
+  c.threshold = std::clamp<std::uint64_t>(c.threshold, mw::kMinEager,
+                                          std::min<std::uint64_t>(both_ways - mw::kHeaderSize, mw::kMaxEager));
   c.chunk = cfg.rendezvous_chunk ? cfg.rendezvous_chunk : std::min<std::uint64_t>(limit, 16 << 20);
   c.chunk = std::min(c.chunk, limit);
   if (cfg.rendezvous_split != 0) {
