@@ -310,7 +310,7 @@ int victim_main(const std::string& backend, int port, Victim what, int ready_fd,
   RPT_CHECK(c.hello());
   const Slice chunk = rpt::slice_or_die(Slice::data(c.buf));
   // As long as the server accepts (tcp;ofi_rxm: its 16 KiB eager limit).
-  const Slice data = rpt::slice_or_die(Slice::data(c.msg, 0, std::min(kChunk, rpt::incoming_limit(backend))));
+  const Slice data = rpt::slice_or_die(Slice::data(c.msg, 0, rpt::accepted_send_size(backend, kChunk)));
   const Request d = c.request(kData);
   std::memcpy(c.msg.data().data(), &d, sizeof d);
   auto once = [&](std::uint64_t i) -> Status {
@@ -491,7 +491,7 @@ int doomed_client_main(const std::string& backend, int port, std::uint64_t id, V
       std::memcpy(c.buf.data().data(), &q, sizeof q);
       // As long as the server accepts (tcp;ofi_rxm: 16 KiB).
       t = c.s.ep->send(c.conn->server(),
-                       rpt::slice_or_die(Slice::data(c.buf, 0, std::min(kChunk, rpt::incoming_limit(backend)))));
+                       rpt::slice_or_die(Slice::data(c.buf, 0, rpt::accepted_send_size(backend, kChunk))));
     }
     Status st = t.status();
     if (t) {

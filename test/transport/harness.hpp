@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -191,6 +192,11 @@ inline std::uint64_t incoming_limit(const std::string& backend, std::uint64_t re
   if (is_net(backend)) return requested;
   if (is_rxm(backend)) return std::uint64_t{16} << 10;
   return ~std::uint64_t{0};
+}
+// The longest send up to `wanted` bytes that a peer opened with the
+// default limit accepts on this backend.
+inline std::uint64_t accepted_send_size(const std::string& backend, std::uint64_t wanted) {
+  return std::min(wanted, incoming_limit(backend));
 }
 // A 1 MiB send stays in flight until the receiver takes it (shm: CMA, the
 // receiver copies; verbs); net completes it once the bytes are queued on

@@ -115,7 +115,7 @@ int hammer(const std::string& prov, std::uint16_t port, Op op) {
   auto buf = s.alloc(kBig);
   // Sends as long as the parent accepts (tcp;ofi_rxm: 16 KiB).
   const Slice slice = rpt::slice_or_die(
-      op == Op::send ? Slice::data(buf, 0, std::min(kBig, rpt::incoming_limit(prov))) : Slice::data(buf));
+      op == Op::send ? Slice::data(buf, 0, rpt::accepted_send_size(prov, kBig)) : Slice::data(buf));
   auto parts = regpool::unpack_blobs(b->allgather(s.ep->name(), 20s)[0]);
   const auto peer = s.ep->insert_peer(parts[0]);
   const RemoteRef ref = rpt::decode_or_die(parts[1]);
@@ -354,7 +354,7 @@ TEST_CASE("a target killed while our put, get, send or atomic is in flight fails
   const RemoteRef ref = rpt::decode_or_die(parts[1]);
   auto buf = p.alloc(kBig);
   const Slice slice = rpt::slice_or_die(
-      op == Op::send ? Slice::data(buf, 0, std::min(kBig, rpt::incoming_limit(prov))) : Slice::data(buf));
+      op == Op::send ? Slice::data(buf, 0, rpt::accepted_send_size(prov, kBig)) : Slice::data(buf));
   // Warm up (connection setup), then kill the target with an op in flight.
   for (int i = 0; i < 4; ++i) {
     auto t = post(*p.ep, op, peer, ref, slice);
