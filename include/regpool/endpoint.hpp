@@ -732,8 +732,6 @@ class REGPOOL_API Endpoint {
     inline void unlock() noexcept;
 
    private:
-    void lock_contended() noexcept;
-    void wake_one() noexcept;
     // 0 free, 1 held, 2 held and some thread may be asleep on it.
     std::atomic<std::uint32_t> state_{0};
   };

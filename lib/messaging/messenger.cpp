@@ -42,6 +42,7 @@
 
 #include "messaging/messaging_wire.hpp"
 #include "platform/coarse_clock.hpp"
+#include "platform/futex.hpp"
 #include "regpool/messaging.hpp"
 
 namespace regpool {
@@ -178,7 +179,9 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   std::uint32_t max_gets = ~std::uint32_t{0};
   std::uint32_t fetch_head = kNone, fetch_tail = kNone;
 
-  mutable std::mutex mu;
+  // A futex word (platform/futex.hpp): a tagged round takes it about eight
+  // times, and pthread's lock and unlock ran ~60 instructions a round.
+  mutable platform::FutexMutex mu;
   bool closed = false;
   std::vector<Op> ops;
   std::vector<std::uint32_t> free_ops;
@@ -550,7 +553,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   // arithmetic, on the path a small message's latency is made of). The
   // drain role is taken around the post, so posts others queue meanwhile
   // go out after this one, in order, as the ring would have sent them.
-  [[gnu::hot]] void send_eager_direct(std::unique_lock<std::mutex>& g, std::uint32_t i, const Slice& data) noexcept {
+  [[gnu::hot]] void send_eager_direct(std::unique_lock<platform::FutexMutex>& g, std::uint32_t i, const Slice& data) noexcept {
     Op& o = ops[i];
     auto m = eager_message(i, data);
     if (!m) return complete(i, m.status());
@@ -1073,7 +1076,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
 
   [[gnu::hot]] void on_recv(std::uint32_t b, const Completion& c) noexcept {
     {
-      std::unique_lock<std::mutex> g(mu);
+      std::unique_lock<platform::FutexMutex> g(mu);
       if (closed || c.status == Status::closed || c.status == Status::canceled) return;
       if (c.status == Status::ok) {
         Ldo& ldo = bounces[b];
@@ -1105,7 +1108,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
 
   [[gnu::hot]] void on_sent(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
     {
-      std::unique_lock<std::mutex> g(mu);
+      std::unique_lock<platform::FutexMutex> g(mu);
       if (closed || i == kNone || i >= ops.size() || ops[i].gen != gen) return;
       Op& o = ops[i];
       if (o.state != State::active) return;
@@ -1125,7 +1128,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
 
   [[gnu::cold]] void on_got(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
     {
-      std::unique_lock<std::mutex> g(mu);
+      std::unique_lock<platform::FutexMutex> g(mu);
       if (i >= ops.size() || ops[i].gen != gen) return;
       Op& o = ops[i];
       if (o.gets > 0) {
@@ -1144,7 +1147,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
 
   [[gnu::cold]] void on_put(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
     {
-      std::unique_lock<std::mutex> g(mu);
+      std::unique_lock<platform::FutexMutex> g(mu);
       if (i >= ops.size() || ops[i].gen != gen) return;
       Op& o = ops[i];
       if (o.gets > 0) --o.gets;
@@ -1159,7 +1162,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   // The grant's send completed: a failed one never reached the sender.
   [[gnu::cold]] void on_granted(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
     {
-      std::unique_lock<std::mutex> g(mu);
+      std::unique_lock<platform::FutexMutex> g(mu);
       if (closed || i >= ops.size() || ops[i].gen != gen || ops[i].state != State::active) return;
       if (c.status != Status::ok && ops[i].put_wait) ungrant(i, c.status);
       changed();
@@ -1169,7 +1172,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
 
   // ---------- posting (no mutex) ----------
   void run_posts() noexcept {
-    std::unique_lock<std::mutex> g(mu);
+    std::unique_lock<platform::FutexMutex> g(mu);
     drain(g);
   }
   // Makes the queued posts (and revokes) unless another thread is at it;
@@ -1177,7 +1180,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   // post. Callers that just queued under the mutex call it before letting
   // go: the same lock round, not a second one (a small message's path
   // takes the mutex a handful of times; each round trip counts).
-  [[gnu::hot]] void drain(std::unique_lock<std::mutex>& g) noexcept {
+  [[gnu::hot]] void drain(std::unique_lock<platform::FutexMutex>& g) noexcept {
     if (draining || (post_count == 0 && graveyard.empty())) return;
     draining = true;
     while (post_count > 0 || !graveyard.empty()) {
@@ -1214,7 +1217,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
     const auto wire = x->encode();
     std::memcpy(p.msg.address() + mw::kHeaderSize, wire.data(), wire.size());
     {
-      std::lock_guard<std::mutex> g(mu);
+      std::lock_guard<platform::FutexMutex> g(mu);
       Op& o = ops[p.op];
       if (o.gen != p.gen || o.state != State::active || !(o.*waiting)) return Status::ok;  // failed meanwhile: revoke
       o.exposure = std::move(*x);
@@ -1361,7 +1364,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
                              Quiet* q = nullptr, std::ptrdiff_t polled = -1) noexcept {
     const bool idle = (polled >= 0 ? static_cast<std::size_t>(polled) : ep.progress()) == 0;
     {
-      std::unique_lock<std::mutex> g(mu);
+      std::unique_lock<platform::FutexMutex> g(mu);
       // Nothing arrived this round: the time to repost emptied bounces and
       // to allocate the next small messages.
       if (idle && !closed) {
@@ -1410,7 +1413,7 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
       MessageCompletion done;
       MessageCallback cb;
       {
-        std::lock_guard<std::mutex> g(mu);
+        std::lock_guard<platform::FutexMutex> g(mu);
         if (ready_count == 0) break;
         const std::uint32_t i = ready[ready_head];
         ready_head = (ready_head + 1) % ready.size();
@@ -1570,11 +1573,11 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
     c.bounces[b] = std::move(*l);
   }
   {
-    std::lock_guard<std::mutex> g(c.mu);
+    std::lock_guard<platform::FutexMutex> g(c.mu);
     for (std::uint32_t b = 0; b < cfg.receive_buffers; ++b) c.post_bounce(b);
   }
   c.run_posts();
-  std::lock_guard<std::mutex> g(c.mu);
+  std::lock_guard<platform::FutexMutex> g(c.mu);
   for (bool e : c.bounce_empty) {
     if (e) throw Error(Status::would_block, 0, "messenger: posting the receive buffers failed (max_in_flight?)");
   }
@@ -1586,7 +1589,7 @@ Messenger::~Messenger() {
   // those receives are still posted.
   std::vector<Exposure> dead;
   {
-    std::lock_guard<std::mutex> g(core_->mu);
+    std::lock_guard<platform::FutexMutex> g(core_->mu);
     core_->closed = true;
     core_->changed();
     core_->spares.clear();
@@ -1612,7 +1615,7 @@ Messenger::~Messenger() {
   if (!data || data.length() == 0 || data.length() > mw::kMaxLength) return Status::invalid_argument;
   MessageToken t;
   {
-    std::unique_lock<std::mutex> g(c.mu);
+    std::unique_lock<platform::FutexMutex> g(c.mu);
     if (peer >= c.peers.size()) return Status::invalid_argument;
     if (!c.ep.usable(peer)) return Status::peer_unreachable;
     auto r = c.claim_op(Core::Kind::send);
@@ -1650,7 +1653,7 @@ namespace {
   MessageToken t;
   Ldo spare;  // a bounce handed over: dropped after the unlock
   {
-    std::unique_lock<std::mutex> g(c.mu);
+    std::unique_lock<platform::FutexMutex> g(c.mu);
     if (source != kAnyPeer && source >= c.peers.size()) return Status::invalid_argument;
     auto r = c.claim_op(Core::Kind::recv);
     if (!r) return r.status();
@@ -1702,7 +1705,7 @@ Result<MessageInfo> Messenger::probe(PeerId source, std::uint64_t tag, std::uint
   Core& c = *core_;
   (void)c.ep.progress();
   c.run_posts();
-  std::lock_guard<std::mutex> g(c.mu);
+  std::lock_guard<platform::FutexMutex> g(c.mu);
   Core::Op probe;
   probe.peer = source;
   probe.tag = tag;
@@ -1721,7 +1724,7 @@ Result<MessageToken> Messenger::request(PeerId peer, std::uint64_t tag, const Sl
   if (!data || data.length() == 0 || data.length() > mw::kMaxLength) return Status::invalid_argument;
   MessageToken t;
   {
-    std::unique_lock<std::mutex> g(c.mu);
+    std::unique_lock<platform::FutexMutex> g(c.mu);
     if (peer >= c.peers.size()) return Status::invalid_argument;
     if (!c.ep.usable(peer)) return Status::peer_unreachable;
     if (c.free_ops.size() < 2) return c.closed ? Status::closed : Status::would_block;
@@ -1766,7 +1769,7 @@ Result<MessageToken> Messenger::reply(PeerId peer, std::uint64_t request_id, con
   }
   MessageToken t;
   {
-    std::unique_lock<std::mutex> g(c.mu);
+    std::unique_lock<platform::FutexMutex> g(c.mu);
     if (peer >= c.peers.size()) return Status::invalid_argument;
     if (!c.ep.usable(peer)) return Status::peer_unreachable;
     auto r = c.claim_op(Core::Kind::send);
@@ -1798,7 +1801,7 @@ Result<MessageToken> Messenger::reply(PeerId peer, std::uint64_t request_id, con
 
 Status Messenger::cancel(MessageToken token) noexcept {
   Core& c = *core_;
-  std::lock_guard<std::mutex> g(c.mu);
+  std::lock_guard<platform::FutexMutex> g(c.mu);
   Core::Op* o = c.find(token);
   if (!o || o->kind == Core::Kind::internal) return Status::invalid_argument;
   const auto i = static_cast<std::uint32_t>(token.value & 0xffffffffu);
@@ -1893,7 +1896,7 @@ std::size_t Messenger::progress() noexcept {
 
 void Messenger::fail_peer(PeerId peer, Status status) noexcept {
   {
-    std::lock_guard<std::mutex> g(core_->mu);
+    std::lock_guard<platform::FutexMutex> g(core_->mu);
     core_->fail_peer_locked(peer, status);
     core_->changed();
   }
@@ -1903,7 +1906,7 @@ void Messenger::fail_peer(PeerId peer, Status status) noexcept {
 std::uint64_t Messenger::eager_threshold() const noexcept { return core_->threshold; }
 
 MessengerStats Messenger::stats() const noexcept {
-  std::lock_guard<std::mutex> g(core_->mu);
+  std::lock_guard<platform::FutexMutex> g(core_->mu);
   MessengerStats st = core_->st;
   for (const Ldo& b : core_->bounces) {
     if (b) st.receive_buffer_bytes += b.capacity();

@@ -3,8 +3,9 @@
 // may live in memory shared between processes (the shm doorbell:
 // transport/fabric_shm.hpp): the shared (not FUTEX_PRIVATE) operations,
 // since the word is mapped by other processes at other addresses. The
-// _private ones are for a word only this process maps (the endpoint's
-// mutex), which the kernel finds without a shared-mapping lookup.
+// _private ones are for a word only this process maps (the futex mutex
+// below, the endpoint's and the Messenger's), which the kernel finds
+// without a shared-mapping lookup.
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -54,5 +55,53 @@ inline void futex_wait_private(std::atomic<std::uint32_t>& word, std::uint32_t e
 inline void futex_wake_one_private(std::atomic<std::uint32_t>& word) noexcept {
   (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
 }
+
+// A process-private mutex in one futex word, in the classic three-state
+// protocol (U. Drepper, "Futexes Are Tricky", mutex 2): 0 free, 1 held, 2
+// held with possible sleepers. Taking it free is one compare-exchange,
+// giving it back one exchange and, only when someone may sleep on it, a
+// FUTEX_WAKE. Acquire on every taking, release on the giving back, so what
+// one holder wrote is seen by the next (and by ThreadSanitizer, which
+// follows the atomics). No fairness: callers that need it build it on top
+// (Endpoint::lock_fair). pthread's lock and unlock run about 60
+// instructions per round, out of line; these, a few, inline.
+// The word is the caller's, so a type in a public header (Endpoint::Mutex)
+// can hold it without including this one.
+inline bool futex_mutex_try_lock(std::atomic<std::uint32_t>& word) noexcept {
+  std::uint32_t expected = 0;
+  return word.compare_exchange_strong(expected, 1, std::memory_order_acquire, std::memory_order_relaxed);
+}
+
+[[gnu::cold, gnu::noinline]] inline void futex_mutex_lock_contended(std::atomic<std::uint32_t>& word) noexcept {
+  // Mark it contended (2) and sleep until it was free when we marked it.
+  // Marking 2 when we may be the only waiter costs the next unlock one
+  // spurious wake at most.
+  while (word.exchange(2, std::memory_order_acquire) != 0) futex_wait_private(word, 2);
+}
+
+inline void futex_mutex_lock(std::atomic<std::uint32_t>& word) noexcept {
+  if (!futex_mutex_try_lock(word)) futex_mutex_lock_contended(word);
+}
+
+[[gnu::cold, gnu::noinline]] inline void futex_mutex_wake(std::atomic<std::uint32_t>& word) noexcept {
+  futex_wake_one_private(word);
+}
+
+inline void futex_mutex_unlock(std::atomic<std::uint32_t>& word) noexcept {
+  if (word.exchange(0, std::memory_order_release) == 2) futex_mutex_wake(word);
+}
+
+// The same as a BasicLockable type for code inside the library
+// (std::unique_lock<FutexMutex>). A sleeper only waits for a holder, so a
+// holder must never wait for the network or for another thread's progress.
+class FutexMutex {
+ public:
+  bool try_lock() noexcept { return futex_mutex_try_lock(state_); }
+  void lock() noexcept { futex_mutex_lock(state_); }
+  void unlock() noexcept { futex_mutex_unlock(state_); }
+
+ private:
+  std::atomic<std::uint32_t> state_{0};
+};
 
 }  // namespace regpool::platform

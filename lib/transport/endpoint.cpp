@@ -273,36 +273,15 @@ void Exposure::revoke() noexcept {
 
 // ---------------------------------------------------------------- Endpoint
 
-// The mutex. A futex word in the classic three-state protocol (U. Drepper,
-// "Futexes Are Tricky", mutex 2): 0 free, 1 held, 2 held with possible
-// sleepers. Taking it free is one compare-exchange, giving it back one
-// exchange and, only when someone may sleep on it, a FUTEX_WAKE. Acquire
-// on every taking, release on the giving back, so what one holder wrote is
-// seen by the next (and by ThreadSanitizer, which follows the atomics).
-// Which thread gets it next is left to lock_fair (below), as before. A
-// sleeper only waits for a holder, never for the network: no hold waits
-// (endpoint_backend.hpp).
-bool Endpoint::Mutex::try_lock() noexcept {
-  std::uint32_t expected = 0;
-  return state_.compare_exchange_strong(expected, 1, std::memory_order_acquire, std::memory_order_relaxed);
-}
+// The mutex: platform/futex.hpp's futex mutex on a word of our own (the
+// public header cannot include that one). Which thread gets it next is
+// left to lock_fair (below). A sleeper only waits for a holder, never for
+// the network: no hold waits (endpoint_backend.hpp).
+bool Endpoint::Mutex::try_lock() noexcept { return platform::futex_mutex_try_lock(state_); }
 
-void Endpoint::Mutex::lock() noexcept {
-  if (!try_lock()) lock_contended();
-}
+void Endpoint::Mutex::lock() noexcept { platform::futex_mutex_lock(state_); }
 
-void Endpoint::Mutex::unlock() noexcept {
-  if (state_.exchange(0, std::memory_order_release) == 2) wake_one();
-}
-
-void Endpoint::Mutex::lock_contended() noexcept {
-  // Mark it contended (2) and sleep until it was free when we marked it.
-  // Marking 2 when we may be the only waiter costs the next unlock one
-  // spurious wake at most.
-  while (state_.exchange(2, std::memory_order_acquire) != 0) platform::futex_wait_private(state_, 2);
-}
-
-void Endpoint::Mutex::wake_one() noexcept { platform::futex_wake_one_private(state_); }
+void Endpoint::Mutex::unlock() noexcept { platform::futex_mutex_unlock(state_); }
 
 // The endpoint's mutex, released through unlock_and_release so references
 // dropped under it are destroyed after unlocking.
