@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "regpool/domain.hpp"
@@ -130,7 +131,18 @@ class REGPOOL_API Ldo {
     o.base_ = nullptr;
   }
   Ldo& operator=(const Ldo& o) noexcept;
-  Ldo& operator=(Ldo&& o) noexcept;
+  // Inline: messaging moves handles through its rings several times per
+  // message, mostly into empty handles, which then costs no call.
+  Ldo& operator=(Ldo&& o) noexcept {
+    if (this != &o) {
+      Ldo old(std::move(*this));  // dropped on return, after o is taken
+      cb_ = o.cb_;
+      base_ = o.base_;
+      o.cb_ = nullptr;
+      o.base_ = nullptr;
+    }
+    return *this;
+  }
   ~Ldo() {
     if (cb_) drop();
   }

@@ -124,17 +124,6 @@ Ldo& Ldo::operator=(const Ldo& o) noexcept {
   return *this;
 }
 
-Ldo& Ldo::operator=(Ldo&& o) noexcept {
-  if (this != &o) {
-    if (cb_) detail::release(cb_);
-    cb_ = o.cb_;
-    base_ = o.base_;
-    o.cb_ = nullptr;
-    o.base_ = nullptr;
-  }
-  return *this;
-}
-
 void Ldo::reset() noexcept {
   // The handle is cleared first so every call below is a tail call: the
   // drop's cache-hit path then saves no registers.
