@@ -189,13 +189,15 @@ class REGPOOL_API Ldo {
  private:
   // Library-internal (reached through detail::LdoAccess): adopt a reference,
   // look at or give up the control block.
+  // Hidden: a build without inlining (-O0) emits them out of line, and
+  // they name an internal type (api-exports-symbols).
   friend struct detail::LdoAccess;
-  Ldo(detail::ControlBlock* adopted, std::byte* base) noexcept : cb_(adopted), base_(base) {}
+  REGPOOL_LOCAL Ldo(detail::ControlBlock* adopted, std::byte* base) noexcept : cb_(adopted), base_(base) {}
   // Drops the reference of a non-empty handle that is going away (reset()
   // without clearing it).
   REGPOOL_HOT void drop() noexcept;
-  detail::ControlBlock* control_block() const noexcept { return cb_; }
-  detail::ControlBlock* release_control_block() noexcept {
+  REGPOOL_LOCAL detail::ControlBlock* control_block() const noexcept { return cb_; }
+  REGPOOL_LOCAL detail::ControlBlock* release_control_block() noexcept {
     auto* c = cb_;
     cb_ = nullptr;
     base_ = nullptr;

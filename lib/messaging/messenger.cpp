@@ -76,7 +76,7 @@ std::uint64_t make_token(std::uint32_t gen, std::uint32_t index) noexcept {
 }  // namespace
 
 namespace detail {
-struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
+struct MessengerCore {
   enum class State : std::uint8_t { free, posted, queued, active, done };
   enum class Kind : std::uint8_t { send, recv, request, internal };
 
@@ -247,6 +247,14 @@ struct MessengerCore : std::enable_shared_from_this<MessengerCore> {
   void changed() noexcept { changes.store(changes.load(std::memory_order_relaxed) + 1, std::memory_order_release); }
 
   MessengerCore(Endpoint& e, Pool& p, const MessengerConfig& c) : ep(e), pool(p), cfg(c) {}
+
+  // What enable_shared_from_this would give (set once, by the Messenger's
+  // constructor, before anything can call it). Not that base: its friend
+  // function in namespace std, instantiated for this type, is exported
+  // from the library when a build does not inline it (-O0), naming an
+  // internal type (api-exports-symbols).
+  std::weak_ptr<MessengerCore> weak_self;
+  std::shared_ptr<MessengerCore> shared_from_this() noexcept { return weak_self.lock(); }
 
   // ---------- small helpers (mutex held) ----------
   bool matches(const Op& r, PeerId src, mw::Space sp, std::uint64_t tag) const noexcept {
@@ -1511,6 +1519,7 @@ using Core = detail::MessengerCore;
 
 Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& config)
     : core_(std::make_shared<Core>(endpoint, pool, config)) {
+  core_->weak_self = core_;
   Core& c = *core_;
   const auto& cfg = c.cfg;
   if (cfg.receive_buffers == 0 || cfg.peer_credits == 0 || cfg.max_operations == 0 || cfg.max_peers == 0 ||
