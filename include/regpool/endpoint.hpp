@@ -66,7 +66,7 @@ struct ExposureInfo;
 struct WaitBell;
 namespace detail {
 // Shared between an endpoint and its exposures (defined in the library).
-struct ExposureLink;
+struct REGPOOL_LOCAL ExposureLink;
 }  // namespace detail
 
 // Index of an inserted peer, dense from 0. kAnyPeer in a receive completion
@@ -874,6 +874,9 @@ class REGPOOL_API Endpoint {
   std::uint64_t next_exposure_id_ = 1;
   std::uint64_t exposure_nonce_ = 0;
   Clock::time_point next_expiry_scan_{};
+  // The last poll found completions and did not read the clock for the
+  // expiry scan (poll_locked): the next poll reads it.
+  bool expiry_read_skipped_ = false;
   Clock::time_point next_abandon_scan_{};
   // Whether some slot may be an orphan the backend still holds: the
   // periodic abandon scan walks the slots only then, not whenever any op

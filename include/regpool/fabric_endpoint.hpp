@@ -560,6 +560,9 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   OwnRegion own_data_;
   OwnRegion own_ctrl_;
   std::chrono::steady_clock::time_point next_peer_check_{};
+  // The last poll found completions and did not ask the clock whether the
+  // peer check was due (do_poll): the next poll asks.
+  bool peer_check_skipped_ = false;
   std::atomic<std::uint64_t> dead_peers_{0};
   // When a peer was last found dead, or removed while its process was gone
   // (membership removes a dead client at once, often before the pid check
