@@ -66,7 +66,7 @@ struct ExposureInfo;
 struct WaitBell;
 namespace detail {
 // Shared between an endpoint and its exposures (defined in the library).
-struct REGPOOL_LOCAL ExposureLink;
+struct ExposureLink;
 }  // namespace detail
 
 // Index of an inserted peer, dense from 0. kAnyPeer in a receive completion
