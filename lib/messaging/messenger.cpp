@@ -1404,12 +1404,10 @@ struct MessengerCore {
       // about 100 ns on this kind of VM, and this runs every spin round);
       // the scan itself, once per millisecond or so, takes a precise one.
       // A round whose endpoint round delivered (the one a waited message
-      // completes in) does not read it when the round before did: a coarse
-      // reading is 11-20 ns on an AMD EPYC guest, and the scan comes at most
-      // one round later for it (and a waiter's deadline check, which reuses
-      // the reading, one round later at most too).
-      const bool read_clock = idle || scan_read_skipped;
-      scan_read_skipped = !read_clock;
+      // completes in) may skip the reading: the scan comes at most one
+      // round later (platform::clock_read_due), and so does a waiter's
+      // deadline check, which reuses the reading.
+      const bool read_clock = platform::clock_read_due(!idle, scan_read_skipped);
       Clock::time_point coarse{};
       if (read_clock) {
         coarse = platform::CoarseClock::now();

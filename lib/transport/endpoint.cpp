@@ -1561,15 +1561,9 @@ Endpoint::Clock::time_point Endpoint::deadline_for(OpKind kind, std::uint64_t le
 [[gnu::always_inline]] inline std::size_t Endpoint::poll_locked() noexcept {
   const std::size_t n = do_poll(config_.poll_batch);
   last_poll_events_ = n;
-  // A poll that found completions does not ask the clock when the poll
-  // before it did: that poll is the one a message's latency runs through
-  // (a coarse reading is 11-20 ns on an AMD EPYC guest), and the scan comes
-  // at most one poll later for it.
-  if (n > 0 && !expiry_read_skipped_) {
-    expiry_read_skipped_ = true;
-    return n;
-  }
-  expiry_read_skipped_ = false;
+  // The poll a message's latency runs through may skip the clock: the scan
+  // comes at most one poll later (platform::clock_read_due).
+  if (!platform::clock_read_due(n > 0, expiry_read_skipped_)) return n;
   // Is a scan due? Asked of the coarse clock (three ticks behind at most), so
   // scans come every max(kExpiryScanInterval, one tick); the scan itself
   // compares deadlines with the precise clock, so nothing expires early.

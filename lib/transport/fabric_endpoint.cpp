@@ -1476,22 +1476,16 @@ std::size_t FabricEndpoint::complete_injected(std::size_t max) noexcept {
     if (!shm_region_blocked(own_data_)) found += poll_data(max);
     if (ctrl_cq_ && !shm_region_blocked(own_ctrl_)) found += poll_ctrl_paced();
     events += found;
-    // Every poll asks whether the peer check is due, on the coarse clock
+    // The poll asks whether the peer check is due, on the coarse clock
     // (the check comes at most three ticks late, against a default
-    // interval of 50 ms and a death bound of seconds), except a poll that
-    // found completions when the poll before it asked: a message's latency
-    // runs through that one (a coarse reading is 11-20 ns on an AMD EPYC
-    // guest), and the check comes at most one poll later for it.
-    if (options_.peer_check_interval.count() > 0) {
-      if (found > 0 && !peer_check_skipped_) {
-        peer_check_skipped_ = true;
-      } else {
-        peer_check_skipped_ = false;
-        const auto now = platform::CoarseClock::now();
-        if (now >= next_peer_check_) {
-          next_peer_check_ = now + options_.peer_check_interval;
-          shm_check_peers(now);
-        }
+    // interval of 50 ms and a death bound of seconds); a poll that found
+    // completions may skip asking, and the check comes at most one poll
+    // later (platform::clock_read_due).
+    if (options_.peer_check_interval.count() > 0 && platform::clock_read_due(found > 0, peer_check_skipped_)) {
+      const auto now = platform::CoarseClock::now();
+      if (now >= next_peer_check_) {
+        next_peer_check_ = now + options_.peer_check_interval;
+        shm_check_peers(now);
       }
     }
     return events;

@@ -1,13 +1,15 @@
 // platform::CoarseClock (lib/platform/coarse_clock.hpp): the bounds the
 // data path's deadlines rely on (docs/progress.md, "Deadlines and the
 // clock"): the coarse clock is never ahead of steady_clock and lags it by
-// at most max_lag(); waits started from it never end early.
+// at most max_lag(); waits started from it never end early; a busy loop
+// skips a clock reading on at most every other poll (clock_read_due).
 
 #include <time.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <thread>
+#include <vector>
 
 #include "platform/coarse_clock.hpp"
 
@@ -74,4 +76,23 @@ TEST_CASE("reached() is exactly steady_clock's answer", "[unit]") {
   }
   CHECK(SteadyClock::now() >= soon);
   CHECK(CoarseClock::after(CoarseClock::TimePoint::max() - 1s, 2s) == CoarseClock::TimePoint::max());
+}
+
+TEST_CASE("a busy loop reads the clock on at least every other poll", "[unit]") {
+  using regpool::platform::clock_read_due;
+  bool skipped = false;
+  // Idle polls always read.
+  for (int i = 0; i < 3; ++i) {
+    CHECK(clock_read_due(false, skipped));
+    CHECK_FALSE(skipped);
+  }
+  // Polls that keep finding work alternate: skip, read, skip, read.
+  std::vector<bool> reads;
+  for (int i = 0; i < 6; ++i) reads.push_back(clock_read_due(true, skipped));
+  CHECK(reads == std::vector<bool>{false, true, false, true, false, true});
+  // An idle poll after a skipped one reads, and the next busy poll may skip
+  // again.
+  CHECK_FALSE(clock_read_due(true, skipped));
+  CHECK(clock_read_due(false, skipped));
+  CHECK_FALSE(clock_read_due(true, skipped));
 }
