@@ -478,6 +478,45 @@ struct MessengerCore {
     return len <= std::min(threshold, ps.peer_eager);
   }
 
+  // A send to `ps` waits for a credit when none is left or others already
+  // wait: a peer's messages leave in the order they were sent.
+  static bool must_wait_credit(const PeerState& ps) noexcept { return ps.credits == 0 || ps.qhead != kNone; }
+  // Op i joins the end of its peer's credit queue; drain_queue sends it
+  // once a credit comes.
+  void queue_for_credit(PeerState& ps, std::uint32_t i) noexcept {
+    ++st.credit_stalls;
+    Op& o = ops[i];
+    o.state = State::queued;
+    o.next = kNone;
+    if (ps.qtail != kNone) ops[ps.qtail].next = i; else ps.qhead = i;
+    ps.qtail = i;
+  }
+  // Queued op i leaves its peer's credit queue (timed out or canceled)
+  // and is active again, for complete().
+  void unqueue_for_credit(std::uint32_t i) noexcept {
+    PeerState& ps = peers[ops[i].peer];
+    std::uint32_t prev = kNone;
+    for (std::uint32_t q = ps.qhead; q != kNone; prev = q, q = ops[q].next) {
+      if (q != i) continue;
+      if (prev == kNone) ps.qhead = ops[q].next; else ops[prev].next = ops[q].next;
+      if (ps.qtail == q) ps.qtail = prev;
+      break;
+    }
+    ops[i].state = State::active;
+  }
+  // A claimed op made a send of `length` bytes to `peer` with `tag` (a user
+  // tag, or a request's id in the reply space), completing to `cb` or to a
+  // waiter.
+  void set_send(Op& o, PeerId peer, std::uint64_t tag, std::uint64_t length, MessageCallback&& cb) noexcept {
+    o.peer = peer;
+    o.tag = tag;
+    o.has_cb = static_cast<bool>(cb);
+    o.cb = std::move(cb);
+    o.result.peer = peer;
+    o.result.tag = tag;
+    o.result.length = length;
+  }
+
   // Op i's header for a message of `len` bytes (the caller sets the type).
   mw::Header header_for(std::uint32_t i, std::uint64_t len) const noexcept {
     const Op& o = ops[i];
@@ -1488,18 +1527,7 @@ struct MessengerCore {
       }
       if (o.deadline <= now) {
         if (o.state == State::posted) unlink_posted(i);
-        if (o.state == State::queued) {
-          // Leave the credit queue: rebuild it without this op.
-          PeerState& ps = peers[o.peer];
-          std::uint32_t prev = kNone;
-          for (std::uint32_t q = ps.qhead; q != kNone; prev = q, q = ops[q].next) {
-            if (q != i) continue;
-            if (prev == kNone) ps.qhead = ops[q].next; else ops[prev].next = ops[q].next;
-            if (ps.qtail == q) ps.qtail = prev;
-            break;
-          }
-          o.state = State::active;
-        }
+        if (o.state == State::queued) unqueue_for_credit(i);
         o.fin_wait = false;
         complete(i, Status::timeout);
       }
@@ -1655,22 +1683,12 @@ Messenger::~Messenger() {
     auto r = c.claim_op(Core::Kind::send);
     if (!r) return r.status();
     Core::Op& o = c.ops[*r];
-    o.peer = peer;
-    o.tag = tag;
-    o.has_cb = static_cast<bool>(cb);
-    o.cb = std::move(cb);
-    o.result.peer = peer;
-    o.result.tag = tag;
-    o.result.length = data.length();
+    c.set_send(o, peer, tag, data.length(), std::move(cb));
     t = o.result.token;
     Core::PeerState& ps = c.peers[peer];
-    if (ps.credits == 0 || ps.qhead != kNone) {
-      ++c.st.credit_stalls;
+    if (Core::must_wait_credit(ps)) {
       o.buf = data;  // held until its credit comes
-      o.state = Core::State::queued;
-      o.next = kNone;
-      if (ps.qtail != kNone) c.ops[ps.qtail].next = *r; else ps.qhead = *r;
-      ps.qtail = *r;
+      c.queue_for_credit(ps, *r);
     } else if (c.post_count == 0 && !c.draining && c.goes_eager(ps, data.length())) {
       c.send_eager_direct(g, *r, data);
     } else {
@@ -1782,11 +1800,8 @@ Result<MessageToken> Messenger::request(PeerId peer, std::uint64_t tag, const Sl
     so.link = r;
     so.link_gen = ro.gen;
     Core::PeerState& ps = c.peers[peer];
-    if (ps.credits == 0 || ps.qhead != kNone) {
-      ++c.st.credit_stalls;
-      so.state = Core::State::queued;
-      if (ps.qtail != kNone) c.ops[ps.qtail].next = s; else ps.qhead = s;
-      ps.qtail = s;
+    if (Core::must_wait_credit(ps)) {
+      c.queue_for_credit(ps, s);
     } else {
       c.dispatch_send(s);
     }
@@ -1809,22 +1824,13 @@ Result<MessageToken> Messenger::reply(PeerId peer, std::uint64_t request_id, con
     auto r = c.claim_op(Core::Kind::send);
     if (!r) return r.status();
     Core::Op& o = c.ops[*r];
-    o.peer = peer;
+    c.set_send(o, peer, request_id, data.length(), std::move(cb));
     o.space = mw::Space::reply;
-    o.tag = request_id;
     o.buf = data;
-    o.has_cb = static_cast<bool>(cb);
-    o.cb = std::move(cb);
-    o.result.peer = peer;
-    o.result.tag = request_id;
-    o.result.length = data.length();
     t = o.result.token;
     Core::PeerState& ps = c.peers[peer];
-    if (ps.credits == 0 || ps.qhead != kNone) {
-      ++c.st.credit_stalls;
-      o.state = Core::State::queued;
-      if (ps.qtail != kNone) c.ops[ps.qtail].next = *r; else ps.qhead = *r;
-      ps.qtail = *r;
+    if (Core::must_wait_credit(ps)) {
+      c.queue_for_credit(ps, *r);
     } else {
       c.dispatch_send(*r);
     }
@@ -1847,15 +1853,7 @@ Status Messenger::cancel(MessageToken token) noexcept {
     return Status::ok;
   }
   if (o->state == Core::State::queued) {
-    Core::PeerState& ps = c.peers[o->peer];
-    std::uint32_t prev = kNone;
-    for (std::uint32_t q = ps.qhead; q != kNone; prev = q, q = c.ops[q].next) {
-      if (q != i) continue;
-      if (prev == kNone) ps.qhead = c.ops[q].next; else c.ops[prev].next = c.ops[q].next;
-      if (ps.qtail == q) ps.qtail = prev;
-      break;
-    }
-    o->state = Core::State::active;
+    c.unqueue_for_credit(i);
     c.complete(i, Status::canceled);
     c.changed();
     return Status::ok;
