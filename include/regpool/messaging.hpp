@@ -210,7 +210,9 @@ class REGPOOL_API Messenger {
   // Request/response: send `data` with `tag` to `peer`; the completion
   // (op request) carries the response in `ldo`. Fails with timeout after
   // `timeout` (0 = none), canceled after cancel(), peer_unreachable when
-  // the peer is failed (fail_peer, Endpoint::fail_peer, membership).
+  // the peer is failed (fail_peer, Endpoint::fail_peer, membership). A
+  // request that ends so while its send still waits for credits is never
+  // sent.
   Result<MessageToken> request(PeerId peer, std::uint64_t tag, const Slice& data, std::chrono::milliseconds timeout,
                                MessageCallback cb = {}) noexcept;
   // Answer a received request (MessageCompletion::request_id). A reply to

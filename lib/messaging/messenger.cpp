@@ -329,6 +329,7 @@ struct MessengerCore {
       free_op(i);
       return;
     }
+    if (o.kind == Kind::request && s != Status::ok) drop_queued_request_send(i);
     o.result.status = s;
     if (s == Status::truncated) ++st.truncated;
     o.state = State::done;
@@ -503,6 +504,23 @@ struct MessengerCore {
       break;
     }
     ops[i].state = State::active;
+  }
+  // Request r ends unanswered (canceled, timed out, its peer failed) while
+  // its send still waits for credits: the send is dropped, so the peer
+  // never serves a request nobody awaits and the credit goes to the next
+  // message. Only a send still queued: one already leaving completes on its
+  // own (and a peer failure completes queued sends itself, marked active
+  // first).
+  void drop_queued_request_send(std::uint32_t r) noexcept {
+    const Op& ro = ops[r];
+    if (ro.peer >= peers.size()) return;
+    for (std::uint32_t q = peers[ro.peer].qhead; q != kNone; q = ops[q].next) {
+      const Op& so = ops[q];
+      if (so.state != State::queued || so.kind != Kind::internal || so.link != r || so.link_gen != ro.gen) continue;
+      unqueue_for_credit(q);
+      free_op(q);
+      return;
+    }
   }
   // A claimed op made a send of `length` bytes to `peer` with `tag` (a user
   // tag, or a request's id in the reply space), completing to `cb` or to a

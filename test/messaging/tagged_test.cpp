@@ -6,7 +6,8 @@
 //    (nothing written past the buffer), probe, zero-copy receive;
 //  - budget and credits: a receiver that does not receive holds at most its
 //    budget plus one credit window of messages; nothing is lost; sends
-//    queued behind credits can be canceled, the rest leave in order;
+//    queued behind credits can be canceled, the rest leave in order; a
+//    request canceled or timed out while its send is queued is never sent;
 //  - rendezvous at 4 MiB and 64 MiB, every byte checked, exposures revoked,
 //    truncation of a rendezvous, each with the receiver's split (grant,
 //    the sender's puts, done) forced, never, and the backend's default;
@@ -366,7 +367,8 @@ TEST_CASE("threads: a waiter gets what another thread's progress delivered", "[f
   CHECK(b.m.stats().rejected == 0);
 }
 
-TEST_CASE("sends queued behind credits can be canceled; the rest arrive in order", "[fabric][messaging]") {
+TEST_CASE("sends queued behind credits can be canceled; the rest arrive in order; queued requests that end unanswered are never sent",
+          "[fabric][messaging]") {
   const std::string prov = GENERATE(from_range(rpt::backends()));
   INFO("backend " << prov);
   MessengerConfig few;
@@ -419,7 +421,7 @@ TEST_CASE("sends queued behind credits can be canceled; the rest arrive in order
   CHECK(a.m.wait(t[7], 1s).status == Status::canceled);
   send(8);
   std::vector<std::byte> expect(64);
-  for (std::uint64_t want : {0, 1, 2, 3, 4, 6, 8}) {
+  auto receive = [&](std::uint64_t want) {
     INFO("message " << want);
     auto r = b.m.recv(regpool::kAnyPeer, 5, 0, b_into);
     REQUIRE(r.ok());
@@ -435,8 +437,38 @@ TEST_CASE("sends queued behind credits can be canceled; the rest arrive in order
     CHECK(word_at(b_buf.data()) == want);
     rpt::fill(expect, want);
     CHECK(std::memcmp(expect.data() + 8, b_buf.data().data() + 8, 56) == 0);
-  }
+  };
+  for (std::uint64_t want : {0, 1, 2, 3, 4, 6, 8}) receive(want);
   for (std::size_t i : {0, 1, 2, 3, 4, 6, 8}) CHECK(a.m.wait(t[i], 10s).status == Status::ok);
+
+  // Requests whose send still waits for credits, canceled or timed out:
+  // their send is dropped, and b never sees them. First both sides settle,
+  // then a alone takes in whatever b sent last (returned credits), so b's
+  // pause starts from a known state.
+  auto settle = [](Messenger& m, Messenger* other, std::chrono::milliseconds d) {
+    const auto until = std::chrono::steady_clock::now() + d;
+    while (std::chrono::steady_clock::now() < until) {
+      (void)m.progress();
+      if (other) (void)other->progress();
+    }
+  };
+  settle(a.m, &b.m, 100ms);
+  settle(a.m, nullptr, 100ms);
+  // Fill a's credits until a send queues: requests now queue behind it.
+  std::uint64_t next = 9;
+  const std::uint64_t stalled = a.m.stats().credit_stalls;
+  while (a.m.stats().credit_stalls == stalled && next < 9 + 8) send(next++);
+  REQUIRE(a.m.stats().credit_stalls > stalled);
+  auto canceled = a.m.request(to_b, 9, a.filled(8, 3), 0ms);
+  auto expired = a.m.request(to_b, 9, a.filled(8, 4), 100ms);
+  REQUIRE((canceled.ok() && expired.ok()));
+  CHECK(a.m.cancel(*canceled) == Status::ok);
+  CHECK(a.m.wait(*canceled, 1s).status == Status::canceled);
+  CHECK(a.m.wait(*expired, 5s).status == Status::timeout);
+  for (std::uint64_t want = 9; want < next; ++want) receive(want);
+  for (std::uint64_t i = 9; i < next; ++i) CHECK(a.m.wait(t[i], 10s).status == Status::ok);
+  settle(a.m, &b.m, 200ms);
+  CHECK(b.m.probe(regpool::kAnyPeer, 9, 0).status() == Status::would_block);
   CHECK(b.m.stats().rejected == 0);
 }
 
