@@ -454,11 +454,14 @@ TEST_CASE("sends queued behind credits can be canceled; the rest arrive in order
   };
   settle(a.m, &b.m, 100ms);
   settle(a.m, nullptr, 100ms);
-  // Fill a's credits until a send queues: requests now queue behind it.
+  // Fill a's credits until three sends queue: requests now queue behind
+  // them. Three, b's whole grant: should credits still on their way reach
+  // a while the requests wait (a's wait progresses a), the fillers take
+  // them, and the requests stay queued whatever the timing.
   std::uint64_t next = 9;
   const std::uint64_t stalled = a.m.stats().credit_stalls;
-  while (a.m.stats().credit_stalls == stalled && next < 9 + 8) send(next++);
-  REQUIRE(a.m.stats().credit_stalls > stalled);
+  while (a.m.stats().credit_stalls - stalled < 3 && next < 9 + 12) send(next++);
+  REQUIRE(a.m.stats().credit_stalls - stalled >= 3);
   auto canceled = a.m.request(to_b, 9, a.filled(8, 3), 0ms);
   auto expired = a.m.request(to_b, 9, a.filled(8, 4), 100ms);
   REQUIRE((canceled.ok() && expired.ok()));
