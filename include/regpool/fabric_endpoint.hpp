@@ -620,9 +620,6 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   // shm, or FabricEndpointOptions::inject_sends is off; open_shm_watch).
   std::uint64_t inject_limit_ = 0;
   std::vector<std::uint64_t> injected_;
-  // The last poll completed injected sends and did not call the provider
-  // (do_poll): the next poll calls it.
-  bool provider_skipped_ = false;
   std::size_t complete_injected(std::size_t max) noexcept;
   void complete_send(std::uint32_t index, const BackendOp& op) noexcept;
 

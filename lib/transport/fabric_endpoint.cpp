@@ -1463,23 +1463,12 @@ std::size_t FabricEndpoint::complete_injected(std::size_t max) noexcept {
 [[gnu::hot]] std::size_t FabricEndpoint::do_poll(std::size_t max) noexcept {
   std::size_t events = 0;
   if (shm_) {
-    // Only shm injects (open_shm_watch). A poll that completed injected
-    // sends leaves the provider alone when the poll before it read the CQ:
-    // a wait for a small send (each send of a ping-pong, each of a stream
-    // waited on one by one) then costs no provider progress call (on shm
-    // a fi_cq_read that finds nothing is some 300 instructions: 150 per
-    // send round of bench/rma-insns), and whatever else the provider holds
-    // is read by the next poll at the latest: of two polls in a row one
-    // always reads.
-    bool skip_provider = false;
+    // Only shm injects (open_shm_watch).
     if (!injected_.empty()) {
       events = complete_injected(max);
       if (events >= max) return events;
       max -= events;
-      skip_provider = events > 0 && !provider_skipped_;
     }
-    provider_skipped_ = skip_provider;
-    if (skip_provider) return events;
     // fi_cq_read takes our own region lock: never call it while that lock
     // is held (a killed peer may be holding it for ever; the peer check
     // below is what recovers it).

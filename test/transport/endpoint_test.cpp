@@ -195,67 +195,6 @@ TEST_CASE("send and recv deliver many messages in order and intact", "[fabric]")
   CHECK(rpt::reap(kid, 30s) == 0);
 }
 
-#ifndef RPT_BACKEND_VERBS
-TEST_CASE("a sender that waits only on its small sends still takes in what arrives", "[fabric]") {
-  // shm sends small messages by fi_inject and completes them at the next
-  // poll; a poll that completed some does not call the provider when the
-  // poll before it did (FabricEndpoint::do_poll). The bound: of two polls
-  // in a row one reads the provider, so a message already in our queue is
-  // delivered by the second wait for a small send at the latest. Both ends
-  // in this process: the other end's inject puts its message straight into
-  // our queue, so "already there" holds without any timing.
-  rpt::Stack s("shm");
-  auto other = rpt::open_endpoint(s.domain, "shm", regpool::EndpointConfig{});
-  const auto peer = s.ep->insert_peer(other->name());
-  const auto back = other->insert_peer(s.ep->name());
-  auto obj = s.alloc(4096);
-  const Slice out = rpt::slice_or_die(Slice::data(obj, 0, 8));
-  const Slice theirs = rpt::slice_or_die(Slice::data(obj, 1024, 8));
-  const Slice in = rpt::slice_or_die(Slice::data(obj, 2048, 8));
-  {
-    // The first message each way completes only while its target
-    // progresses (connection setup): the other end progresses in a thread.
-    auto got = other->post_recv(theirs);
-    auto got_back = s.ep->post_recv(in);
-    REQUIRE((got.ok() && got_back.ok()));
-    std::atomic<bool> stop{false};
-    Completion c1, c2;
-    std::thread serve([&] {
-      c2 = rpt::wait_ok(*other, other->send(back, theirs), 10s);
-      while (!stop.load()) (void)other->progress();
-    });
-    c1 = rpt::wait_ok(*s.ep, s.ep->send(peer, out), 10s);
-    const Completion r1 = s.ep->wait(*got_back, 10s);
-    stop = true;
-    serve.join();
-    REQUIRE(c1.status == Status::ok);
-    REQUIRE(c2.status == Status::ok);
-    REQUIRE(r1.status == Status::ok);
-    REQUIRE(other->wait(*got, 10s).status == Status::ok);
-  }
-  for (int round = 0; round < 20; ++round) {
-    INFO("round " << round);
-    bool arrived = false;
-    auto rx = s.ep->post_recv(in, [&arrived](const Completion& c) { arrived = c.status == Status::ok; });
-    REQUIRE(rx.ok());
-    // The other end's small send: in our queue when its wait returns.
-    REQUIRE(rpt::wait_ok(*other, other->send(back, theirs), 10s).status == Status::ok);
-    int waits = 0;
-    while (!arrived && waits < 2) {
-      REQUIRE(rpt::wait_ok(*s.ep, s.ep->send(peer, out), 10s).status == Status::ok);
-      ++waits;
-    }
-    CHECK(arrived);
-    // The other end takes in our sends (it only sends otherwise).
-    for (int k = 0; k < waits; ++k) {
-      auto r = other->post_recv(theirs);
-      REQUIRE(r.ok());
-      REQUIRE(other->wait(*r, 10s).status == Status::ok);
-    }
-  }
-}
-#endif
-
 TEST_CASE("atomics under contention from two processes", "[fabric]") {
   const std::string prov = GENERATE(from_range(rpt::backends()));
   INFO("backend " << prov);
