@@ -430,6 +430,11 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   std::size_t poll_data(std::size_t max) noexcept;
   bool poll_error() noexcept;
   std::size_t poll_ctrl() noexcept;
+  // shm, before a peer's address is removed: the provider processes what
+  // the peer left in our queue while its region is still mapped
+  // (do_remove_peer). At most kDrainRounds CQ batches.
+  void drain_before_unmap() noexcept;
+  static constexpr int kDrainRounds = 64;
   std::size_t poll_ctrl_paced() noexcept;
   REGPOOL_LOCAL void serve_request(const fabric_wire::CtrlMsg& req) noexcept;
   REGPOOL_LOCAL void handle_reply(const fabric_wire::CtrlMsg& rep) noexcept;

@@ -707,6 +707,17 @@ void FabricEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
   }
   if (deaths_) deaths_->forget(handle);
   if (rescuer_) rescuer_->peer_removed(p.pid);
+  // shm: a message above the inject size that this peer left in our queue
+  // is a command that refers to its region (the provider writes the
+  // command's reply there). Processed after fi_av_remove unmapped that
+  // region, it is a write through a dangling mapping: SIGSEGV in our next
+  // progress, the membership layer having removed a killed client at once
+  // (test transport-peer-death, "a peer removed right after it died ...").
+  // So the provider processes our queue while the region is still mapped:
+  // one progress call takes the whole queue, unless the CQ fills, hence
+  // reading until it is empty. Never while our own region's lock is held
+  // (a dead holder: fi_cq_read would spin), as in do_poll.
+  if (shm_) drain_before_unmap();
   fi_addr_t a = p.data;
   sweep_retired();
   bool retired = false;
@@ -739,6 +750,14 @@ void FabricEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
     count_reply_peers();
   }
   p = PeerAddr{};
+}
+
+void FabricEndpoint::drain_before_unmap() noexcept {
+  const std::size_t batch = std::max<std::size_t>(1, config().poll_batch);
+  for (int round = 0; round < kDrainRounds && !shm_region_blocked(own_data_); ++round) {
+    if (poll_data(batch) < batch) break;
+  }
+  if (ctrl_cq_ && !shm_region_blocked(own_ctrl_)) (void)poll_ctrl();
 }
 
 // rxm frees a peer's connection only once its progress has seen the
