@@ -108,6 +108,35 @@ regpool::Result<regpool::Token> post(FabricEndpoint& ep, Op op, regpool::PeerId 
   return Status::invalid_argument;
 }
 
+// A child's side of the setup: the parent's blobs from the bootstrap (its
+// name first, then whatever else it packed) and the parent inserted.
+struct Parent {
+  std::vector<std::vector<std::byte>> parts;
+  regpool::PeerId peer = 0;
+};
+Parent meet_parent(regpool::TcpBootstrap& b, Proc& s) {
+  Parent p;
+  p.parts = regpool::unpack_blobs(b.allgather(s.ep->name(), 20s)[0]);
+  p.peer = s.ep->insert_peer(p.parts[0]);
+  return p;
+}
+
+// A child process that meets the parent on `port` with its own Proc and a
+// `size`-byte object, and runs `body(bootstrap, proc, object, parent)`.
+rpt::ChildGuard spawn_sender(
+    const std::string& prov, std::uint16_t port, std::uint64_t size,
+    const std::function<int(regpool::TcpBootstrap&, Proc&, regpool::Ldo&, regpool::PeerId)>& body) {
+  return rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        Proc s(prov);
+        auto buf = s.alloc(size);
+        const auto peer = meet_parent(*b, s).peer;
+        return body(*b, s, buf, peer);
+      },
+      120);
+}
+
 // The child hammering `op` at the parent (the target) until it is killed.
 int hammer(const std::string& prov, std::uint16_t port, Op op) {
   auto b = rpt::child_bootstrap(port);
@@ -116,9 +145,9 @@ int hammer(const std::string& prov, std::uint16_t port, Op op) {
   // Sends as long as the parent accepts (tcp;ofi_rxm: 16 KiB).
   const Slice slice = rpt::slice_or_die(
       op == Op::send ? Slice::data(buf, 0, rpt::accepted_send_size(prov, kBig)) : Slice::data(buf));
-  auto parts = regpool::unpack_blobs(b->allgather(s.ep->name(), 20s)[0]);
-  const auto peer = s.ep->insert_peer(parts[0]);
-  const RemoteRef ref = rpt::decode_or_die(parts[1]);
+  const Parent parent = meet_parent(*b, s);
+  const auto peer = parent.peer;
+  const RemoteRef ref = rpt::decode_or_die(parent.parts[1]);
   (void)b->allgather({}, 20s);  // the parent is progressing from here on
   for (;;) {
     auto t = post(*s.ep, op, peer, ref, slice);
@@ -233,9 +262,9 @@ void check_still_serving(Proc& p, const std::string& prov, Slice target, std::at
         Proc s(prov);
         auto buf = s.alloc(4096);
         const Slice slice = rpt::slice_or_die(Slice::data(buf));
-        auto parts = regpool::unpack_blobs(b->allgather(s.ep->name(), 20s)[0]);
-        const auto peer = s.ep->insert_peer(parts[0]);
-        const RemoteRef ref = rpt::decode_or_die(parts[1]);
+        const Parent parent = meet_parent(*b, s);
+        const auto peer = parent.peer;
+        const RemoteRef ref = rpt::decode_or_die(parent.parts[1]);
         const auto t0 = Clock::now();
         auto t = s.ep->put(slice, peer, ref, 0);
         if (!t.ok()) {
@@ -915,13 +944,8 @@ TEST_CASE("a peer that dies with a message unexpected at us leaves no trap for o
   Proc p(prov);
   auto boot = rpt::root_bootstrap();
   const auto port = boot->port();
-  auto kid = rpt::spawn(
-      [&]() -> int {
-        auto b = rpt::child_bootstrap(port);
-        Proc s(prov);
-        auto buf = s.alloc(size);
-        auto parts = regpool::unpack_blobs(b->allgather(s.ep->name(), 20s)[0]);
-        const auto peer = s.ep->insert_peer(parts[0]);
+  auto kid = spawn_sender(
+      prov, port, size, [&](regpool::TcpBootstrap& b, Proc& s, regpool::Ldo& buf, regpool::PeerId peer) -> int {
         auto t = s.ep->send(peer, rpt::slice_or_die(Slice::data(buf)));
         // Refused (above the parent's advertised limit) or sent: either
         // way the parent must survive what follows.
@@ -929,10 +953,9 @@ TEST_CASE("a peer that dies with a message unexpected at us leaves no trap for o
         const auto until = Clock::now() + 300ms;
         while (t.ok() && Clock::now() < until) s.ep->progress();
         const std::byte v[1] = {std::byte{verdict}};
-        (void)b->allgather(v, 20s);
+        (void)b.allgather(v, 20s);
         for (;;) s.ep->progress();
-      },
-      120);
+      });
   auto names = boot->allgather(regpool::pack_blobs({p.ep->name()}), 20s);
   (void)p.ep->insert_peer(names[1]);
   std::atomic<bool> stop{false};
@@ -991,25 +1014,19 @@ TEST_CASE("a peer removed right after it died with messages still in our queue l
   Proc p(prov);
   auto boot = rpt::root_bootstrap();
   const auto port = boot->port();
-  auto kid = rpt::spawn(
-      [&]() -> int {
-        auto b = rpt::child_bootstrap(port);
-        Proc s(prov);
-        auto buf = s.alloc(kSize);
-        auto parts = regpool::unpack_blobs(b->allgather(s.ep->name(), 20s)[0]);
-        const auto peer = s.ep->insert_peer(parts[0]);
+  auto kid = spawn_sender(
+      prov, port, kSize, [&](regpool::TcpBootstrap& b, Proc& s, regpool::Ldo& buf, regpool::PeerId peer) -> int {
         // A small message first, answered while the parent progresses:
         // the connection is up before the parent stops progressing.
         auto hello = s.ep->send(peer, rpt::slice_or_die(Slice::data(buf, 0, 8)));
         RPT_CHECK(hello.ok() && s.ep->wait(*hello, 20s).status == Status::ok);
-        (void)b->allgather({}, 20s);  // the parent no longer progresses
+        (void)b.allgather({}, 20s);  // the parent no longer progresses
         auto t = s.ep->send(peer, rpt::slice_or_die(Slice::data(buf)));
         const std::byte v[1] = {std::byte{t.ok() ? std::uint8_t{1} : std::uint8_t{2}}};
-        (void)b->allgather(v, 20s);
+        (void)b.allgather(v, 20s);
         ::pause();
         return 0;
-      },
-      120);
+      });
   auto names = boot->allgather(regpool::pack_blobs({p.ep->name()}), 20s);
   const auto peer = p.ep->insert_peer(names[1]);
   auto rx = p.alloc(kSize);
