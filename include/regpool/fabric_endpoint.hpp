@@ -432,9 +432,9 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   std::size_t poll_ctrl() noexcept;
   // shm, before a peer's address is removed: the provider processes what
   // the peer left in our queue while its region is still mapped
-  // (do_remove_peer). At most kDrainRounds CQ batches.
+  // (do_remove_peer). At most kDrainMax data completions.
   void drain_before_unmap() noexcept;
-  static constexpr int kDrainRounds = 64;
+  static constexpr std::size_t kDrainMax = 2048;
   std::size_t poll_ctrl_paced() noexcept;
   REGPOOL_LOCAL void serve_request(const fabric_wire::CtrlMsg& req) noexcept;
   REGPOOL_LOCAL void handle_reply(const fabric_wire::CtrlMsg& rep) noexcept;

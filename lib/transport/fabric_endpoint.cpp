@@ -753,10 +753,9 @@ void FabricEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
 }
 
 void FabricEndpoint::drain_before_unmap() noexcept {
-  const std::size_t batch = std::max<std::size_t>(1, config().poll_batch);
-  for (int round = 0; round < kDrainRounds && !shm_region_blocked(own_data_); ++round) {
-    if (poll_data(batch) < batch) break;
-  }
+  // Both readers read until their CQ comes back short (poll_data up to
+  // its bound).
+  if (!shm_region_blocked(own_data_)) (void)poll_data(kDrainMax);
   if (ctrl_cq_ && !shm_region_blocked(own_ctrl_)) (void)poll_ctrl();
 }
 
