@@ -385,6 +385,11 @@ struct EndpointStats {
   // Completions the provider reported for such an operation after its slot
   // was taken back (recognised by the slot's generation and dropped).
   std::uint64_t stale_completions = 0;
+  // Messages a peer had sent that no receive had taken when remove_peer
+  // removed it, and that the backend had to drop there: libfabric shm keeps
+  // such a message pointing into the sender's memory, which the removal
+  // unmaps, so a receive matching it later would crash the process.
+  std::uint64_t dropped_at_removal = 0;
 };
 
 // Thread-safety: every public member may be called from any thread; calls
@@ -418,6 +423,8 @@ class REGPOOL_API Endpoint {
   // Make a peer addressable from its name(). Inserting the same name twice
   // returns the same PeerId.
   PeerId insert_peer(std::span<const std::byte> name);
+  // Forget a peer. Its messages that no receive has taken yet may be
+  // dropped (shm must: EndpointStats::dropped_at_removal).
   void remove_peer(PeerId peer) noexcept;
   std::size_t peer_count() const noexcept;
 
@@ -615,6 +622,11 @@ class REGPOOL_API Endpoint {
     std::uint64_t result = 0;   // the remote word before the op
   };
   AtomicWords* atomic_words(std::uint32_t index) noexcept { return &atomic_words_[index]; }
+  // A backend dropped `n` messages of a peer it was removing
+  // (EndpointStats::dropped_at_removal).
+  void count_dropped_at_removal(std::uint64_t n) noexcept {
+    dropped_at_removal_.fetch_add(n, std::memory_order_relaxed);
+  }
   const Registration& atomic_registration() const noexcept { return atomic_reg_; }
 
   // --- the backend interface (endpoint_backend.hpp) ---
@@ -920,6 +932,7 @@ class REGPOOL_API Endpoint {
   std::atomic<std::uint64_t> reconnects_{0};
   std::atomic<std::uint64_t> abandoned_{0};
   std::atomic<std::uint64_t> stale_completions_{0};
+  std::atomic<std::uint64_t> dropped_at_removal_{0};
 };
 
 }  // namespace regpool

@@ -433,8 +433,22 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   // shm, before a peer's address is removed: the provider processes what
   // the peer left in our queue while its region is still mapped
   // (do_remove_peer). At most kDrainMax data completions.
-  void drain_before_unmap() noexcept;
+  void drain_before_unmap(std::uint64_t addr) noexcept;
   static constexpr std::size_t kDrainMax = 2048;
+  // shm, in the same place: the peer's messages that the provider keeps
+  // unexpected (no receive took them) still refer to its region, written
+  // when a receive matches them. Directed receives into drain_buf_ take and
+  // drop them while it is mapped. How many it took.
+  std::size_t drain_unexpected(std::uint64_t addr) noexcept;
+  // A completion (or error, `canceled` for FI_ECANCELED) of the drain's
+  // receive, recognised by its context (kDrainContext, a tag no slot has).
+  [[gnu::cold]] void drain_completed(bool canceled) noexcept;
+  static constexpr std::uintptr_t kDrainContext = 0xffffffffU;
+  enum class DrainState : std::uint8_t { idle, posted, matched, canceled };
+  DrainState drain_state_ = DrainState::idle;
+  // FI_DIRECTED_RECV granted (asked of shm only) and tags as contexts.
+  bool drain_unexpected_ok_ = false;
+  std::array<std::byte, 64> drain_buf_{};
   std::size_t poll_ctrl_paced() noexcept;
   REGPOOL_LOCAL void serve_request(const fabric_wire::CtrlMsg& req) noexcept;
   REGPOOL_LOCAL void handle_reply(const fabric_wire::CtrlMsg& rep) noexcept;

@@ -76,6 +76,10 @@ InfoPtr make_hints(const FabricConfig& config, const Attempt& a) {
     // net, the faster one since oversized messages cannot stall it any more
     // (FabricEndpointOptions::max_incoming_message; bench/RESULTS.md).
     if (name == "tcp") name = "net";
+    // shm: directed receives let an endpoint take a removed peer's
+    // unexpected messages before its region is unmapped (FabricEndpoint::
+    // drain_unexpected). Receives posted for any source match as before.
+    if (name == "shm") hints->caps |= FI_DIRECTED_RECV;
     hints->fabric_attr->prov_name = ::strdup(name.c_str());
     if (!hints->fabric_attr->prov_name) {
       throw Error(Status::out_of_memory, -FI_ENOMEM, "fabric domain: strdup failed");

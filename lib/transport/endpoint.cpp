@@ -2023,6 +2023,7 @@ EndpointStats Endpoint::stats() const noexcept {
   st.unknown_source = unknown_source_.load(std::memory_order_relaxed);
   st.abandoned = abandoned_.load(std::memory_order_relaxed);
   st.stale_completions = stale_completions_.load(std::memory_order_relaxed);
+  st.dropped_at_removal = dropped_at_removal_.load(std::memory_order_relaxed);
   st.sleeps = sleeps_.load(std::memory_order_relaxed);
   st.bell_wakes = bell_wakes_.load(std::memory_order_relaxed);
   const auto g = lock_fair();
