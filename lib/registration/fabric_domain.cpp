@@ -149,7 +149,7 @@ FabricDomain::FabricDomain(const FabricConfig& config) {
   std::vector<bool> atomic_options = config.want_atomics ? std::vector<bool>{true, false}
                                                          : std::vector<bool>{false};
   fi_info* found = nullptr;
-  auto search = [&]() -> int {
+  auto search = [&](const FabricConfig& cfg) -> int {
     int rc = -FI_ENODATA;
     for (bool va : vaddr_options) {
       for (bool at : atomic_options) {
@@ -158,7 +158,7 @@ FabricDomain::FabricDomain(const FabricConfig& config) {
             // FI_SOURCE last: the least wanted (receives then report
             // kAnyPeer), and shm and tcp;ofi_rxm grant it.
             for (bool src : {true, false}) {
-              InfoPtr hints = make_hints(config, Attempt{va, at, ts, sas, src});
+              InfoPtr hints = make_hints(cfg, Attempt{va, at, ts, sas, src});
               found = nullptr;
               rc = fi_getinfo(kApiVersion, node, service, flags, hints.get(), &found);
               if (rc == 0 && found) return 0;
@@ -171,7 +171,22 @@ FabricDomain::FabricDomain(const FabricConfig& config) {
     }
     return rc;
   };
-  int rc = search();
+  int rc = search(config);
+  if (rc == 0 && found && config.provider.empty() && found->fabric_attr && found->fabric_attr->prov_name &&
+      std::string_view(found->fabric_attr->prov_name) == "shm") {
+    // shm chosen by libfabric: ask again by name, for the capabilities
+    // regpool asks of shm alone (make_hints: directed receives).
+    fi_info* first = found;
+    FabricConfig named = config;
+    named.provider = "shm";
+    if (search(named) == 0 && found) {
+      fi_freeinfo(first);
+    } else {
+      if (found) fi_freeinfo(found);
+      found = first;
+      rc = 0;
+    }
+  }
   if (rc != 0 || !found) {
     if (found) fi_freeinfo(found);
     if (rc == 0) rc = -FI_ENODATA;

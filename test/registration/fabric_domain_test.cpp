@@ -5,6 +5,9 @@
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstdlib>
@@ -95,6 +98,43 @@ TEST_CASE("fabric domain opens a provider by name", "[fabric]") {
   // Both providers offer FI_THREAD_SAFE here.
   CHECK(d->thread_safe());
   CHECK(d->native_info()->domain_attr->threading == FI_THREAD_SAFE);
+}
+
+// shm keeps a message that found no receive pointing into its sender's
+// region; FabricEndpoint drops a removed peer's such messages with receives
+// directed at that peer (docs/provider-facts.md, "shm: removing a peer"),
+// so the domain asks shm for FI_DIRECTED_RECV: by name, and when libfabric
+// picked shm for an empty provider name.
+bool directed_receives(const FabricDomain& d) {
+  const fi_info* i = d.native_info();
+  return (i->caps & FI_DIRECTED_RECV) != 0 && i->rx_attr != nullptr && (i->rx_attr->caps & FI_DIRECTED_RECV) != 0;
+}
+
+TEST_CASE("fabric domain asks shm for directed receives", "[fabric]") {
+  CHECK(directed_receives(*open_provider("shm")));
+  // libfabric picks shm itself when FI_PROVIDER allows nothing else. It reads
+  // its environment once per process, so a fresh process (this executable,
+  // the hidden case below) opens the domain.
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::setenv("FI_PROVIDER", "shm", 1);
+    ::execl("/proc/self/exe", "registration-fabric", "[.auto-shm]", static_cast<char*>(nullptr));
+    ::_exit(126);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("fabric domain with no provider named, FI_PROVIDER=shm (run by the case above)", "[.auto-shm]") {
+  const char* env = std::getenv("FI_PROVIDER");
+  REQUIRE(env != nullptr);
+  REQUIRE(std::string(env) == "shm");
+  FabricDomain d(FabricConfig{});
+  CHECK(d.provider_name() == "shm");
+  CHECK(directed_receives(d));
 }
 
 TEST_CASE("fabric domain provider names are case-insensitive and layered names work", "[fabric]") {
