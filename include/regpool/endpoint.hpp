@@ -622,6 +622,11 @@ class REGPOOL_API Endpoint {
     std::uint64_t result = 0;   // the remote word before the op
   };
   AtomicWords* atomic_words(std::uint32_t index) noexcept { return &atomic_words_[index]; }
+  // From do_post only (never do_post_batch), for the op being posted: it is
+  // complete already (status ok, all its bytes; e.g. a message the provider
+  // copied inside the post). The base completes it once it has taken the op
+  // in, and the backend reports nothing more for it.
+  void complete_at_post() noexcept { completed_at_post_ = true; }
   // A backend dropped `n` messages of a peer it was removing
   // (EndpointStats::dropped_at_removal).
   void count_dropped_at_removal(std::uint64_t n) noexcept {
@@ -933,6 +938,7 @@ class REGPOOL_API Endpoint {
   std::atomic<std::uint64_t> abandoned_{0};
   std::atomic<std::uint64_t> stale_completions_{0};
   std::atomic<std::uint64_t> dropped_at_removal_{0};
+  bool completed_at_post_ = false;  // complete_at_post(), read by submit
 };
 
 }  // namespace regpool

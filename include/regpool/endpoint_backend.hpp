@@ -86,6 +86,16 @@
 //                                             bytes, 16-byte aligned, stable)
 //                                             until it reports the op with
 //                                             complete(op.index, ...);
+//                                             An op complete when the post
+//                                             returns (its bytes copied,
+//                                             nothing left to report) may
+//                                             call complete_at_post()
+//                                             instead: the base completes
+//                                             it, ok with all its bytes
+//                                             (not from do_post_batch, and
+//                                             a backend that calls it
+//                                             overrides do_post_batch: the
+//                                             default one calls do_post);
 //                                           - would_block: nothing posted;
 //                                             the base calls do_poll and
 //                                             retries until post_timeout;

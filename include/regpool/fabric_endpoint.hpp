@@ -634,10 +634,12 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
 
   // Sends of at most inject_limit_ bytes go by fi_inject: the provider
   // copies the message before the call returns and writes no completion,
-  // so the op completes at our next poll (injected_: their tags, in
-  // posting order) without a CQ entry to write and read. 0 = never (not
+  // so the op is complete when the post returns (do_post: complete_at_post)
+  // or, posted in a batch, at our next poll (injected_: their tags, in
+  // posting order), without a CQ entry to write and read. 0 = never (not
   // shm, or FabricEndpointOptions::inject_sends is off; open_shm_watch).
   std::uint64_t inject_limit_ = 0;
+  bool injected_now_ = false;  // do_send's inject, for its caller
   std::vector<std::uint64_t> injected_;
   std::size_t complete_injected(std::size_t max) noexcept;
   void complete_send(std::uint32_t index, const BackendOp& op) noexcept;

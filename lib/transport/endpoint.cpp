@@ -1421,6 +1421,10 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
     return reject(st);
   }
   accept_locked(index);
+  if (completed_at_post_) {
+    completed_at_post_ = false;
+    complete(index, Status::ok, s.desc.length);
+  }
   // A sleeping progress thread or waiter may need to progress this op (or
   // at least to bound its sleep by the op's deadline).
   ++activity_;

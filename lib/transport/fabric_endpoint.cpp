@@ -851,6 +851,14 @@ void* FabricEndpoint::local_desc(const BackendOp& op) noexcept {
 
 [[gnu::hot]] Status FabricEndpoint::do_post(const BackendOp& op) noexcept {
   Status st = post_data(op, 0);
+  if (injected_now_) {
+    // The message is the provider's since fi_inject returned, and the gate
+    // has just found the target alive: what complete_injected would report
+    // at the next poll (ok), without that poll. A waiter on the send then
+    // returns at once instead of reading an empty CQ.
+    injected_now_ = false;
+    complete_at_post();
+  }
   if (rescuer_) rescuer_->post_end();  // the mark shm_peer_gate began
   if (probe_stalls_ && op.kind != OpKind::recv) st = watch_stall(op.peer_handle, st);
   if (st == Status::ok && shm_ && rings_target(op)) ring_peer(op.peer_handle);
@@ -868,6 +876,10 @@ Status FabricEndpoint::do_post_batch(std::span<const BackendOp* const> ops, std:
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const BackendOp& op = *ops[i];
     st = post_data(op, i + 1 < ops.size() ? static_cast<std::uint64_t>(FI_MORE) : 0);
+    if (injected_now_) {
+      injected_now_ = false;
+      injected_.push_back(op.tag);  // reserved: max_in_flight
+    }
     if (rescuer_) rescuer_->post_end();
     if (probe_stalls_ && op.kind != OpKind::recv) st = watch_stall(op.peer_handle, st);
     if (st != Status::ok) break;
@@ -946,7 +958,8 @@ Status FabricEndpoint::rma_msg(bool write, const BackendOp& op, void* buf, void*
   if (more == 0) {
     if (op.length <= inject_limit_) {
       const Status st = post_status(fi_inject(ep_, op.local->address(), op.length, peers_[op.peer_handle].data));
-      if (st == Status::ok) injected_.push_back(op.tag);  // reserved: max_in_flight
+      // do_post completes it at once; do_post_batch at the next poll.
+      if (st == Status::ok) injected_now_ = true;
       return st;
     }
     return post_status(fi_send(ep_, op.local->address(), op.length, (*region)->descriptor(), peers_[op.peer_handle].data,
