@@ -174,14 +174,15 @@ struct FabricEndpointOptions {
   // every write needs target progress: off by default there.
   DeliveryComplete delivery_complete = DeliveryComplete::automatic;
   // shm only: sends up to the provider's inject size (4 KiB in libfabric
-  // 1.17), posted on their own (not in a post_batch), go by fi_inject,
-  // which copies the message into the target's queue before the post
-  // returns and writes no completion entry; the send completes at the
-  // endpoint's next poll, peer_unreachable if the target process is gone,
-  // as with fi_send. What a send's completion promises does not change;
-  // each small send costs a CQ entry less (about 220 fewer instructions per
-  // send round, 3-9 % off an 8 B to 4 KiB send ping-pong,
-  // bench/RESULTS.md). Off: every send by fi_send. Other providers always
+  // 1.17) go by fi_inject, which copies the message into the target's
+  // queue before the post returns and writes no completion entry. Posted
+  // on their own they complete ok inside the post (its gate has just found
+  // the target process alive); the last op of a post_batch (the others
+  // carry FI_MORE and go by fi_send) completes at the next poll,
+  // peer_unreachable if the target process is gone by then. What a send's
+  // completion promises does not change (the message is in the target's
+  // queue); each small send costs a CQ entry less, and a wait on it no poll
+  // (bench/RESULTS.md). Off: every send by fi_send. Other providers always
   // use fi_send: net and tcp;ofi_rxm take an inject to a peer whose
   // connection has failed and drop it without any completion.
   bool inject_sends = true;
