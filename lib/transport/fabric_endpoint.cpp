@@ -32,6 +32,7 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <utility>
 
 namespace regpool {
 namespace {
@@ -785,7 +786,12 @@ std::size_t FabricEndpoint::drain_unexpected(std::uint64_t addr) noexcept {
       const CallMark mark(own_data_.calls);
       rc = fi_recv(ep_, drain_buf_.data(), drain_buf_.size(), nullptr, addr, ctx);
     }
-    if (rc != 0) break;
+    if (rc != 0) {
+      // Nothing posted (a full receive queue, say): no drain this time,
+      // and none owed to the buffer.
+      drain_state_ = DrainState::idle;
+      break;
+    }
     (void)fi_cancel(&ep_->fid, ctx);
     // Both outcomes are in the CQ by now; a few reads in case completions
     // of ours stand before it.
@@ -851,17 +857,15 @@ void* FabricEndpoint::local_desc(const BackendOp& op) noexcept {
 
 [[gnu::hot]] Status FabricEndpoint::do_post(const BackendOp& op) noexcept {
   Status st = post_data(op, 0);
-  if (injected_now_) {
-    // The message is the provider's since fi_inject returned, and the gate
-    // has just found the target alive: what complete_injected would report
-    // at the next poll (ok), without that poll. A waiter on the send then
-    // returns at once instead of reading an empty CQ.
-    injected_now_ = false;
-    complete_at_post();
-  }
+  const bool injected = std::exchange(injected_now_, false);
   if (rescuer_) rescuer_->post_end();  // the mark shm_peer_gate began
   if (probe_stalls_ && op.kind != OpKind::recv) st = watch_stall(op.peer_handle, st);
   if (st == Status::ok && shm_ && rings_target(op)) ring_peer(op.peer_handle);
+  // The message is the provider's since fi_inject returned, and the gate
+  // has just found the target alive: what complete_injected would report
+  // at the next poll (ok), without that poll. A waiter on the send then
+  // returns at once instead of reading an empty CQ.
+  if (injected && st == Status::ok) complete_at_post();
   return st;
 }
 
