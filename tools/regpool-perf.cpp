@@ -193,6 +193,10 @@ void usage(std::FILE* to) {
       "                   its own memory for the peer's write (ib_write_lat); get: one\n"
       "                   read and its completion (ib_read_lat); send: half round trip\n"
       "                   of a send ping-pong (ib_send_lat); medians of --iters samples\n"
+      "  --loop-mean      the send ping-pong also runs --iters iterations with no clock\n"
+      "                   read inside the loop, timed as a whole: JSON latency_us\n"
+      "                   loop_mean, half a round trip (fi_pingpong's usec/xfer; the\n"
+      "                   per-iteration samples carry one time-stamp read each)\n"
       "  --verbs-inline N verbs: inline puts/sends up to N bytes (0: never; default 64,\n"
       "                   the device may grant less)\n"
       "  --verbs-signal S verbs: selective (default: only every 16th small inline op\n"
@@ -255,6 +259,9 @@ struct Config {
   // selective signalling, so both can be compared on and off in one boot.
   std::int64_t verbs_inline = -1;
   bool verbs_signal_all = false;
+  // --loop-mean: the send ping-pong runs --iters more iterations without
+  // per-iteration clock reads, timed as a whole (fi_pingpong's usec/xfer).
+  bool loop_mean = false;
 
   // Serialised for the server: "key=value\n" lines.
   std::string encode() const {
@@ -263,7 +270,8 @@ struct Config {
       << (get ? "get," : "") << (send ? "send," : "") << (atomic ? "atomic," : "") << (expose ? "expose," : "")
       << (tagged ? "tagged," : "") << (memcpy ? "memcpy," : "") << "\ncold_bytes=" << cold_bytes << "\ntagged_threshold=" << tagged_threshold << "\ntagged_split=" << tagged_split << "\nexpose_mode=" << regpool::to_string(expose_mode)
       << "\nperftest=" << (perftest ? 1 : 0) << "\nverbs_inline=" << verbs_inline
-      << "\nverbs_signal=" << (verbs_signal_all ? "all" : "selective") << "\nsizes=";
+      << "\nverbs_signal=" << (verbs_signal_all ? "all" : "selective")
+      << "\nloop_mean=" << (loop_mean ? 1 : 0) << "\nsizes=";
     for (std::size_t i = 0; i < sizes.size(); ++i) o << (i ? "," : "") << sizes[i];
     o << "\n";
     return o.str();
@@ -299,6 +307,7 @@ struct Config {
       if (k == "perftest") c.perftest = v == "1";
       if (k == "verbs_inline") c.verbs_inline = std::strtoll(v.c_str(), nullptr, 10);
       if (k == "verbs_signal") c.verbs_signal_all = v == "all";
+      if (k == "loop_mean") c.loop_mean = v == "1";
       if (k == "expose_mode") {
         if (v == "scoped") {
           c.expose_mode = regpool::ExposureMode::scoped;
@@ -481,6 +490,10 @@ Options parse_args(int argc, char** argv, bool& help) {
       if (o.config.cold_bytes == 0 || o.config.cold_bytes > kMaxColdBytes) {
         throw UsageError("--cold-bytes: between 1 byte and " + format_size(kMaxColdBytes));
       }
+      client_only_option = true;
+    } else if (a == "--loop-mean") {
+      not_for_peers = a;
+      o.config.loop_mean = true;
       client_only_option = true;
     } else if (a == "--perftest") {
       not_for_peers = a;
@@ -1018,7 +1031,7 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
       const Slice out = must(rx_all.select(0, size), "reply slice");
       // Latency: ping-pong, warm-up included.
       boot.barrier(kBootTimeout);
-      serve_send_pingpong(s, peer, in, out, c.iters + kWarmupOps);
+      serve_send_pingpong(s, peer, in, out, c.iters + kWarmupOps + (c.loop_mean ? c.iters : 0));
       // Bandwidth: keep `window` receives posted (hot: into the same bytes;
       // --cold: rotating over the slots), acknowledge the whole stream, then
       // check what landed and send the verdict.
@@ -1063,6 +1076,9 @@ struct Row {
   // Mean of the latency samples (fi_pingpong reports means); NaN (JSON
   // null) where the samples are not here (expose: the server's summary).
   double mean = std::nan("");
+  // --loop-mean (send): half the round trip of an unmarked loop, timed as a
+  // whole; NaN (JSON null) otherwise.
+  double loop_mean = std::nan("");
   std::uint64_t lat_iters = 0;
   double mbps = 0;    // 10^6 bytes per second
   double mops = 0;    // million operations per second
@@ -1233,6 +1249,22 @@ std::vector<double> send_pingpong(Side& s, regpool::PeerId peer, const Slice& in
     pl.show("send", size, "lat", i + 1, iters + kWarmupOps);
   }
   return timer.samples_us(2);
+}
+
+// --loop-mean: `iters` more iterations of send_pingpong's loop (the server
+// serves them right after the marked ones, so no warm-up), with no clock
+// read inside, timed as a whole: half the mean round trip in microseconds,
+// as fi_pingpong computes usec/xfer. The difference from the marked
+// samples' mean is what reading the time-stamp counter each iteration adds.
+double send_pingpong_loop(Side& s, regpool::PeerId peer, const Slice& in, const Slice& out, std::uint64_t iters) {
+  const auto t0 = Clock::now();
+  for (std::uint64_t i = 0; i < iters; ++i) {
+    auto rt = token_or_throw(s.ep->post_recv(in), "post_recv");
+    (void)wait_ok(s, s.ep->send(peer, out), "send");
+    auto back = wait_watching(s, rt, "send pong");
+    if (back.status != Status::ok) op_failed(back.status, "send pong");
+  }
+  return us_since(t0) / static_cast<double>(iters) / 2;
 }
 
 std::vector<Row> run_perftest_client(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpool::PeerId peer,
@@ -1439,6 +1471,7 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       // (fi_pingpong's usec/xfer), their median ucx_perftest's 50%ile.
       boot.barrier(kBootTimeout);
       set_latency(r, send_pingpong(s, peer, out, out, c.iters, pl, size));
+      if (c.loop_mean) r.loop_mean = send_pingpong_loop(s, peer, out, out, c.iters);
       // Bandwidth: a stream of the pattern (message k from slot k mod
       // slots, received into the server's slot of that number) closed by
       // the server's ack; then, untimed, the server's verdict on what landed
@@ -2130,7 +2163,8 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
       if (r.has_latency) {
         s += ",\"latency_us\":{\"median\":" + json_number(r.lat.median) + ",\"min\":" + json_number(r.lat.min) +
              ",\"max\":" + json_number(r.lat.max) + ",\"p99\":" + json_number(r.p99) +
-             ",\"mean\":" + json_number(r.mean) + ",\"iters\":" + std::to_string(r.lat_iters) + "}";
+             ",\"mean\":" + json_number(r.mean) + ",\"loop_mean\":" + json_number(r.loop_mean) +
+             ",\"iters\":" + std::to_string(r.lat_iters) + "}";
       } else {
         s += ",\"latency_us\":null";
       }
