@@ -528,6 +528,11 @@ Options parse_args(int argc, char** argv, bool& help) {
         "the server takes provider, sizes, iterations, window, ops and expose mode from the client; give them there");
   }
   if (o.config.batch > o.config.window) throw UsageError("--batch may not exceed --window");
+  // --perftest's send row is its own ping-pong (run_perftest_client), which
+  // has no unmarked loop; and without send there is no ping-pong at all.
+  if (o.config.loop_mean && (o.config.perftest || !o.config.send)) {
+    throw UsageError("--loop-mean applies to the send ping-pong: give --ops with send, without --perftest");
+  }
   if (o.config.provider.empty()) o.config.provider = o.mode == Mode::loopback || o.mode == Mode::peers ? "shm" : "tcp";
   if (o.mode == Mode::peers && !sizes_given) o.config.sizes = {8};
   if (cold && o.config.cold_bytes == 0) {

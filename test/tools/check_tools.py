@@ -299,6 +299,7 @@ def mode_perf(tool, readme, provider):
             # The mean compare-peers sets beside fi_pingpong's usec/xfer.
             check(lat is not None and lat.get("mean") is not None and lat["min"] <= lat["mean"] <= lat["max"],
                   f"{what}: mean latency between min and max ({lat and lat.get('mean')})")
+        check(lat is None or lat.get("loop_mean") is None, f"{what}: no loop_mean without --loop-mean")
         if r["op"] == "expose":
             # Standard exposures reuse the object's registration: neither
             # process's domain registers anything while the server loops.
@@ -308,6 +309,20 @@ def mode_perf(tool, readme, provider):
         elif r["op"] != "compare_swap":
             check(positive(r["bandwidth_MBps"]) and positive(r["rate_Mops"]), f"{what}: bandwidth positive")
             check(r["domain_registrations"] is None, f"{what}: domain_registrations only on expose rows")
+    # --loop-mean: the send ping-pong again, unmarked, timed as a whole (the
+    # server must serve those iterations too, or the client waits out its
+    # pongs and fails).
+    rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", "8,4K", "--iters", "20",
+                        "--window", "4", "--ops", "send", "--loop-mean", "--json"], timeout=240)
+    check(rc == 0, f"perf {provider} --loop-mean exits 0 (got {rc}: {err})")
+    if rc == 0:
+        d = json.loads(out)
+        check([(r["op"], r["size"]) for r in d["results"]] == [("send", 8), ("send", 4096)],
+              "perf --ops send --loop-mean: the send rows")
+        for r in d["results"]:
+            lat = r["latency_us"]
+            check(r["error"] is None and lat is not None and positive(lat.get("loop_mean")),
+                  f"--loop-mean send {r['size']}: loop_mean reported ({lat})")
     # Scoped: libfabric registers exactly the slice once per exposure (the
     # server's domain; the client's makes none).
     rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", "64,64K", "--iters", "30",
@@ -672,6 +687,8 @@ BAD_ARGS = {
                      ["--loopback", "--cold-bytes", "0"], ["--loopback", "--cold-bytes", "3G"],
                      ["--server", "--cold"], ["--peers", "0"], ["--peers", "2,x"], ["--peers", "2", "--server"],
                      ["--peers", "2", "--ops", "put"], ["--peers", "2", "--cold"], ["--peers", "2", "--port", "9"],
+                     ["--loopback", "--perftest", "--loop-mean"], ["--loopback", "--ops", "put", "--loop-mean"],
+                     ["--peers", "2", "--loop-mean"],
                      ["--loopback", "--tagged-split", "0"], ["--loopback", "--tagged-split", "sometimes"],
                      ["--server", "--tagged-split", "off"]],
 }
