@@ -193,10 +193,11 @@ void usage(std::FILE* to) {
       "                   its own memory for the peer's write (ib_write_lat); get: one\n"
       "                   read and its completion (ib_read_lat); send: half round trip\n"
       "                   of a send ping-pong (ib_send_lat); medians of --iters samples\n"
-      "  --loop-mean      the send ping-pong also runs --iters iterations with no clock\n"
-      "                   read inside the loop, timed as a whole: JSON latency_us\n"
-      "                   loop_mean, half a round trip (fi_pingpong's usec/xfer; the\n"
-      "                   per-iteration samples carry one time-stamp read each)\n"
+      "  --loop-mean      the send and tagged ping-pongs also run --iters iterations\n"
+      "                   with no clock read inside the loop, timed as a whole: JSON\n"
+      "                   latency_us loop_mean, half a round trip (fi_pingpong's\n"
+      "                   usec/xfer; the per-iteration samples carry one time-stamp\n"
+      "                   read each)\n"
       "  --verbs-inline N verbs: inline puts/sends up to N bytes (0: never; default 64,\n"
       "                   the device may grant less)\n"
       "  --verbs-signal S verbs: selective (default: only every 16th small inline op\n"
@@ -259,8 +260,9 @@ struct Config {
   // selective signalling, so both can be compared on and off in one boot.
   std::int64_t verbs_inline = -1;
   bool verbs_signal_all = false;
-  // --loop-mean: the send ping-pong runs --iters more iterations without
-  // per-iteration clock reads, timed as a whole (fi_pingpong's usec/xfer).
+  // --loop-mean: the send and tagged ping-pongs run --iters more iterations
+  // without per-iteration clock reads, timed as a whole (fi_pingpong's
+  // usec/xfer).
   bool loop_mean = false;
 
   // Serialised for the server: "key=value\n" lines.
@@ -529,9 +531,10 @@ Options parse_args(int argc, char** argv, bool& help) {
   }
   if (o.config.batch > o.config.window) throw UsageError("--batch may not exceed --window");
   // --perftest's send row is its own ping-pong (run_perftest_client), which
-  // has no unmarked loop; and without send there is no ping-pong at all.
-  if (o.config.loop_mean && (o.config.perftest || !o.config.send)) {
-    throw UsageError("--loop-mean applies to the send ping-pong: give --ops with send, without --perftest");
+  // has no unmarked loop; and without send or tagged there is no ping-pong.
+  if (o.config.loop_mean && (o.config.perftest || !(o.config.send || o.config.tagged))) {
+    throw UsageError("--loop-mean applies to the send and tagged ping-pongs: give --ops with send or tagged, "
+                     "without --perftest");
   }
   if (o.config.provider.empty()) o.config.provider = o.mode == Mode::loopback || o.mode == Mode::peers ? "shm" : "tcp";
   if (o.mode == Mode::peers && !sizes_given) o.config.sizes = {8};
@@ -902,7 +905,7 @@ void serve_tagged(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpool
     // in the send ping-pong (serve_send_pingpong): a ping that arrived
     // before its receive would be an unexpected message (held, then copied
     // out when the receive comes), which the send row never measures.
-    const std::uint64_t pings = c.iters + kWarmupOps;
+    const std::uint64_t pings = c.iters + kWarmupOps + (c.loop_mean ? c.iters : 0);
     auto post_ping = [&]() {
       auto t = m.recv(peer, 1, 0, in);
       if (!t) op_failed(t.status(), "tagged latency receive");
@@ -1081,8 +1084,8 @@ struct Row {
   // Mean of the latency samples (fi_pingpong reports means); NaN (JSON
   // null) where the samples are not here (expose: the server's summary).
   double mean = std::nan("");
-  // --loop-mean (send): half the round trip of an unmarked loop, timed as a
-  // whole; NaN (JSON null) otherwise.
+  // --loop-mean (send, tagged): half the round trip of an unmarked loop,
+  // timed as a whole; NaN (JSON null) otherwise.
   double loop_mean = std::nan("");
   std::uint64_t lat_iters = 0;
   double mbps = 0;    // 10^6 bytes per second
@@ -1517,16 +1520,29 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       r.size = size;
       const Slice out = must(all.select(0, size), "send slice");
       boot.barrier(kBootTimeout);
-      std::vector<double> lat;
-      for (std::uint64_t i = 0; i < c.iters + kWarmupOps; ++i) {
-        auto back = m.recv(peer, 2, 0, out);  // posted before the ping: never unexpected
-        const auto t0 = Clock::now();
+      // One iteration: the pong's receive (posted before the ping: never
+      // unexpected), the ping and its completion, the pong. Timed back to
+      // back, receive included, as the send ping-pong and ucx_perftest's
+      // tag_lat are.
+      auto round = [&]() {
+        auto back = m.recv(peer, 2, 0, out);
         (void)mwait(m, m.send(peer, 1, out), "tagged send");
         (void)mwait(m, back, "tagged pong");
-        if (i >= static_cast<std::uint64_t>(kWarmupOps)) lat.push_back(us_since(t0) / 2);
+      };
+      SampleTimer timer(c.iters);
+      for (std::uint64_t i = 0; i < c.iters + kWarmupOps; ++i) {
+        if (i == static_cast<std::uint64_t>(kWarmupOps)) timer.start();
+        round();
+        if (i >= static_cast<std::uint64_t>(kWarmupOps)) timer.mark();
         pl.show("tagged", size, "lat", i + 1, c.iters + kWarmupOps);
       }
-      set_latency(r, std::move(lat));
+      set_latency(r, timer.samples_us(2));
+      if (c.loop_mean) {
+        // As send_pingpong_loop: the server serves these right after.
+        const auto t0 = Clock::now();
+        for (std::uint64_t i = 0; i < c.iters; ++i) round();
+        r.loop_mean = us_since(t0) / static_cast<double>(c.iters) / 2;
+      }
       boot.barrier(kBootTimeout);
       const std::uint64_t n = c.bw_ops(size);
       auto ack = m.recv(peer, 3, 0, ctrl_slice);

@@ -309,20 +309,21 @@ def mode_perf(tool, readme, provider):
         elif r["op"] != "compare_swap":
             check(positive(r["bandwidth_MBps"]) and positive(r["rate_Mops"]), f"{what}: bandwidth positive")
             check(r["domain_registrations"] is None, f"{what}: domain_registrations only on expose rows")
-    # --loop-mean: the send ping-pong again, unmarked, timed as a whole (the
-    # server must serve those iterations too, or the client waits out its
-    # pongs and fails).
+    # --loop-mean: the send and tagged ping-pongs again, unmarked, timed as a
+    # whole (the server must serve those iterations too, or the client waits
+    # out its pongs and fails).
     rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", "8,4K", "--iters", "20",
-                        "--window", "4", "--ops", "send", "--loop-mean", "--json"], timeout=240)
+                        "--window", "4", "--ops", "send,tagged", "--loop-mean", "--json"], timeout=240)
     check(rc == 0, f"perf {provider} --loop-mean exits 0 (got {rc}: {err})")
     if rc == 0:
         d = json.loads(out)
-        check([(r["op"], r["size"]) for r in d["results"]] == [("send", 8), ("send", 4096)],
-              "perf --ops send --loop-mean: the send rows")
+        check([(r["op"], r["size"]) for r in d["results"]] ==
+              [("send", 8), ("send", 4096), ("tagged", 8), ("tagged", 4096)],
+              "perf --ops send,tagged --loop-mean: the send and tagged rows")
         for r in d["results"]:
             lat = r["latency_us"]
             check(r["error"] is None and lat is not None and positive(lat.get("loop_mean")),
-                  f"--loop-mean send {r['size']}: loop_mean reported ({lat})")
+                  f"--loop-mean {r['op']} {r['size']}: loop_mean reported ({lat})")
     # Scoped: libfabric registers exactly the slice once per exposure (the
     # server's domain; the client's makes none).
     rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", "64,64K", "--iters", "30",
