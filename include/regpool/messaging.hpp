@@ -95,8 +95,8 @@ using MessageCallback = InlineCallback<MessageCompletion&>;
 struct MessengerConfig {
   // Largest message sent eagerly (copied into a bounce LDO and sent in one
   // message); larger ones go by rendezvous. 0 = the provider's default,
-  // measured (docs/messaging.md): shm 64 KiB, tcp;ofi_rxm 32 KiB; verbs
-  // 16 KiB (not measured).
+  // measured (docs/messaging.md): shm 64 KiB, tcp (libfabric net) 128 KiB,
+  // tcp;ofi_rxm 32 KiB; verbs 16 KiB (not measured).
   // Clamped to 64 .. the endpoint's message size limit minus the 64-byte
   // header. This is also the largest eager payload this Messenger accepts,
   // announced to its peers: a peer sends larger messages to it by
@@ -244,8 +244,8 @@ class REGPOOL_API Messenger {
 };
 
 // The measured default eager threshold of the endpoint's transport
-// (TransferTraits::copy_crossover: shm 64 KiB, tcp;ofi_rxm 32 KiB, verbs
-// 16 KiB).
+// (TransferTraits::copy_crossover: shm 64 KiB, tcp (net) 128 KiB,
+// tcp;ofi_rxm 32 KiB, verbs 16 KiB).
 REGPOOL_API std::uint64_t default_eager_threshold(Endpoint& endpoint) noexcept;
 
 }  // namespace regpool

@@ -82,8 +82,10 @@ struct Facts {
   // with regpool-perf --ops tagged --tagged-threshold (all eager, then all
   // rendezvous) over 4 KiB .. 256 KiB (docs/messaging.md): shm, eager
   // ahead up to 64 KiB, even at 128 KiB, behind at 256 KiB; tcp;ofi_rxm,
-  // even from 16 to 64 KiB, rendezvous ahead above. Other providers: tcp's
-  // figure until measured.
+  // even from 16 to 64 KiB, rendezvous ahead above; net (2026-11-29, 16 KiB
+  // .. 1 MiB), eager ahead up to 128 KiB in latency and bandwidth, even at
+  // 256 KiB, behind at 1 MiB. Other providers: tcp;ofi_rxm's figure until
+  // measured.
   std::uint64_t copy_crossover = std::uint64_t{32} << 10;
 };
 
@@ -114,6 +116,7 @@ inline Facts facts(const std::string& provider) {
     f.oversize_stalls_connection = true;
     f.cq_wait_fd_spins = true;
     f.dead_peer_answers_eagain = true;
+    f.copy_crossover = std::uint64_t{128} << 10;
   } else if (layered) {
     // Any other rxm/rxd stack: treated like tcp;ofi_rxm where the layer is
     // the cause (atomics, completion, cancelled RMA), and like its core
