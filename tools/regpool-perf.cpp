@@ -1240,19 +1240,24 @@ regpool::Token token_or_throw(regpool::Result<regpool::Token> t, const char* wha
   return *t;
 }
 
-// The client's half of the send ping-pong: kWarmupOps + iters iterations of
-// (post the pong's receive into `in`, send `out` and wait for its
-// completion, wait for the pong); returns the last `iters` iterations'
-// times, halved, taken back to back.
+// One iteration of the client's half of the send ping-pong: post the pong's
+// receive into `in`, send `out` and wait for its completion, wait for the
+// pong.
+void send_round(Side& s, regpool::PeerId peer, const Slice& in, const Slice& out) {
+  auto rt = token_or_throw(s.ep->post_recv(in), "post_recv");
+  (void)wait_ok(s, s.ep->send(peer, out), "send");
+  auto back = wait_watching(s, rt, "send pong");
+  if (back.status != Status::ok) op_failed(back.status, "send pong");
+}
+
+// kWarmupOps + iters send_rounds; returns the last `iters` rounds' times,
+// halved, taken back to back.
 std::vector<double> send_pingpong(Side& s, regpool::PeerId peer, const Slice& in, const Slice& out,
                                   std::uint64_t iters, ProgressLine& pl, std::uint64_t size) {
   SampleTimer timer(iters);
   for (std::uint64_t i = 0; i < iters + kWarmupOps; ++i) {
     if (i == static_cast<std::uint64_t>(kWarmupOps)) timer.start();
-    auto rt = token_or_throw(s.ep->post_recv(in), "post_recv");
-    (void)wait_ok(s, s.ep->send(peer, out), "send");
-    auto back = wait_watching(s, rt, "send pong");
-    if (back.status != Status::ok) op_failed(back.status, "send pong");
+    send_round(s, peer, in, out);
     if (i >= static_cast<std::uint64_t>(kWarmupOps)) timer.mark();
     pl.show("send", size, "lat", i + 1, iters + kWarmupOps);
   }
@@ -1266,12 +1271,7 @@ std::vector<double> send_pingpong(Side& s, regpool::PeerId peer, const Slice& in
 // samples' mean is what reading the time-stamp counter each iteration adds.
 double send_pingpong_loop(Side& s, regpool::PeerId peer, const Slice& in, const Slice& out, std::uint64_t iters) {
   const auto t0 = Clock::now();
-  for (std::uint64_t i = 0; i < iters; ++i) {
-    auto rt = token_or_throw(s.ep->post_recv(in), "post_recv");
-    (void)wait_ok(s, s.ep->send(peer, out), "send");
-    auto back = wait_watching(s, rt, "send pong");
-    if (back.status != Status::ok) op_failed(back.status, "send pong");
-  }
+  for (std::uint64_t i = 0; i < iters; ++i) send_round(s, peer, in, out);
   return us_since(t0) / static_cast<double>(iters) / 2;
 }
 
