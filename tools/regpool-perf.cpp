@@ -1250,29 +1250,37 @@ void send_round(Side& s, regpool::PeerId peer, const Slice& in, const Slice& out
   if (back.status != Status::ok) op_failed(back.status, "send pong");
 }
 
-// kWarmupOps + iters send_rounds; returns the last `iters` rounds' times,
-// halved, taken back to back.
-std::vector<double> send_pingpong(Side& s, regpool::PeerId peer, const Slice& in, const Slice& out,
-                                  std::uint64_t iters, ProgressLine& pl, std::uint64_t size) {
+// A ping-pong's client loop (send or tagged): kWarmupOps + iters calls of
+// `round`; returns the last `iters` rounds' times, halved, taken back to
+// back.
+template <class Round>
+std::vector<double> pingpong_samples(std::uint64_t iters, Round round, ProgressLine& pl, const char* op,
+                                     std::uint64_t size) {
   SampleTimer timer(iters);
   for (std::uint64_t i = 0; i < iters + kWarmupOps; ++i) {
     if (i == static_cast<std::uint64_t>(kWarmupOps)) timer.start();
-    send_round(s, peer, in, out);
+    round();
     if (i >= static_cast<std::uint64_t>(kWarmupOps)) timer.mark();
-    pl.show("send", size, "lat", i + 1, iters + kWarmupOps);
+    pl.show(op, size, "lat", i + 1, iters + kWarmupOps);
   }
   return timer.samples_us(2);
 }
 
-// --loop-mean: `iters` more iterations of send_pingpong's loop (the server
+// --loop-mean: `iters` more rounds after pingpong_samples' (the server
 // serves them right after the marked ones, so no warm-up), with no clock
 // read inside, timed as a whole: half the mean round trip in microseconds,
 // as fi_pingpong computes usec/xfer. The difference from the marked
-// samples' mean is what reading the time-stamp counter each iteration adds.
-double send_pingpong_loop(Side& s, regpool::PeerId peer, const Slice& in, const Slice& out, std::uint64_t iters) {
+// samples' mean is what reading the time-stamp counter each round adds.
+template <class Round>
+double pingpong_loop_mean(std::uint64_t iters, Round round) {
   const auto t0 = Clock::now();
-  for (std::uint64_t i = 0; i < iters; ++i) send_round(s, peer, in, out);
+  for (std::uint64_t i = 0; i < iters; ++i) round();
   return us_since(t0) / static_cast<double>(iters) / 2;
+}
+
+std::vector<double> send_pingpong(Side& s, regpool::PeerId peer, const Slice& in, const Slice& out,
+                                  std::uint64_t iters, ProgressLine& pl, std::uint64_t size) {
+  return pingpong_samples(iters, [&] { send_round(s, peer, in, out); }, pl, "send", size);
 }
 
 std::vector<Row> run_perftest_client(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpool::PeerId peer,
@@ -1479,7 +1487,7 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       // (fi_pingpong's usec/xfer), their median ucx_perftest's 50%ile.
       boot.barrier(kBootTimeout);
       set_latency(r, send_pingpong(s, peer, out, out, c.iters, pl, size));
-      if (c.loop_mean) r.loop_mean = send_pingpong_loop(s, peer, out, out, c.iters);
+      if (c.loop_mean) r.loop_mean = pingpong_loop_mean(c.iters, [&] { send_round(s, peer, out, out); });
       // Bandwidth: a stream of the pattern (message k from slot k mod
       // slots, received into the server's slot of that number) closed by
       // the server's ack; then, untimed, the server's verdict on what landed
@@ -1529,20 +1537,8 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
         (void)mwait(m, m.send(peer, 1, out), "tagged send");
         (void)mwait(m, back, "tagged pong");
       };
-      SampleTimer timer(c.iters);
-      for (std::uint64_t i = 0; i < c.iters + kWarmupOps; ++i) {
-        if (i == static_cast<std::uint64_t>(kWarmupOps)) timer.start();
-        round();
-        if (i >= static_cast<std::uint64_t>(kWarmupOps)) timer.mark();
-        pl.show("tagged", size, "lat", i + 1, c.iters + kWarmupOps);
-      }
-      set_latency(r, timer.samples_us(2));
-      if (c.loop_mean) {
-        // As send_pingpong_loop: the server serves these right after.
-        const auto t0 = Clock::now();
-        for (std::uint64_t i = 0; i < c.iters; ++i) round();
-        r.loop_mean = us_since(t0) / static_cast<double>(c.iters) / 2;
-      }
+      set_latency(r, pingpong_samples(c.iters, round, pl, "tagged", size));
+      if (c.loop_mean) r.loop_mean = pingpong_loop_mean(c.iters, round);
       boot.barrier(kBootTimeout);
       const std::uint64_t n = c.bw_ops(size);
       auto ack = m.recv(peer, 3, 0, ctrl_slice);
