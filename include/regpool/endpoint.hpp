@@ -204,10 +204,20 @@ struct Enforcement {
 //    Status::message_too_large). libfabric net: FabricEndpointOptions::
 //    max_incoming_message; tcp;ofi_rxm: the rxm layer's eager limit;
 //    elsewhere no limit. A Messenger keeps its eager payloads within it.
+//  fast_message_limit: the longest message (bytes) the backend sends by its
+//    fastest path; longer ones take a slower one. libfabric shm: its inject
+//    size (4096 in 1.17): every longer message goes by CMA, a system call on
+//    the receiving side (0.38 against 2.18 us for 4160 bytes, measured;
+//    docs/messaging.md). 0 = no such step.
+//  split_crossover: messages up to this many bytes were measured faster
+//    sent as several messages within fast_message_limit than as one: the
+//    default of MessengerConfig::eager_split. 0 = never.
 struct TransferTraits {
   bool initiator_copies = false;
   std::uint64_t copy_crossover = 16 << 10;
   std::uint64_t incoming_message_limit = ~std::uint64_t{0};
+  std::uint64_t fast_message_limit = 0;
+  std::uint64_t split_crossover = 0;
 };
 
 // Exposure counters of one endpoint (exposure_stats(); a consistent snapshot).

@@ -7,24 +7,27 @@
 //
 //   off size field
 //    0   4   magic "RPMG" (0x474d5052 little-endian)
-//    4   1   version (3)
-//    5   1   type: eager 1, rts 2, fin 3, credit 4, grant 5, done 6
+//    4   1   version (4)
+//    5   1   type: eager 1, rts 2, fin 3, credit 4, grant 5, done 6,
+//            lead 7, part 8 (a split eager message)
 //    6   1   space: 0 user tags, 1 replies of request/response
 //    7   1   flags (must be 0)
 //    8   4   credits returned to the receiver of this message
 //   12   4   status (fin: the receiver's Status; done: the sender's; else 0)
-//   16   8   tag (grant: the offset in the message of the granted range;
-//            fin/credit/done 0)
-//   24   8   length: eager, the payload after the header; rts, the
+//   16   8   tag (grant, part: the offset in the message of the granted
+//            range or of the part's bytes; fin/credit/done 0)
+//   24   8   length: eager and part, the payload after the header; lead,
+//            the whole message's payload (more than it carries); rts, the
 //            exposed message (1 .. 2^40); grant, the granted range (1 ..
 //            2^40, offset + length <= 2^40); fin/credit/done 0
 //   32   8   message id (rts/grant/fin pairing: the sender's id of the
-//            message; done: the receiver's id from the grant; eager: the
-//            sender's counter)
+//            message; done: the receiver's id from the grant; eager,
+//            lead: the sender's counter; part: its lead's)
 //   40   8   reply id (request/response: where the reply goes; 0 = none;
 //            grant: the receiver's id, echoed by the done; fin: that id
 //            when a grant for the message went out, else 0)
-//   48   8   seq: per sender and receiver, from 1 (eager, rts); 0 otherwise
+//   48   8   seq: per sender and receiver, from 1 (eager, rts, lead, part);
+//            0 otherwise
 //   56   4   accept_eager: the largest eager payload the sender of this
 //            message accepts (its eager threshold), kMinEager .. kMaxEager
 //   60   4   grant: the credits the sender of this message grants each
@@ -36,6 +39,15 @@
 // sends the fin when its gets are over (naming the grant, so a sender that
 // sees the fin first still serves it); the sender completes on the fin and
 // its puts, the receiver on its gets and the done.
+//
+// Split eager (docs/messaging.md, "Split eager"): where the backend sends
+// messages up to some size by a faster path than longer ones (shm: its
+// inject size, past which every message goes by CMA), an eager payload the
+// header pushes past that size leaves as a lead (header + the first bytes,
+// length = the whole payload) and parts (header + the next bytes at offset
+// `tag`), with consecutive sequence numbers, each on its own credit. The
+// receiver takes them in sequence (Assembly): after a lead, the peer's next
+// messages are its parts, in order, until the payload is complete.
 //
 // Negotiation: both limits ride on every message, so a peer learns them
 // from the first message it gets back. Until then it assumes the smallest
@@ -53,7 +65,7 @@
 namespace regpool::detail::msgwire {
 
 inline constexpr std::uint32_t kMagic = 0x474d5052;  // "RPMG"
-inline constexpr std::uint8_t kVersion = 3;
+inline constexpr std::uint8_t kVersion = 4;
 inline constexpr std::size_t kHeaderSize = 64;
 inline constexpr std::size_t kRefSize = 64;  // RemoteRef::kEncodedSize
 inline constexpr std::size_t kRtsSize = kHeaderSize + kRefSize;  // also a grant
@@ -66,7 +78,7 @@ inline constexpr std::uint32_t kMinEager = 64;
 inline constexpr std::uint32_t kMaxEager = std::uint32_t{1} << 31;
 inline constexpr std::uint32_t kMaxCredits = 65535;
 
-enum class Type : std::uint8_t { eager = 1, rts = 2, fin = 3, credit = 4, grant = 5, done = 6 };
+enum class Type : std::uint8_t { eager = 1, rts = 2, fin = 3, credit = 4, grant = 5, done = 6, lead = 7, part = 8 };
 enum class Space : std::uint8_t { user = 0, reply = 1 };
 
 struct Header {
@@ -105,10 +117,14 @@ inline void encode(const Header& h, std::byte* out) noexcept {
 // the receiver accepts (its bounce buffers, the limit it announces).
 // Returns malformed for any violation: short message, bad magic/version/
 // type/space/flags, a length that disagrees with the bytes received
-// (eager), an eager payload above max_eager (the sender ignored the
-// announced limit), a length of 0 or above 2^40 (rts, grant), a granted
+// (eager, part), an eager payload above max_eager (the sender ignored the
+// announced limit; for a lead, the whole payload), a lead carrying none or
+// all of its payload, a part with no bytes, at offset 0, past its lead's
+// largest length or with a reply id, a length of 0 or above 2^40 (rts,
+// grant), a granted
 // range ending past 2^40, an rts or grant without its reference, a
-// fin/credit/done with a length or tag, seq 0 on eager/rts or non-zero on
+// fin/credit/done with a length or tag, seq 0 on eager/rts/lead/part or
+// non-zero on
 // the others, announced limits out of range, credits above the sender's
 // own grant, a status above kMaxStatus or non-zero outside fin/done.
 inline Status parse(std::span<const std::byte> msg, std::uint64_t max_eager, Header& out) noexcept {
@@ -118,7 +134,7 @@ inline Status parse(std::span<const std::byte> msg, std::uint64_t max_eager, Hea
   if (std::to_integer<std::uint8_t>(p[4]) != kVersion) return Status::malformed;
   const auto type = std::to_integer<std::uint8_t>(p[5]);
   const auto space = std::to_integer<std::uint8_t>(p[6]);
-  if (type < 1 || type > 6) return Status::malformed;
+  if (type < 1 || type > 8) return Status::malformed;
   if (space > 1) return Status::malformed;
   if (std::to_integer<std::uint8_t>(p[7]) != 0) return Status::malformed;
   Header h;
@@ -141,6 +157,17 @@ inline Status parse(std::span<const std::byte> msg, std::uint64_t max_eager, Hea
       if (h.length > max_eager || msg.size() != kHeaderSize + h.length) return Status::malformed;
       if (h.seq == 0 || h.status != 0) return Status::malformed;
       break;
+    case Type::lead:
+      if (h.length > max_eager || msg.size() <= kHeaderSize || msg.size() - kHeaderSize >= h.length) {
+        return Status::malformed;
+      }
+      if (h.seq == 0 || h.status != 0) return Status::malformed;
+      break;
+    case Type::part:
+      if (h.length == 0 || h.length > max_eager || msg.size() != kHeaderSize + h.length) return Status::malformed;
+      if (h.tag == 0 || h.tag >= max_eager || h.length > max_eager - h.tag) return Status::malformed;
+      if (h.seq == 0 || h.status != 0 || h.reply_id != 0) return Status::malformed;
+      break;
     case Type::rts:
       if (msg.size() != kRtsSize || h.length == 0 || h.length > kMaxLength) return Status::malformed;
       if (h.seq == 0 || h.status != 0) return Status::malformed;
@@ -161,5 +188,41 @@ inline Status parse(std::span<const std::byte> msg, std::uint64_t max_eager, Hea
   out = h;
   return Status::ok;
 }
+
+// The bytes a message carries after its header (what parse checked).
+inline std::uint64_t carried(std::span<const std::byte> msg) noexcept { return msg.size() - kHeaderSize; }
+
+// A split eager message being received from one peer: its lead started
+// it; each of the peer's next in-sequence messages must be its next part.
+// next() accepts a part only at the offset where the bytes so far end, of
+// the same message and space, and within its length, so the parts write
+// [0, length) once each, in order, and nothing else.
+struct Assembly {
+  bool active = false;
+  Space space = Space::user;
+  std::uint64_t msg_id = 0;
+  std::uint64_t length = 0;  // the whole payload
+  std::uint64_t got = 0;     // bytes in so far: the next part's offset
+
+  void start(const Header& lead, std::uint64_t carried_bytes) noexcept {
+    active = true;
+    space = lead.space;
+    msg_id = lead.msg_id;
+    length = lead.length;
+    got = carried_bytes;
+  }
+  // Part `h` (parsed) continues this message: got moves past it; complete
+  // when the payload is in (active goes false). False: not this message's
+  // next part (the caller abandons the message).
+  bool next(const Header& h) noexcept {
+    if (!active || h.type != Type::part || h.msg_id != msg_id || h.space != space || h.tag != got ||
+        h.length > length - got) {
+      return false;
+    }
+    got += h.length;
+    if (got == length) active = false;
+    return true;
+  }
+};
 
 }  // namespace regpool::detail::msgwire

@@ -33,6 +33,7 @@
 // for the same reason.
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -97,6 +98,10 @@ struct MessengerCore {
     // announced a grant); the send completes once both are over.
     bool grant_sent = false, fin_sent = false;
     bool granted = false, fin_seen = false, fin_granted = false;
+    // A receive matched by a split eager message's lead, filled by its
+    // parts (PeerState::as_op names it). A split eager send counts its
+    // parts' completions in `gets`, the first failure in rdv_status.
+    bool assembling = false;
     mw::Space space = mw::Space::user;
     PeerId peer = kAnyPeer;
     std::uint64_t tag = 0;
@@ -130,6 +135,7 @@ struct MessengerCore {
     RemoteRef ref;
     Ldo ldo;
     std::uint64_t charged = 0;
+    std::uint64_t bytes = 0;  // early: the payload bytes the message carried
     std::uint32_t prev = kNone, next = kNone;
   };
 
@@ -150,6 +156,15 @@ struct MessengerCore {
     // walks the unexpected list only when there are some, so an in-sequence
     // message costs O(1) however many messages other peers have waiting.
     std::uint32_t early = 0;
+    // Its split eager message being received (messaging_wire.hpp, "Split
+    // eager"): into receive as_op (generation as_gen) when a posted receive
+    // matched the lead; else into as_ldo (the lead's header in as_hdr),
+    // matched like any eager message once complete; neither: its bytes are
+    // dropped (the receive went away).
+    mw::Assembly as;
+    std::uint32_t as_op = kNone, as_gen = 0;
+    mw::Header as_hdr;
+    Ldo as_ldo;
   };
 
   enum class PostKind : std::uint8_t { recv, send, rts, get, grant, put };
@@ -169,6 +184,12 @@ struct MessengerCore {
   MessengerConfig cfg;
   std::uint64_t threshold = 0;
   std::uint64_t chunk = 0;
+  // Split eager (MessengerConfig::eager_split): payload bytes per message
+  // (the backend's fast message limit less the header) and the largest
+  // payload split; 0 = never.
+  std::uint64_t part_size = 0;
+  std::uint64_t split_upto = 0;
+  static constexpr std::uint32_t kMaxParts = 8;
   // Rendezvous receives of at least this many bytes are split with the
   // sender (MessengerConfig::rendezvous_split); 0 = never.
   std::uint64_t split_from = 0;
@@ -194,8 +215,8 @@ struct MessengerCore {
   // ascending order, so ops_high is the peak number in use), and every peer
   // at or above peers_high has never sent us a message (so is owed no
   // credits). The whole preallocated tables (max_operations x 448 bytes,
-  // max_peers x 56) are about 120 KB by default, more than the L1 cache,
-  // walked once a millisecond for the few entries in use.
+  // max_peers x 176) are about 640 KB by default, far more than the L1
+  // cache, walked once a millisecond for the few entries in use.
   std::uint32_t ops_high = 0;
   PeerId peers_high = 0;
   std::uint32_t unexp_head = kNone, unexp_tail = kNone;
@@ -277,6 +298,7 @@ struct MessengerCore {
     o.has_cb = false;
     o.zero_copy = o.rendezvous = o.fin_wait = o.fetch_wait = o.put_wait = false;
     o.grant_sent = o.fin_sent = o.granted = o.fin_seen = o.fin_granted = false;
+    o.assembling = false;
     o.space = mw::Space::user;
     o.peer = kAnyPeer;
     o.tag = o.ignore = o.reply_id = 0;
@@ -579,11 +601,83 @@ struct MessengerCore {
     return Slice::data(std::move(*m));
   }
 
+  // How many messages an eager payload of `len` bytes to `ps` leaves in:
+  // more than one when the header pushes it past the backend's fast
+  // message limit, it is at most split_upto and the peer's credits cover
+  // every part (a stream short of credits sends whole messages: one
+  // credit each, and the slower path matters less to bandwidth).
+  std::uint32_t parts_for(const PeerState& ps, std::uint64_t len) const noexcept {
+    if (len <= part_size || len > split_upto) return 1;
+    const auto k = static_cast<std::uint32_t>((len + part_size - 1) / part_size);
+    return k <= ps.credits ? k : 1;
+  }
+
+  // Op i's eager payload `src` as a lead and k - 1 parts (messaging_wire.hpp,
+  // "Split eager"), sealed in order: consecutive sequence numbers, one
+  // credit each. Everything is allocated before anything is sealed, so a
+  // refused allocation leaves the peer's counters as they were.
+  Status split_message(std::uint32_t i, const Slice& src, std::uint32_t k, std::array<Slice, kMaxParts>& out) noexcept {
+    const Op& o = ops[i];
+    PeerState& ps = peers[o.peer];
+    const std::uint64_t len = src.length();
+    std::array<Ldo, kMaxParts> m;
+    for (std::uint32_t j = 0; j < k; ++j) {
+      auto l = alloc_message(mw::kHeaderSize + std::min(part_size, len - j * part_size));
+      if (!l) return l.status();
+      m[j] = std::move(*l);
+    }
+    for (std::uint32_t j = 0; j < k; ++j) {
+      const std::uint64_t off = j * part_size;
+      const std::uint64_t n = std::min(part_size, len - off);
+      std::memcpy(m[j].data().data() + mw::kHeaderSize, src.address() + off, n);
+      mw::Header h;
+      if (j == 0) {
+        h = header_for(i, len);
+        h.type = mw::Type::lead;
+      } else {
+        h.type = mw::Type::part;
+        h.space = o.space;
+        h.tag = off;
+        h.length = n;
+        h.msg_id = make_token(o.gen, i);
+      }
+      seal(ps, h, m[j].data().data());
+      out[j] = *Slice::data(std::move(m[j]));
+    }
+    ++st.eager_sent;
+    ++st.eager_split;
+    return Status::ok;
+  }
+
+  // dispatch_send's split eager message: its k messages through the ring
+  // (the caller checked there is room for them).
+  [[gnu::cold]] void dispatch_split(std::uint32_t i, const Slice& src, std::uint32_t k, bool copied_from_op) noexcept {
+    Op& o = ops[i];
+    std::array<Slice, kMaxParts> msgs;
+    if (const Status s = split_message(i, src, k, msgs); s != Status::ok) return complete(i, s);
+    if (copied_from_op) o.buf = Slice{};
+    o.gets = k;
+    for (std::uint32_t j = 0; j < k; ++j) {
+      Post p;
+      p.kind = PostKind::send;
+      p.peer = o.peer;
+      p.op = i;
+      p.gen = o.gen;
+      p.local = std::move(msgs[j]);
+      (void)push_post(std::move(p));
+    }
+    peers[o.peer].announced = true;
+  }
+
   void dispatch_send(std::uint32_t i, const Slice* data = nullptr) noexcept {
     Op& o = ops[i];
     PeerState& ps = peers[o.peer];
     const Slice& src = data ? *data : o.buf;
     const std::uint64_t len = src.length();
+    if (goes_eager(ps, len)) {
+      const std::uint32_t k = parts_for(ps, len);
+      if (k > 1 && posts.size() - post_count >= k) return dispatch_split(i, src, k, data == nullptr);
+    }
     Post p;
     p.peer = o.peer;
     p.op = i;
@@ -631,6 +725,7 @@ struct MessengerCore {
   // go out after this one, in order, as the ring would have sent them.
   [[gnu::hot]] void send_eager_direct(std::unique_lock<platform::FutexMutex>& g, std::uint32_t i, const Slice& data) noexcept {
     Op& o = ops[i];
+    if (const std::uint32_t k = parts_for(peers[o.peer], data.length()); k > 1) return send_split_direct(g, i, data, k);
     auto m = eager_message(i, data);
     if (!m) return complete(i, m.status());
     peers[o.peer].announced = true;
@@ -644,6 +739,41 @@ struct MessengerCore {
       s = ep.send(peer, msg, [self = shared_from_this(), i, gen](const Completion& c) { self->on_sent(i, gen, c); })
               .status();
     }
+    g.lock();
+    draining = false;
+    if (s != Status::ok) {
+      changed();
+      Post p;
+      p.kind = PostKind::send;
+      p.peer = peer;
+      p.op = i;
+      p.gen = gen;
+      post_failed(p, s);
+    }
+    drain(g);
+  }
+
+  // send_eager_direct's split message: its k messages posted straight
+  // away, in order, holding the drain role. A part whose post fails fails
+  // the send, and the parts after it are not posted (the receiver's
+  // assembly ends at its deadline).
+  [[gnu::cold]] void send_split_direct(std::unique_lock<platform::FutexMutex>& g, std::uint32_t i, const Slice& data,
+                                       std::uint32_t k) noexcept {
+    Op& o = ops[i];
+    std::array<Slice, kMaxParts> msgs;
+    if (const Status s = split_message(i, data, k, msgs); s != Status::ok) return complete(i, s);
+    o.gets = k;
+    peers[o.peer].announced = true;
+    const PeerId peer = o.peer;
+    const std::uint32_t gen = o.gen;
+    draining = true;
+    g.unlock();
+    Status s = Status::ok;
+    for (std::uint32_t j = 0; j < k && s == Status::ok; ++j) {
+      s = ep.send(peer, msgs[j], [self = shared_from_this(), i, gen](const Completion& c) { self->on_sent(i, gen, c); })
+              .status();
+    }
+    for (auto& m : msgs) m = Slice{};
     g.lock();
     draining = false;
     if (s != Status::ok) {
@@ -929,6 +1059,146 @@ struct MessengerCore {
     return hold_unexpected(src, h, ref, ldo, credit_counted);
   }
 
+  // An in-sequence message of src, `carried` payload bytes after its
+  // header: the split eager path when one is being received or this one
+  // belongs to it, else arrive(). Returns true when `ldo` was kept.
+  [[gnu::always_inline]] bool arrive_in_seq(PeerId src, const mw::Header& h, const RemoteRef& ref, Ldo& ldo,
+                                            std::uint64_t carried) noexcept {
+    if (peers[src].as.active || h.type == mw::Type::lead || h.type == mw::Type::part) [[unlikely]] {
+      return arrive_split(src, h, ref, ldo, carried);
+    }
+    return arrive(src, h, ref, ldo, false);
+  }
+
+  [[gnu::noinline]] bool arrive_split(PeerId src, const mw::Header& h, const RemoteRef& ref, Ldo& ldo,
+                                      std::uint64_t carried) noexcept {
+    PeerState& ps = peers[src];
+    if (h.type == mw::Type::part) {
+      ++ps.owed;  // copied out of its bounce below: the credit comes back
+      if (!ps.as.next(h)) {
+        // Not the next part of the message being received, or none is: the
+        // peer broke the protocol; that message is lost.
+        ++st.rejected;
+        if (ps.as.active) abandon_assembly(src, Status::malformed);
+        return false;
+      }
+      take_part(src, h.tag, ldo.data().data(), h.length);
+      return false;
+    }
+    if (ps.as.active) {
+      // A new message before the last one's parts were all in.
+      ++st.rejected;
+      abandon_assembly(src, Status::malformed);
+    }
+    if (h.type == mw::Type::lead) return start_lead(src, h, ldo, carried);
+    return arrive(src, h, ref, ldo, false);
+  }
+
+  // A lead: the earliest posted receive that matches takes the message as
+  // its parts come (zero copy: into an LDO of its length); none matches:
+  // the message is assembled aside, in an LDO with the bounce's layout
+  // (or, the pool refusing one, in the bounce itself, which has room for
+  // any eager payload), and matched as a whole eager message once
+  // complete. Its credit comes back when a receive takes it, as an eager
+  // message's would.
+  bool start_lead(PeerId src, const mw::Header& h, Ldo& ldo, std::uint64_t carried) noexcept {
+    PeerState& ps = peers[src];
+    ps.as.start(h, carried);
+    ps.as_hdr = h;
+    ps.as_op = kNone;
+    for (std::uint32_t i = posted_head; i != kNone; i = ops[i].next) {
+      if (!matches(ops[i], src, h.space, h.tag)) continue;
+      unlink_posted(i);
+      ++ps.owed;
+      Op& o = ops[i];
+      o.result.peer = src;
+      o.result.tag = h.tag;
+      o.result.length = h.length;
+      o.result.request_id = h.space == mw::Space::user ? h.reply_id : 0;
+      ++st.received;
+      o.peer = src;  // fail_peer finds it
+      if (o.zero_copy) {
+        auto m = alloc_message(h.length);
+        if (!m) {
+          complete(i, m.status());  // the parts are dropped as they come
+          return false;
+        }
+        o.buf = *Slice::data(std::move(*m));
+      }
+      o.assembling = true;
+      o.deadline = deadline_for(h.length);
+      ps.as_op = i;
+      ps.as_gen = o.gen;
+      copy_part(o, 0, ldo.data().data(), carried);
+      return false;
+    }
+    if (auto held = alloc_held(h.length)) {
+      ps.as_ldo = std::move(*held);
+      std::memcpy(ps.as_ldo.data().data(), ldo.data().data(), carried);
+      return false;
+    }
+    ps.as_ldo = std::move(ldo);
+    return true;
+  }
+
+  // Bytes [off, off + n) of a split message into receive o's buffer, as
+  // much of them as it holds (the rest is truncated).
+  static void copy_part(const Op& o, std::uint64_t off, const std::byte* from, std::uint64_t n) noexcept {
+    if (off >= o.buf.length()) return;
+    std::memcpy(o.buf.address() + off, from, std::min(n, o.buf.length() - off));
+  }
+
+  // A part of src's split message (checked by Assembly::next); the last
+  // one completes it.
+  void take_part(PeerId src, std::uint64_t off, const std::byte* from, std::uint64_t n) noexcept {
+    PeerState& ps = peers[src];
+    if (ps.as_op != kNone) {
+      Op& o = ops[ps.as_op];
+      if (o.gen == ps.as_gen && o.state == State::active && o.assembling) {
+        copy_part(o, off, from, n);
+      } else {
+        ps.as_op = kNone;
+      }
+    } else if (ps.as_ldo) {
+      std::memcpy(ps.as_ldo.data().data() + off, from, n);
+    }
+    if (ps.as.active) return;
+    if (ps.as_op != kNone) {
+      const std::uint32_t i = ps.as_op;
+      ps.as_op = kNone;
+      Op& o = ops[i];
+      o.assembling = false;
+      const std::uint64_t take = std::min(o.result.length, o.buf.length());
+      o.result.received = take;
+      if (o.zero_copy) o.result.ldo = o.buf.ldo();
+      complete(i, take < o.result.length ? Status::truncated : Status::ok);
+    } else if (ps.as_ldo) {
+      Ldo l = std::move(ps.as_ldo);
+      mw::Header e = ps.as_hdr;
+      e.type = mw::Type::eager;
+      (void)arrive(src, e, RemoteRef{}, l, false);
+    }
+  }
+
+  // src's split message is over before its last part: its receive
+  // completes with `s`, or the copy aside is dropped (and its credit
+  // comes back).
+  [[gnu::cold]] void abandon_assembly(PeerId src, Status s) noexcept {
+    PeerState& ps = peers[src];
+    if (ps.as_op != kNone) {
+      Op& o = ops[ps.as_op];
+      if (o.gen == ps.as_gen && o.state == State::active && o.assembling) {
+        o.assembling = false;
+        complete(ps.as_op, s);
+      }
+    } else if (ps.as_ldo) {
+      ps.as_ldo.reset();
+      ++ps.owed;
+    }
+    ps.as = mw::Assembly{};
+    ps.as_op = kNone;
+  }
+
   // A message no posted receive matched: held (arrive). Out of line so
   // that the matched path stays short.
   [[gnu::noinline]] bool hold_unexpected(PeerId src, const mw::Header& h, const RemoteRef& ref, Ldo& ldo,
@@ -979,7 +1249,8 @@ struct MessengerCore {
   // Takes a free unexpected entry (the caller checked there is one) for a
   // message of `src`, charges its LDO to the budget and appends it to the
   // arrival-ordered list.
-  std::uint32_t hold(PeerId src, const mw::Header& h, const RemoteRef& ref, Ldo& ldo, bool early) noexcept {
+  std::uint32_t hold(PeerId src, const mw::Header& h, const RemoteRef& ref, Ldo& ldo, bool early,
+                     std::uint64_t bytes = 0) noexcept {
     const std::uint32_t u = free_unexp.back();
     free_unexp.pop_back();
     Unexp& e = unexpected[u];
@@ -991,6 +1262,7 @@ struct MessengerCore {
     e.hdr = h;
     e.ref = ref;
     e.ldo = std::move(ldo);
+    e.bytes = bytes;
     e.charged = e.ldo.capacity();
     st.unexpected_bytes += e.charged;
     ++st.unexpected_held;
@@ -1017,8 +1289,9 @@ struct MessengerCore {
         Ldo l = std::move(e.ldo);
         const mw::Header h = e.hdr;
         const RemoteRef r = e.ref;
+        const std::uint64_t carried = e.bytes;
         release_unexp(u);
-        (void)arrive(src, h, r, l, false);
+        (void)arrive_in_seq(src, h, r, l, carried);
         found = true;
         break;
       }
@@ -1113,7 +1386,9 @@ struct MessengerCore {
         on_rendezvous_control(src, h, bytes);
         break;
       case mw::Type::eager:
-      case mw::Type::rts: {
+      case mw::Type::rts:
+      case mw::Type::lead:
+      case mw::Type::part: {
         RemoteRef ref;
         if (h.type == mw::Type::rts) {
           auto r = RemoteRef::decode(bytes.subspan(mw::kHeaderSize, mw::kRefSize));
@@ -1127,17 +1402,18 @@ struct MessengerCore {
         }
         if (h.seq == 1 && ps.recv_seq != 1) {
           // The peer started over (a new incarnation): it knows nothing of us.
+          if (ps.as.active) abandon_assembly(src, Status::peer_unreachable);
           ps.recv_seq = 1;
           ps.announced = false;
         }
         if (h.seq == ps.recv_seq) {
           ++ps.recv_seq;
-          kept = arrive(src, h, ref, ldo, false);
+          kept = arrive_in_seq(src, h, ref, ldo, mw::carried(bytes));
           if (ps.early > 0) release_early(src);
         } else if (h.seq > ps.recv_seq && !free_unexp.empty() && h.seq - ps.recv_seq < ops.size()) {
           // Ahead of a message still being handed over (two threads ran
           // completion callbacks): hold it until its turn.
-          (void)hold(src, h, ref, ldo, true);
+          (void)hold(src, h, ref, ldo, true, mw::carried(bytes));
           kept = true;
         } else {
           ++st.rejected;  // a duplicate or a sequence nobody sent
@@ -1193,6 +1469,10 @@ struct MessengerCore {
           o.fin_wait = false;
           complete(i, c.status);
         }
+      } else if (o.gets > 0) {
+        // A split eager send: done when its last part is.
+        if (c.status != Status::ok && o.rdv_status == Status::ok) o.rdv_status = c.status;
+        if (--o.gets == 0) complete(i, o.rdv_status);
       } else {
         o.result.length = c.bytes >= mw::kHeaderSize ? c.bytes - mw::kHeaderSize : 0;
         complete(i, c.status);
@@ -1396,6 +1676,9 @@ struct MessengerCore {
       } else if (o.state == State::active && o.fin_wait) {
         o.fin_wait = false;
         complete(i, s);
+      } else if (o.state == State::active && o.assembling) {
+        o.assembling = false;
+        complete(i, s);
       } else if (o.state == State::active && (o.fetch_wait || o.put_wait)) {
         // Matched, no get of ours in flight (or none besides the dead
         // peer's puts): nothing else writes its buffer.
@@ -1525,8 +1808,14 @@ struct MessengerCore {
     for (std::uint32_t i = 0; i < ops_high; ++i) {
       Op& o = ops[i];
       if (o.state == State::free || o.state == State::done) continue;
-      if ((o.fetch_wait || o.put_wait) && !ep.usable(o.peer)) {
+      if ((o.fetch_wait || o.put_wait || o.assembling) && !ep.usable(o.peer)) {
         fail_peer_locked(o.peer, Status::peer_unreachable);
+        continue;
+      }
+      if (o.assembling && o.deadline <= now) {
+        // Parts of a split message that never came (a post of the
+        // sender's failed): its later parts are rejected.
+        abandon_assembly(o.peer, Status::timeout);
         continue;
       }
       if (o.put_wait && o.deadline <= now) {
@@ -1601,6 +1890,15 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
   // header field carry (accept_eager).
   c.threshold = std::clamp<std::uint64_t>(c.threshold, mw::kMinEager,
                                           std::min<std::uint64_t>(both_ways - mw::kHeaderSize, mw::kMaxEager));
+  // Split eager: only where the backend has a faster path for shorter
+  // messages (TransferTraits::fast_message_limit), for payloads the header
+  // pushes past it, up to kMaxParts messages and the threshold.
+  const TransferTraits traits = endpoint.transfer_traits();
+  if (traits.fast_message_limit > 2 * mw::kHeaderSize && cfg.eager_split != ~std::uint64_t{0}) {
+    c.part_size = std::min(traits.fast_message_limit, both_ways) - mw::kHeaderSize;
+    c.split_upto = cfg.eager_split != 0 ? cfg.eager_split : traits.split_crossover;
+    c.split_upto = std::min({c.split_upto, c.part_size * Core::kMaxParts, c.threshold});
+  }
   c.chunk = cfg.rendezvous_chunk ? cfg.rendezvous_chunk : std::min<std::uint64_t>(limit, 16 << 20);
   c.chunk = std::min(c.chunk, limit);
   if (cfg.rendezvous_split != 0) {
@@ -1684,6 +1982,7 @@ Messenger::~Messenger() {
       core_->release_unexp(u);
       u = next;
     }
+    for (PeerId p = 0; p < core_->peers_high; ++p) core_->peers[p].as_ldo.reset();
     dead.swap(core_->graveyard);
   }
   dead.clear();

@@ -231,6 +231,10 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   manual_progress_ = info->domain_attr->data_progress != FI_PROGRESS_AUTO ||
                      info->domain_attr->control_progress != FI_PROGRESS_AUTO;
   transfer_traits_ = TransferTraits{facts.initiator_copies, facts.copy_crossover};
+  if (facts.split_crossover != 0 && info->tx_attr && info->tx_attr->inject_size != 0) {
+    transfer_traits_.fast_message_limit = info->tx_attr->inject_size;
+    transfer_traits_.split_crossover = facts.split_crossover;
+  }
   switch (options.delivery_complete) {
     case FabricEndpointOptions::DeliveryComplete::on: delivery_complete_ = true; break;
     case FabricEndpointOptions::DeliveryComplete::off: delivery_complete_ = false; break;

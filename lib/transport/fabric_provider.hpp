@@ -87,6 +87,12 @@ struct Facts {
   // 256 KiB, behind at 1 MiB. Other providers: tcp;ofi_rxm's figure until
   // measured.
   std::uint64_t copy_crossover = std::uint64_t{32} << 10;
+  // Messages past the provider's inject size take a slower path (shm: CMA,
+  // a process_vm_readv in the receiver's progress, whatever the size): an
+  // eager message the Messenger's 64-byte header pushes past it is sent as
+  // several within it, up to this many payload bytes (TransferTraits::
+  // split_crossover; measured, docs/messaging.md). 0 = never.
+  std::uint64_t split_crossover = 0;
 };
 
 inline Facts facts(const std::string& provider) {
@@ -97,6 +103,7 @@ inline Facts facts(const std::string& provider) {
     f.shared_memory = true;
     f.initiator_copies = true;
     f.copy_crossover = std::uint64_t{64} << 10;
+    f.split_crossover = std::uint64_t{16} << 10;
   } else if (provider == "tcp;ofi_rxm") {
     f.completes_before_delivery = true;
     f.target_checks_keys = true;

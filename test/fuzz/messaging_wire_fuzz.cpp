@@ -8,7 +8,9 @@
 //    exactly header + reference with 1 <= length <= 2^40; a grant is
 //    header + reference, its range (tag = offset, length) inside 1 .. 2^40
 //    and status 0; fin/credit/done are a bare header with tag 0; seq != 0
-//    exactly on eager/rts;
+//    exactly on eager/rts/lead/part; a lead carries some but not all of its
+//    length (at most max_eager); a part carries exactly its length, at an
+//    offset >= 1, ending within max_eager, with no reply id;
 //  - the limits it announces (negotiation) are in range: accept_eager in
 //    kMinEager..kMaxEager, grant in 1..kMaxCredits, credits <= grant;
 //  - the limits come from the input too, and a parse that succeeds under
@@ -42,6 +44,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       break;
     case mw::Type::rts:
       if (msg.size() != mw::kRtsSize || h.length == 0 || h.length > mw::kMaxLength || h.seq == 0) std::abort();
+      break;
+    case mw::Type::lead:
+      if (h.length > max_eager || msg.size() <= mw::kHeaderSize || mw::carried(msg) >= h.length || h.seq == 0) {
+        std::abort();
+      }
+      break;
+    case mw::Type::part:
+      if (h.length == 0 || msg.size() != mw::kHeaderSize + h.length || h.tag == 0 || h.tag + h.length > max_eager ||
+          h.seq == 0 || h.reply_id != 0) {
+        std::abort();
+      }
       break;
     case mw::Type::grant:
       if (msg.size() != mw::kRtsSize || h.length == 0 || h.length > mw::kMaxLength ||

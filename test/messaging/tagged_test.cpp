@@ -959,3 +959,217 @@ TEST_CASE("request/response with 3 clients, timeout, cancel, a failed peer", "[f
   boot->barrier(60s);
   for (auto& k : kids) CHECK(rpt::reap(k, 60s) == 0);
 }
+
+// ------------------------------------------------------------ split eager
+// Split eager (messaging_wire.hpp, "Split eager"): messages the header
+// pushes past the backend's fast message limit (shm) leave as a lead and
+// parts; every backend's receiver reassembles them, so the forged cases
+// below run on all of them.
+namespace {
+
+const std::vector<std::uint64_t> kSplitSizes = {4096, 5000, 8192, 16384};
+
+int split_sender(const std::string& prov, std::uint16_t port) {
+  auto b = rpt::child_bootstrap(port);
+  Node n(prov);
+  const PeerId rx = n.s.ep->insert_peer(b->allgather(n.s.ep->name(), 30s)[0]);
+  // The receiver's first message teaches us its threshold and credits.
+  auto hello = n.s.alloc(64);
+  RPT_CHECK(n.wait(n.m.recv(rx, 1, 0, rpt::slice_or_die(Slice::data(hello)))).status == Status::ok);
+  // Phase 1: unexpected; phase 2: posted (the receiver says when).
+  for (int phase = 0; phase < 2; ++phase) {
+    std::vector<regpool::MessageToken> t;
+    for (std::size_t k = 0; k < kSplitSizes.size(); ++k) {
+      auto r = n.m.send(rx, 20 + k, n.filled(kSplitSizes[k], 100 * phase + k));
+      RPT_CHECK(r.ok());
+      t.push_back(*r);
+    }
+    for (auto x : t) RPT_CHECK(n.m.wait(x, 60s).status == Status::ok);
+    b->barrier(60s);  // phase 0: the receiver took them and posted phase 1's receives
+  }
+  const auto split = n.m.stats().eager_split;
+  RPT_CHECK(n.s.ep->transfer_traits().fast_message_limit != 0 ? split == 2 * kSplitSizes.size() : split == 0);
+  return 0;
+}
+
+bool holds(std::span<const std::byte> got, std::uint64_t size, std::uint64_t seed) {
+  std::vector<std::byte> expect(size);
+  rpt::fill(expect, seed);
+  return got.size() >= size && std::memcmp(got.data(), expect.data(), size) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("split eager messages: unexpected, posted, zero copy, truncated, every byte", "[fabric][messaging]") {
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  auto kid = rpt::spawn([&] { return split_sender(prov, port); }, 240);
+  Node n(prov);
+  const PeerId tx = n.s.ep->insert_peer(boot->allgather(n.s.ep->name(), 30s)[1]);
+  auto buf = n.s.alloc(16384);
+  REQUIRE(n.wait(n.m.send(tx, 1, n.filled(8, 0))).status == Status::ok);
+  // Phase 1: all four arrive unexpected, each held whole once its parts are in.
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (n.m.stats().unexpected_held < kSplitSizes.size() && std::chrono::steady_clock::now() < until) {
+    n.m.progress();
+  }
+  REQUIRE(n.m.stats().unexpected_held == kSplitSizes.size());
+  for (std::size_t k = 0; k < kSplitSizes.size(); ++k) {
+    const std::uint64_t size = kSplitSizes[k];
+    if (k % 2 == 0) {
+      const MessageCompletion c = n.wait(n.m.recv(tx, 20 + k, 0, rpt::slice_or_die(Slice::data(buf))));
+      REQUIRE(c.status == Status::ok);
+      CHECK(c.received == size);
+      CHECK(holds(buf.data(), size, k));
+    } else {
+      const MessageCompletion c = n.wait(n.m.recv_ldo(tx, 20 + k, 0));
+      REQUIRE(c.status == Status::ok);
+      REQUIRE(c.ldo);
+      CHECK(c.ldo.data().size() == size);
+      CHECK(holds(c.ldo.data(), size, k));
+    }
+  }
+  CHECK(n.m.stats().unexpected_held == 0);
+  // Phase 2: receives posted first: into a buffer, zero copy, and two
+  // truncated (a 5000-byte message into 3000 bytes: its parts past the
+  // buffer are dropped; 16384 into 10000), guard bytes intact.
+  auto small = n.s.alloc(3000 + 64);
+  auto mid = n.s.alloc(10000 + 64);
+  std::memset(small.data().data(), 0x5a, small.data().size());
+  std::memset(mid.data().data(), 0x5a, mid.data().size());
+  auto r0 = n.m.recv(tx, 20, 0, rpt::slice_or_die(Slice::data(buf)));
+  auto r1 = n.m.recv(tx, 21, 0, rpt::slice_or_die(Slice::data(small, 0, 3000)));
+  auto r2 = n.m.recv_ldo(tx, 22, 0);
+  auto r3 = n.m.recv(tx, 23, 0, rpt::slice_or_die(Slice::data(mid, 0, 10000)));
+  REQUIRE((r0.ok() && r1.ok() && r2.ok() && r3.ok()));
+  boot->barrier(60s);
+  MessageCompletion c = n.m.wait(*r0, 60s);
+  REQUIRE(c.status == Status::ok);
+  CHECK(holds(buf.data(), 4096, 100));
+  c = n.m.wait(*r1, 60s);
+  CHECK(c.status == Status::truncated);
+  CHECK(c.length == 5000);
+  CHECK(c.received == 3000);
+  CHECK(holds(small.data(), 3000, 101));
+  bool guard = true;
+  for (std::size_t k = 3000; k < small.data().size(); ++k) guard &= small.data()[k] == std::byte{0x5a};
+  for (std::size_t k = 10000; k < mid.data().size(); ++k) guard &= mid.data()[k] == std::byte{0x5a};
+  c = n.m.wait(*r2, 60s);
+  REQUIRE(c.status == Status::ok);
+  REQUIRE(c.ldo);
+  CHECK(c.ldo.data().size() == 8192);
+  CHECK(holds(c.ldo.data(), 8192, 102));
+  c = n.m.wait(*r3, 60s);
+  CHECK(c.status == Status::truncated);
+  CHECK(c.received == 10000);
+  CHECK(holds(mid.data(), 10000, 103));
+  CHECK(guard);
+  CHECK(n.m.stats().rejected == 0);
+  boot->barrier(60s);
+  CHECK(rpt::reap(kid, 60s) == 0);
+}
+
+namespace {
+
+// The hostile sender of split eager messages: a bare endpoint sending
+// leads, parts and eager messages it encodes itself, each completed before
+// the next is posted. Message payloads: byte j of message m is m + j.
+struct Forged {
+  regpool::detail::msgwire::Type type;
+  std::uint64_t seq, tag, length, offset, carried;
+};
+
+int forged_split_sender(const std::string& prov, std::uint16_t port) {
+  namespace mw = regpool::detail::msgwire;
+  using T = mw::Type;
+  auto b = rpt::child_bootstrap(port);
+  rpt::Stack s(prov, ep_config());
+  const PeerId rx = s.ep->insert_peer(b->allgather(s.ep->name(), 30s)[0]);
+  const auto send_all = [&](const std::vector<Forged>& msgs) -> int {
+    for (const Forged& f : msgs) {
+      auto l = s.alloc(mw::kHeaderSize + f.carried);
+      mw::Header h;
+      h.type = f.type;
+      h.tag = f.type == T::part ? f.offset : f.tag;
+      h.length = f.length;
+      h.msg_id = f.type == T::eager ? f.seq : f.tag;  // a lead and its parts: the message's tag as its id
+      h.seq = f.seq;
+      mw::encode(h, l.data().data());
+      for (std::uint64_t j = 0; j < f.carried; ++j) {
+        l.data()[mw::kHeaderSize + j] = static_cast<std::byte>(f.tag + f.offset + j);
+      }
+      auto t = s.ep->send(rx, rpt::slice_or_die(Slice::data(l, 0, mw::kHeaderSize + f.carried)));
+      RPT_CHECK(t.ok());
+      RPT_CHECK(s.ep->wait(*t, 30s).status == Status::ok);
+    }
+    return 0;
+  };
+  // For a part, `tag` is the message's tag (the forger's msg_id for it).
+  RPT_CHECK(send_all({
+      {T::lead, 1, 40, 100, 0, 60}, {T::part, 2, 40, 40, 60, 40},  // whole: 100 bytes
+      {T::part, 5, 41, 50, 50, 50},                                 // early, waits for 3 and 4
+      {T::lead, 3, 41, 100, 0, 20}, {T::part, 4, 41, 30, 20, 30},   // then 5 completes it
+      {T::lead, 6, 42, 100, 0, 20}, {T::eager, 7, 43, 8, 0, 8},     // 42 abandoned, 43 arrives
+      {T::part, 8, 44, 10, 20, 10},                                 // a part of nothing
+      {T::lead, 9, 45, 100, 0, 20}, {T::part, 10, 45, 30, 30, 30},  // wrong offset: 45 abandoned
+      {T::eager, 11, 46, 8, 0, 8},
+  }) == 0);
+  b->barrier(60s);  // the receiver posted a receive for tag 47
+  RPT_CHECK(send_all({{T::lead, 12, 47, 100, 0, 20}, {T::eager, 13, 48, 8, 0, 8}}) == 0);
+  b->barrier(60s);
+  return 0;
+}
+
+bool forged_bytes(std::span<const std::byte> got, std::uint64_t tag, std::uint64_t n) {
+  for (std::uint64_t j = 0; j < n; ++j) {
+    if (got[j] != static_cast<std::byte>(tag + j)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("split eager from a hostile peer: early parts ordered, broken messages dropped, the rest intact",
+          "[fabric][messaging]") {
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  auto kid = rpt::spawn([&] { return forged_split_sender(prov, port); }, 240);
+  Node n(prov);
+  const PeerId tx = n.s.ep->insert_peer(boot->allgather(n.s.ep->name(), 30s)[1]);
+  // Held whole: 40, 41 (its early part released in order), 43, 46. Dropped:
+  // 42 (a new message before its parts), the stray part, 45's misplaced part.
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while ((n.m.stats().unexpected_held < 4 || n.m.stats().rejected < 3) && std::chrono::steady_clock::now() < until) {
+    n.m.progress();
+  }
+  REQUIRE(n.m.stats().unexpected_held == 4);
+  CHECK(n.m.stats().rejected == 3);
+  auto buf = n.s.alloc(128);
+  for (const std::uint64_t tag : {40, 41}) {
+    const MessageCompletion c = n.wait(n.m.recv(tx, tag, 0, rpt::slice_or_die(Slice::data(buf))), 10s);
+    REQUIRE(c.status == Status::ok);
+    CHECK(c.received == 100);
+    CHECK(forged_bytes(buf.data(), tag, 100));
+  }
+  for (const std::uint64_t tag : {43, 46}) {
+    const MessageCompletion c = n.wait(n.m.recv(tx, tag, 0, rpt::slice_or_die(Slice::data(buf))), 10s);
+    REQUIRE(c.status == Status::ok);
+    CHECK(c.received == 8);
+  }
+  CHECK(n.m.probe(tx, 42, 0).status() == Status::would_block);
+  CHECK(n.m.probe(tx, 45, 0).status() == Status::would_block);
+  // A posted receive the lead matched fails when the message breaks off.
+  auto r = n.m.recv(tx, 47, 0, rpt::slice_or_die(Slice::data(buf)));
+  REQUIRE(r.ok());
+  boot->barrier(60s);
+  CHECK(n.m.wait(*r, 30s).status == Status::malformed);
+  const MessageCompletion c = n.wait(n.m.recv(tx, 48, 0, rpt::slice_or_die(Slice::data(buf))), 30s);
+  CHECK(c.status == Status::ok);
+  CHECK(n.m.stats().rejected == 4);
+  boot->barrier(60s);
+  CHECK(rpt::reap(kid, 60s) == 0);
+}
