@@ -186,6 +186,10 @@ void usage(std::FILE* to) {
       "                   (split every rendezvous receive of at least SIZE bytes),\n"
       "                   off (never), or default (the backend's: from 512 KiB on shm,\n"
       "                   never elsewhere)\n"
+      "  --tagged-eager-split S the Messenger's split eager for --ops tagged: SIZE\n"
+      "                   (eager payloads up to SIZE that the header pushes past the\n"
+      "                   backend's fast message limit leave as several messages),\n"
+      "                   off, or default (the backend's: 16 KiB on shm, never elsewhere)\n"
       "  --expose-mode M  standard or scoped: the ExposureMode the expose test uses\n"
       "                   (default standard)\n"
       "  --perftest       latency only, with perftest's definitions (tools/README.md):\n"
@@ -251,6 +255,9 @@ struct Config {
   // UINT64_MAX = never; anything else: split every rendezvous of at least
   // that many bytes). The receiver decides, so the server needs it too.
   std::uint64_t tagged_split = 0;
+  // MessengerConfig::eager_split (0 = the backend's default; UINT64_MAX =
+  // never). The sender decides; both sides take it.
+  std::uint64_t tagged_eager_split = 0;
   regpool::ExposureMode expose_mode = regpool::ExposureMode::standard;
   // How both sides wait for completions (EndpointConfig::wait_mode).
   regpool::WaitMode wait = regpool::WaitMode::spin;
@@ -270,7 +277,7 @@ struct Config {
     std::ostringstream o;
     o << "provider=" << provider << "\nwait=" << regpool::to_string(wait) << "\niters=" << iters << "\nwindow=" << window << "\nops=" << (put ? "put," : "")
       << (get ? "get," : "") << (send ? "send," : "") << (atomic ? "atomic," : "") << (expose ? "expose," : "")
-      << (tagged ? "tagged," : "") << (memcpy ? "memcpy," : "") << "\ncold_bytes=" << cold_bytes << "\ntagged_threshold=" << tagged_threshold << "\ntagged_split=" << tagged_split << "\nexpose_mode=" << regpool::to_string(expose_mode)
+      << (tagged ? "tagged," : "") << (memcpy ? "memcpy," : "") << "\ncold_bytes=" << cold_bytes << "\ntagged_threshold=" << tagged_threshold << "\ntagged_split=" << tagged_split << "\ntagged_eager_split=" << tagged_eager_split << "\nexpose_mode=" << regpool::to_string(expose_mode)
       << "\nperftest=" << (perftest ? 1 : 0) << "\nverbs_inline=" << verbs_inline
       << "\nverbs_signal=" << (verbs_signal_all ? "all" : "selective")
       << "\nloop_mean=" << (loop_mean ? 1 : 0) << "\nsizes=";
@@ -306,6 +313,7 @@ struct Config {
       if (k == "cold_bytes") c.cold_bytes = std::strtoull(v.c_str(), nullptr, 10);
       if (k == "tagged_threshold") c.tagged_threshold = std::strtoull(v.c_str(), nullptr, 10);
       if (k == "tagged_split") c.tagged_split = std::strtoull(v.c_str(), nullptr, 10);
+      if (k == "tagged_eager_split") c.tagged_eager_split = std::strtoull(v.c_str(), nullptr, 10);
       if (k == "perftest") c.perftest = v == "1";
       if (k == "verbs_inline") c.verbs_inline = std::strtoll(v.c_str(), nullptr, 10);
       if (k == "verbs_signal") c.verbs_signal_all = v == "all";
@@ -469,6 +477,19 @@ Options parse_args(int argc, char** argv, bool& help) {
       } else {
         o.config.tagged_split = regpool_tools::parse_size(v, "--tagged-split");
         if (o.config.tagged_split == 0) throw UsageError("--tagged-split: a size above 0, off or default");
+      }
+      client_only_option = true;
+    } else if (is_option(a, "--tagged-eager-split")) {
+      const std::string v = option_value(argc, argv, i, "--tagged-eager-split");
+      if (v == "off") {
+        o.config.tagged_eager_split = ~std::uint64_t{0};
+      } else if (v == "default") {
+        o.config.tagged_eager_split = 0;
+      } else {
+        o.config.tagged_eager_split = regpool_tools::parse_size(v, "--tagged-eager-split");
+        if (o.config.tagged_eager_split == 0) {
+          throw UsageError("--tagged-eager-split: a size above 0, off or default");
+        }
       }
       client_only_option = true;
     } else if (is_option(a, "--expose-mode")) {
@@ -879,6 +900,7 @@ regpool::MessengerConfig tagged_config(const Config& c) {
   regpool::MessengerConfig mc;
   mc.eager_threshold = c.tagged_threshold;
   mc.rendezvous_split = c.tagged_split;
+  mc.eager_split = c.tagged_eager_split;
   mc.receive_buffers = 64;
   return mc;
 }

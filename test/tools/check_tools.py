@@ -363,6 +363,17 @@ def mode_perf(tool, readme, provider):
             r = json.loads(out)["results"]
             check(len(r) == 1 and r[0]["op"] == "tagged" and r[0]["error"] is None and
                   positive(r[0]["bandwidth_MBps"]), f"perf --tagged-split {split}: one tagged 1 MiB row")
+    # Split eager set and off (--tagged-eager-split, taken by both sides):
+    # 8 KiB messages, split in three on shm, whole elsewhere and with off.
+    for split in ("8K", "off"):
+        rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", "8K", "--iters", "20",
+                            "--window", "4", "--ops", "tagged", "--tagged-eager-split", split, "--json"], timeout=240)
+        check(rc == 0, f"perf {provider} --tagged-eager-split {split} exits 0 (got {rc}: {err})")
+        if rc == 0:
+            r = json.loads(out)["results"]
+            check(len(r) == 1 and r[0]["op"] == "tagged" and r[0]["error"] is None and
+                  positive(r[0]["latency_us"]["median"]) and positive(r[0]["bandwidth_MBps"]),
+                  f"perf --tagged-eager-split {split}: one tagged 8 KiB row")
     # Text output and a subset of ops.
     rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", "64", "--iters", "5",
                         "--ops", "put", "--progress"], timeout=240)
@@ -691,7 +702,9 @@ BAD_ARGS = {
                      ["--loopback", "--perftest", "--loop-mean"], ["--loopback", "--ops", "put", "--loop-mean"],
                      ["--peers", "2", "--loop-mean"],
                      ["--loopback", "--tagged-split", "0"], ["--loopback", "--tagged-split", "sometimes"],
-                     ["--server", "--tagged-split", "off"]],
+                     ["--server", "--tagged-split", "off"],
+                     ["--loopback", "--tagged-eager-split", "0"], ["--loopback", "--tagged-eager-split", "always"],
+                     ["--server", "--tagged-eager-split", "off"]],
 }
 
 
