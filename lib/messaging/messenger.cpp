@@ -755,8 +755,9 @@ struct MessengerCore {
 
   // send_eager_direct's split message: its k messages posted straight
   // away, in order, holding the drain role. A part whose post fails fails
-  // the send, and the parts after it are not posted (the receiver's
-  // assembly ends at its deadline).
+  // the send, and the parts after it are not posted (a receive the lead
+  // matched fails at its deadline, as any message's does whose post failed
+  // after its sequence number was spent: the peer is gone or going).
   [[gnu::cold]] void send_split_direct(std::unique_lock<platform::FutexMutex>& g, std::uint32_t i, const Slice& data,
                                        std::uint32_t k) noexcept {
     Op& o = ops[i];
@@ -1125,8 +1126,7 @@ struct MessengerCore {
         }
         o.buf = *Slice::data(std::move(*m));
       }
-      o.assembling = true;
-      o.deadline = deadline_for(h.length);
+      o.assembling = true;  // its deadline is set by the next scan: no clock read here
       ps.as_op = i;
       ps.as_gen = o.gen;
       copy_part(o, 0, ldo.data().data(), carried);
@@ -1812,10 +1812,16 @@ struct MessengerCore {
         fail_peer_locked(o.peer, Status::peer_unreachable);
         continue;
       }
-      if (o.assembling && o.deadline <= now) {
-        // Parts of a split message that never came (a post of the
-        // sender's failed): its later parts are rejected.
-        abandon_assembly(o.peer, Status::timeout);
+      if (o.assembling) {
+        // The first scan since its lead sets the deadline (the lead's
+        // arrival reads no clock); at it, the parts that never came (a post
+        // of the sender's failed) fail the receive and later ones are
+        // rejected.
+        if (o.deadline == Clock::time_point::max()) {
+          o.deadline = deadline_for(o.result.length);
+        } else if (o.deadline <= now) {
+          abandon_assembly(o.peer, Status::timeout);
+        }
         continue;
       }
       if (o.put_wait && o.deadline <= now) {

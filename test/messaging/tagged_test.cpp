@@ -19,6 +19,12 @@
 //  - request/response with 3 clients, timeout, cancel, a failed peer;
 //  - messages arriving ahead of their sequence (forged by a raw endpoint)
 //    are held and delivered in order once the gap fills, twice in a row.
+//  - split eager (a lead and parts): sent by a Messenger (split on shm,
+//    whole elsewhere), unexpected and posted, into buffers, zero copy and
+//    truncated; forged by a raw endpoint: early parts put in order, a new
+//    message, a stray or misplaced part dropping the open message, a
+//    matched receive failing malformed, a lead whose parts never come
+//    failing its receive at the deadline.
 
 #include <signal.h>
 
@@ -1118,6 +1124,10 @@ int forged_split_sender(const std::string& prov, std::uint16_t port) {
   }) == 0);
   b->barrier(60s);  // the receiver posted a receive for tag 47
   RPT_CHECK(send_all({{T::lead, 12, 47, 100, 0, 20}, {T::eager, 13, 48, 8, 0, 8}}) == 0);
+  b->barrier(60s);  // the receiver posted a receive for tag 49
+  RPT_CHECK(send_all({{T::lead, 14, 49, 100, 0, 20}}) == 0);
+  b->barrier(60s);  // that receive timed out
+  RPT_CHECK(send_all({{T::part, 15, 49, 80, 20, 80}, {T::eager, 16, 50, 8, 0, 8}}) == 0);
   b->barrier(60s);
   return 0;
 }
@@ -1138,7 +1148,9 @@ TEST_CASE("split eager from a hostile peer: early parts ordered, broken messages
   auto boot = rpt::root_bootstrap();
   const auto port = boot->port();
   auto kid = rpt::spawn([&] { return forged_split_sender(prov, port); }, 240);
-  Node n(prov);
+  MessengerConfig mc;
+  mc.rendezvous_timeout = 300ms;  // a split message whose parts stop coming
+  Node n(prov, mc);
   const PeerId tx = n.s.ep->insert_peer(boot->allgather(n.s.ep->name(), 30s)[1]);
   // Held whole: 40, 41 (its early part released in order), 43, 46. Dropped:
   // 42 (a new message before its parts), the stray part, 45's misplaced part.
@@ -1170,6 +1182,18 @@ TEST_CASE("split eager from a hostile peer: early parts ordered, broken messages
   const MessageCompletion c = n.wait(n.m.recv(tx, 48, 0, rpt::slice_or_die(Slice::data(buf))), 30s);
   CHECK(c.status == Status::ok);
   CHECK(n.m.stats().rejected == 4);
+  // A lead whose parts never come: the receive it matched fails at the
+  // deadline (rendezvous_timeout); its part, late, is rejected and the
+  // next message arrives.
+  r = n.m.recv(tx, 49, 0, rpt::slice_or_die(Slice::data(buf)));
+  REQUIRE(r.ok());
+  boot->barrier(60s);
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(n.m.wait(*r, 30s).status == Status::timeout);
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+  boot->barrier(60s);
+  CHECK(n.wait(n.m.recv(tx, 50, 0, rpt::slice_or_die(Slice::data(buf))), 30s).status == Status::ok);
+  CHECK(n.m.stats().rejected == 5);
   boot->barrier(60s);
   CHECK(rpt::reap(kid, 60s) == 0);
 }
