@@ -720,61 +720,49 @@ struct MessengerCore {
   // Messenger::send's eager message when nothing is queued to post and no
   // thread drains: built here and posted straight away, not through the
   // post ring (one Post built, moved in and moved out less, and no ring
-  // arithmetic, on the path a small message's latency is made of). The
-  // drain role is taken around the post, so posts others queue meanwhile
-  // go out after this one, in order, as the ring would have sent them.
+  // arithmetic, on the path a small message's latency is made of;
+  // post_direct).
   [[gnu::hot]] void send_eager_direct(std::unique_lock<platform::FutexMutex>& g, std::uint32_t i, const Slice& data) noexcept {
-    Op& o = ops[i];
-    if (const std::uint32_t k = parts_for(peers[o.peer], data.length()); k > 1) return send_split_direct(g, i, data, k);
+    if (const std::uint32_t k = parts_for(peers[ops[i].peer], data.length()); k > 1) return send_split_direct(g, i, data, k);
     auto m = eager_message(i, data);
     if (!m) return complete(i, m.status());
-    peers[o.peer].announced = true;
-    const PeerId peer = o.peer;
-    const std::uint32_t gen = o.gen;
-    draining = true;
-    g.unlock();
-    Status s;
-    {
-      const Slice msg = std::move(*m);
-      s = ep.send(peer, msg, [self = shared_from_this(), i, gen](const Completion& c) { self->on_sent(i, gen, c); })
-              .status();
-    }
-    g.lock();
-    draining = false;
-    if (s != Status::ok) {
-      changed();
-      Post p;
-      p.kind = PostKind::send;
-      p.peer = peer;
-      p.op = i;
-      p.gen = gen;
-      post_failed(p, s);
-    }
-    drain(g);
+    Slice one[1] = {std::move(*m)};
+    post_direct(g, i, one);
   }
 
   // send_eager_direct's split message: its k messages posted straight
-  // away, in order, holding the drain role. A part whose post fails fails
-  // the send, and the parts after it are not posted (a receive the lead
-  // matched fails at its deadline, as any message's does whose post failed
-  // after its sequence number was spent: the peer is gone or going).
+  // away, in order. A part whose post fails fails the send, and the parts
+  // after it are not posted (a receive the lead matched fails at its
+  // deadline, as any message's does whose post failed after its sequence
+  // number was spent: the peer is gone or going).
   [[gnu::cold]] void send_split_direct(std::unique_lock<platform::FutexMutex>& g, std::uint32_t i, const Slice& data,
                                        std::uint32_t k) noexcept {
-    Op& o = ops[i];
     std::array<Slice, kMaxParts> msgs;
     if (const Status s = split_message(i, data, k, msgs); s != Status::ok) return complete(i, s);
-    o.gets = k;
-    peers[o.peer].announced = true;
-    const PeerId peer = o.peer;
-    const std::uint32_t gen = o.gen;
+    ops[i].gets = k;
+    post_direct(g, i, std::span<Slice>(msgs.data(), k));
+  }
+
+  // Posts op i's sealed messages `msgs` in order, with the mutex released
+  // and the drain role taken around the posts, so posts others queue
+  // meanwhile go out after these, in order, as the ring would have sent
+  // them. Each message's reference is dropped before the mutex is taken
+  // back; the first failed post fails the op and ends the posting.
+  [[gnu::always_inline]] void post_direct(std::unique_lock<platform::FutexMutex>& g, std::uint32_t i,
+                                          std::span<Slice> msgs) noexcept {
+    const PeerId peer = ops[i].peer;
+    const std::uint32_t gen = ops[i].gen;
+    peers[peer].announced = true;
     draining = true;
     g.unlock();
     Status s = Status::ok;
-    for (std::uint32_t j = 0; j < k && s == Status::ok; ++j) {
-      s = ep.send(peer, msgs[j], [self = shared_from_this(), i, gen](const Completion& c) { self->on_sent(i, gen, c); })
-              .status();
+    for (Slice& m : msgs) {
+      if (s == Status::ok) {
+        s = ep.send(peer, m, [self = shared_from_this(), i, gen](const Completion& c) { self->on_sent(i, gen, c); })
+                .status();
+      }
+      m = Slice{};
     }
-    for (auto& m : msgs) m = Slice{};
     g.lock();
     draining = false;
     if (s != Status::ok) {
