@@ -353,27 +353,22 @@ def mode_perf(tool, readme, provider):
             lat = r["latency_us"]
             check(r["error"] is None and lat is not None and lat["iters"] == 20 and positive(lat["median"]) and
                   positive(r["bandwidth_MBps"]), f"{r['op']} {r['size']}: latency and bandwidth")
-    # The split rendezvous forced and off (--tagged-split, passed to the
-    # server, which receives and decides): a 1 MiB rendezvous either way.
-    for split in ("4K", "off"):
-        rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", "1M", "--iters", "10",
-                            "--window", "4", "--ops", "tagged", "--tagged-split", split, "--json"], timeout=240)
-        check(rc == 0, f"perf {provider} --tagged-split {split} exits 0 (got {rc}: {err})")
-        if rc == 0:
-            r = json.loads(out)["results"]
-            check(len(r) == 1 and r[0]["op"] == "tagged" and r[0]["error"] is None and
-                  positive(r[0]["bandwidth_MBps"]), f"perf --tagged-split {split}: one tagged 1 MiB row")
-    # Split eager set and off (--tagged-eager-split, taken by both sides):
-    # 8 KiB messages, split in three on shm, whole elsewhere and with off.
-    for split in ("8K", "off"):
-        rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", "8K", "--iters", "20",
-                            "--window", "4", "--ops", "tagged", "--tagged-eager-split", split, "--json"], timeout=240)
-        check(rc == 0, f"perf {provider} --tagged-eager-split {split} exits 0 (got {rc}: {err})")
-        if rc == 0:
-            r = json.loads(out)["results"]
-            check(len(r) == 1 and r[0]["op"] == "tagged" and r[0]["error"] is None and
-                  positive(r[0]["latency_us"]["median"]) and positive(r[0]["bandwidth_MBps"]),
-                  f"perf --tagged-eager-split {split}: one tagged 8 KiB row")
+    # The Messenger's two splits, set and off, each one tagged row:
+    # --tagged-split (the split rendezvous; passed to the server, which
+    # receives and decides) at 1 MiB, a rendezvous either way;
+    # --tagged-eager-split (both sides take it) at 8 KiB, three messages on
+    # shm, one elsewhere and with off.
+    for option, size, values in (("--tagged-split", "1M", ("4K", "off")),
+                                 ("--tagged-eager-split", "8K", ("8K", "off"))):
+        for value in values:
+            rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", size, "--iters", "10",
+                                "--window", "4", "--ops", "tagged", option, value, "--json"], timeout=240)
+            check(rc == 0, f"perf {provider} {option} {value} exits 0 (got {rc}: {err})")
+            if rc == 0:
+                r = json.loads(out)["results"]
+                check(len(r) == 1 and r[0]["op"] == "tagged" and r[0]["error"] is None and
+                      positive(r[0]["latency_us"]["median"]) and positive(r[0]["bandwidth_MBps"]),
+                      f"perf {option} {value}: one tagged {size} row")
     # Text output and a subset of ops.
     rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", "64", "--iters", "5",
                         "--ops", "put", "--progress"], timeout=240)
