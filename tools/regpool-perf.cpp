@@ -369,6 +369,16 @@ struct Options {
   Config config;
 };
 
+// --tagged-split and --tagged-eager-split: a size above 0, off (UINT64_MAX,
+// never) or default (0, the backend's), as the MessengerConfig fields take it.
+std::uint64_t split_value(const std::string& v, const char* option) {
+  if (v == "off") return ~std::uint64_t{0};
+  if (v == "default") return 0;
+  const std::uint64_t n = regpool_tools::parse_size(v, option);
+  if (n == 0) throw UsageError(std::string(option) + ": a size above 0, off or default");
+  return n;
+}
+
 Options parse_args(int argc, char** argv, bool& help) {
   Options o;
   bool client_only_option = false;
@@ -469,28 +479,11 @@ Options parse_args(int argc, char** argv, bool& help) {
                                                             "--tagged-threshold", 64, std::uint64_t{1} << 30);
       client_only_option = true;
     } else if (is_option(a, "--tagged-split")) {
-      const std::string v = option_value(argc, argv, i, "--tagged-split");
-      if (v == "off") {
-        o.config.tagged_split = ~std::uint64_t{0};
-      } else if (v == "default") {
-        o.config.tagged_split = 0;
-      } else {
-        o.config.tagged_split = regpool_tools::parse_size(v, "--tagged-split");
-        if (o.config.tagged_split == 0) throw UsageError("--tagged-split: a size above 0, off or default");
-      }
+      o.config.tagged_split = split_value(option_value(argc, argv, i, "--tagged-split"), "--tagged-split");
       client_only_option = true;
     } else if (is_option(a, "--tagged-eager-split")) {
-      const std::string v = option_value(argc, argv, i, "--tagged-eager-split");
-      if (v == "off") {
-        o.config.tagged_eager_split = ~std::uint64_t{0};
-      } else if (v == "default") {
-        o.config.tagged_eager_split = 0;
-      } else {
-        o.config.tagged_eager_split = regpool_tools::parse_size(v, "--tagged-eager-split");
-        if (o.config.tagged_eager_split == 0) {
-          throw UsageError("--tagged-eager-split: a size above 0, off or default");
-        }
-      }
+      o.config.tagged_eager_split =
+          split_value(option_value(argc, argv, i, "--tagged-eager-split"), "--tagged-eager-split");
       client_only_option = true;
     } else if (is_option(a, "--expose-mode")) {
       not_for_peers = a;

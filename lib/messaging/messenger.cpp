@@ -798,16 +798,22 @@ struct MessengerCore {
   }
 
   // ---------- arrival ----------
-  // A matched eager message or rts for receive op i. `ldo` is the bounce it
-  // arrived in; returns true when the receive kept it (zero copy).
-  [[gnu::always_inline]] bool deliver(std::uint32_t i, PeerId src, const mw::Header& h, const RemoteRef& ref,
-                                      Ldo& ldo) noexcept {
-    Op& o = ops[i];
+  // Receive o matched the message `h` from src: what its completion says
+  // of the message.
+  [[gnu::always_inline]] void note_match(Op& o, PeerId src, const mw::Header& h) noexcept {
     o.result.peer = src;
     o.result.tag = h.tag;
     o.result.length = h.length;
     o.result.request_id = h.space == mw::Space::user ? h.reply_id : 0;
     ++st.received;
+  }
+
+  // A matched eager message or rts for receive op i. `ldo` is the bounce it
+  // arrived in; returns true when the receive kept it (zero copy).
+  [[gnu::always_inline]] bool deliver(std::uint32_t i, PeerId src, const mw::Header& h, const RemoteRef& ref,
+                                      Ldo& ldo) noexcept {
+    Op& o = ops[i];
+    note_match(o, src, h);
     if (h.type == mw::Type::eager) {
       if (o.zero_copy) {
         (void)ldo.resize_data(h.length);
@@ -1100,11 +1106,7 @@ struct MessengerCore {
       unlink_posted(i);
       ++ps.owed;
       Op& o = ops[i];
-      o.result.peer = src;
-      o.result.tag = h.tag;
-      o.result.length = h.length;
-      o.result.request_id = h.space == mw::Space::user ? h.reply_id : 0;
-      ++st.received;
+      note_match(o, src, h);
       o.peer = src;  // fail_peer finds it
       if (o.zero_copy) {
         auto m = alloc_message(h.length);
