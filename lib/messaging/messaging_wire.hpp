@@ -119,14 +119,14 @@ inline void encode(const Header& h, std::byte* out) noexcept {
 // type/space/flags, a length that disagrees with the bytes received
 // (eager, part), an eager payload above max_eager (the sender ignored the
 // announced limit; for a lead, the whole payload), a lead carrying none or
-// all of its payload, a part with no bytes, at offset 0, past its lead's
-// largest length or with a reply id, a length of 0 or above 2^40 (rts,
-// grant), a granted
-// range ending past 2^40, an rts or grant without its reference, a
-// fin/credit/done with a length or tag, seq 0 on eager/rts/lead/part or
-// non-zero on
-// the others, announced limits out of range, credits above the sender's
-// own grant, a status above kMaxStatus or non-zero outside fin/done.
+// all of its payload, a part with no bytes, at offset 0, ending past
+// max_eager or with a reply id, a length of 0 or above 2^40 (rts, grant),
+// a granted range ending past 2^40, an rts or grant without its
+// reference, a fin/credit/done with a length or tag, seq 0 on eager, rts,
+// lead or part or non-zero on the others, announced limits out of range,
+// credits above the sender's own grant, a status above kMaxStatus or
+// non-zero outside fin/done. Whether a part continues the message its
+// peer is sending is Assembly's to check.
 inline Status parse(std::span<const std::byte> msg, std::uint64_t max_eager, Header& out) noexcept {
   if (msg.size() < kHeaderSize) return Status::malformed;
   const std::byte* p = msg.data();
