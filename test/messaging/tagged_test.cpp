@@ -24,7 +24,8 @@
 //    truncated; forged by a raw endpoint: early parts put in order, a new
 //    message, a stray or misplaced part dropping the open message, a
 //    matched receive failing malformed, a lead whose parts never come
-//    failing its receive at the deadline.
+//    failing its receive at the deadline; a sender killed between a lead
+//    and its parts failing the receive in bound.
 
 #include <signal.h>
 
@@ -1095,31 +1096,36 @@ struct Forged {
   std::uint64_t seq, tag, length, offset, carried;
 };
 
-int forged_split_sender(const std::string& prov, std::uint16_t port) {
+// Sends `msgs` from the bare endpoint of `s` to rx, each completed before
+// the next is posted.
+int send_forged(rpt::Stack& s, PeerId rx, const std::vector<Forged>& msgs) {
   namespace mw = regpool::detail::msgwire;
   using T = mw::Type;
+  for (const Forged& f : msgs) {
+    auto l = s.alloc(mw::kHeaderSize + f.carried);
+    mw::Header h;
+    h.type = f.type;
+    h.tag = f.type == T::part ? f.offset : f.tag;
+    h.length = f.length;
+    h.msg_id = f.type == T::eager ? f.seq : f.tag;  // a lead and its parts: the message's tag as its id
+    h.seq = f.seq;
+    mw::encode(h, l.data().data());
+    for (std::uint64_t j = 0; j < f.carried; ++j) {
+      l.data()[mw::kHeaderSize + j] = static_cast<std::byte>(f.tag + f.offset + j);
+    }
+    auto t = s.ep->send(rx, rpt::slice_or_die(Slice::data(l, 0, mw::kHeaderSize + f.carried)));
+    RPT_CHECK(t.ok());
+    RPT_CHECK(s.ep->wait(*t, 30s).status == Status::ok);
+  }
+  return 0;
+}
+
+int forged_split_sender(const std::string& prov, std::uint16_t port) {
+  using T = regpool::detail::msgwire::Type;
   auto b = rpt::child_bootstrap(port);
   rpt::Stack s(prov, ep_config());
   const PeerId rx = s.ep->insert_peer(b->allgather(s.ep->name(), 30s)[0]);
-  const auto send_all = [&](const std::vector<Forged>& msgs) -> int {
-    for (const Forged& f : msgs) {
-      auto l = s.alloc(mw::kHeaderSize + f.carried);
-      mw::Header h;
-      h.type = f.type;
-      h.tag = f.type == T::part ? f.offset : f.tag;
-      h.length = f.length;
-      h.msg_id = f.type == T::eager ? f.seq : f.tag;  // a lead and its parts: the message's tag as its id
-      h.seq = f.seq;
-      mw::encode(h, l.data().data());
-      for (std::uint64_t j = 0; j < f.carried; ++j) {
-        l.data()[mw::kHeaderSize + j] = static_cast<std::byte>(f.tag + f.offset + j);
-      }
-      auto t = s.ep->send(rx, rpt::slice_or_die(Slice::data(l, 0, mw::kHeaderSize + f.carried)));
-      RPT_CHECK(t.ok());
-      RPT_CHECK(s.ep->wait(*t, 30s).status == Status::ok);
-    }
-    return 0;
-  };
+  const auto send_all = [&](const std::vector<Forged>& msgs) { return send_forged(s, rx, msgs); };
   // For a part, `tag` is the message's tag (the forger's msg_id for it).
   RPT_CHECK(send_all({
       {T::lead, 1, 40, 100, 0, 60}, {T::part, 2, 40, 40, 60, 40},  // whole: 100 bytes
@@ -1204,4 +1210,50 @@ TEST_CASE("split eager from a hostile peer: early parts ordered, broken messages
   CHECK(n.m.stats().rejected == 5);
   boot->barrier(60s);
   CHECK(rpt::reap(kid, 60s) == 0);
+}
+
+TEST_CASE("a sender killed between a split message's lead and its parts: the receive fails in bound",
+          "[fabric][messaging]") {
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  auto kid = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        rpt::Stack s(prov, ep_config());
+        const PeerId rx = s.ep->insert_peer(b->allgather(s.ep->name(), 30s)[0]);
+        b->barrier(60s);  // the receive is posted
+        RPT_CHECK(send_forged(s, rx, {{regpool::detail::msgwire::Type::lead, 1, 60, 100, 0, 20}}) == 0);
+        std::this_thread::sleep_for(60s);  // until the parent kills us
+        return 1;
+      },
+      120);
+  // On shm the endpoint sees the process die (peer_unreachable); over tcp
+  // a peer we only receive from is not watched, and the deadline
+  // (rendezvous_timeout) ends the receive.
+  MessengerConfig mc;
+  mc.rendezvous_timeout = 5s;
+  Node n(prov, mc);
+  (void)n.s.ep->insert_peer(boot->allgather(n.s.ep->name(), 30s)[1]);
+  auto buf = n.s.alloc(128);
+  auto r = n.m.recv(regpool::kAnyPeer, 60, 0, rpt::slice_or_die(Slice::data(buf)));
+  REQUIRE(r.ok());
+  boot->barrier(60s);
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (n.m.stats().received == 0 && std::chrono::steady_clock::now() < until) n.m.progress();
+  REQUIRE(n.m.stats().received == 1);  // the lead matched
+  ::kill(kid.pid, SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  const MessageCompletion c = n.m.wait(*r, 60s);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO("receive completed with " << regpool::to_string(c.status) << " after " << took << " s");
+  if (prov == "shm") {
+    CHECK(c.status == Status::peer_unreachable);
+    CHECK(took < 4.0);
+  } else {
+    CHECK((c.status == Status::peer_unreachable || c.status == Status::timeout));
+  }
+  CHECK(took < 15.0);
+  CHECK(rpt::reap(kid, 10s) == 128 + SIGKILL);
 }
