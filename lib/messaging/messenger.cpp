@@ -674,7 +674,8 @@ struct MessengerCore {
     PeerState& ps = peers[o.peer];
     const Slice& src = data ? *data : o.buf;
     const std::uint64_t len = src.length();
-    if (goes_eager(ps, len)) {
+    const bool eager = goes_eager(ps, len);
+    if (eager) {
       const std::uint32_t k = parts_for(ps, len);
       if (k > 1 && posts.size() - post_count >= k) return dispatch_split(i, src, k, data == nullptr);
     }
@@ -683,7 +684,7 @@ struct MessengerCore {
     p.op = i;
     p.gen = o.gen;
     std::uint32_t returned = 0;  // credits the message gives back
-    if (goes_eager(ps, len)) {
+    if (eager) {
       const std::uint32_t owed = ps.owed;
       auto m = eager_message(i, src);
       if (!m) return complete(i, m.status());
