@@ -476,6 +476,40 @@ class REGPOOL_API Endpoint {
   // Receive one message from any peer into `local` (messages from one peer
   // are matched to posted receives in posting order).
   Result<Token> post_recv(const Slice& local, Callback cb = {}) noexcept;
+  // A receive that is kept when it completes, to be posted again with
+  // repost(): the same slot, buffer reference, callback and token, so a loop
+  // that receives into the same buffers over and over (a server's request
+  // buffers, a ping-pong) does not claim a slot, take a reference to its
+  // buffer and move a callback in for every message (docs/architecture.md,
+  // "Kept receives").
+  //  - Its completions come as post_recv()'s do: to `cb`, or to wait(token).
+  //  - After a completion with status ok or out_of_bounds (a message longer
+  //    than the buffer) the receive is parked: it holds its slot (one of
+  //    max_in_flight) and its buffer until repost() or end_recv(). Any other
+  //    status (closed, timeout, ...) ends it, as it ends a post_recv().
+  //  - A callback may call repost() or end_recv() on its own token; the
+  //    endpoint acts on it once the callback returns, so a kept receive's
+  //    callback never runs twice at once.
+  Result<Token> post_recv_kept(const Slice& local, Callback cb = {}) noexcept;
+  // Post a parked kept receive again, into its buffer or into `local` (the
+  // old buffer's reference is then dropped). invalid_argument when `token`
+  // is not a parked kept receive of this endpoint (still posted, its
+  // completion not yet taken, ended, or already asked to repost); closed
+  // once the endpoint shuts down; a provider error otherwise (the receive
+  // stays parked, with `local`). A repost the provider cannot take yet
+  // (would_block: its queue is full, shm's region is busy) is accepted and
+  // retried by every poll, for up to post_timeout; past that the receive
+  // ends with a completion of status would_block. Asked from the receive's
+  // own callback, it returns ok and posts when the callback returns; should
+  // that post fail, the receive ends with a completion carrying the
+  // failure.
+  Status repost(Token token) noexcept;
+  Status repost(Token token, const Slice& local) noexcept;
+  // End a kept receive. Parked (or its repost still waiting for the
+  // provider): its slot and buffer reference go now. Posted: its next
+  // completion is its last (it is then a post_recv()).
+  // invalid_argument when `token` is not a live kept receive.
+  Status end_recv(Token token) noexcept;
   // 64-bit atomics on an 8-byte aligned word at remote_offset of a
   // read-write export; Completion::value is the word before the op.
   Result<Token> fetch_add(PeerId peer, const RemoteRef& remote, std::uint64_t remote_offset, std::uint64_t addend,
@@ -741,7 +775,7 @@ class REGPOOL_API Endpoint {
   // carries only its own kind's checks.
   inline Result<Token> submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
                        std::uint64_t remote_offset, std::uint64_t length, std::uint64_t operand,
-                       std::uint64_t compare, Callback&& cb) noexcept;
+                       std::uint64_t compare, Callback&& cb, bool kept = false) noexcept;
   void fail_ops_locked(PeerId peer, Status status, bool gone) noexcept;
   // Take back failed ops the backend still holds where do_abandon agrees
   // (one slot, or every such slot).
@@ -780,6 +814,19 @@ class REGPOOL_API Endpoint {
   inline std::size_t poll_locked() noexcept;
   void expire_locked(Clock::time_point now) noexcept;
   inline void maybe_free_locked(std::uint32_t index) noexcept;
+  // Kept receives (post_recv_kept): post slot `index` again (it is parked
+  // or its callback just returned); the receive stays parked if the post
+  // fails.
+  Status post_kept_locked(std::uint32_t index) noexcept;
+  Status repost_impl(Token token, const Slice* local) noexcept;
+  // A kept receive stops being kept: its buffer reference goes to the
+  // release ring unless the backend still holds it (complete() then does).
+  void unkeep_locked(std::uint32_t index) noexcept;
+  // After a kept receive's callback returned: parked, posted again
+  // (repost() asked from the callback) or ended (end_recv(), shutdown);
+  // an ended one's callback is moved to `cb`, a buffer the repost replaced
+  // to `old`, both destroyed after the unlock.
+  void settle_kept_locked(std::uint32_t index, Callback& cb, Slice& old) noexcept;
   inline void finish_locked(Slot& s, std::uint32_t index, Status st, std::uint64_t bytes, std::uint64_t value,
                      PeerId peer) noexcept;
   void revoke_exposure(std::uint32_t index, std::uint64_t exposure_id, Slice& slice) noexcept;
@@ -864,6 +911,14 @@ class REGPOOL_API Endpoint {
   std::vector<PeerId> peer_by_handle_;
   bool index_peer_locked(PeerId peer) noexcept;  // false: handle too large or out of memory
   void unindex_peer_locked(PeerId peer) noexcept;
+  // Kept receives whose repost the provider refused for now (would_block):
+  // retried by every poll until they post or their post_timeout passes
+  // (reserved to max_in_flight; each slot at most once).
+  std::vector<std::uint32_t> kept_retry_;
+  void retry_kept_locked() noexcept;
+  // The end of a kept receive that could not be posted again: its last
+  // completion, with `st`.
+  void fail_kept_locked(std::uint32_t index, Status st) noexcept;
   std::vector<std::uint32_t> releases_;  // slots whose Slice awaits release (ring)
   std::size_t release_head_ = 0;
   std::size_t release_count_ = 0;

@@ -184,6 +184,17 @@ struct Endpoint::Slot {
   // Completed for the user because its peer failed or was removed, still
   // held by the backend: offered to do_abandon.
   bool orphan = false;
+  // Kept receives (post_recv_kept): kept until ended; parked between a
+  // taken completion and repost(); delivering while its callback runs (in
+  // place, outside the mutex); repost_asked by that callback.
+  bool kept = false;
+  bool parked = false;
+  bool delivering = false;
+  bool repost_asked = false;
+  bool repost_pending = false;  // in kept_retry_ (deadline: its post_timeout)
+  // The buffer a repost asked for by the callback moves to, once the
+  // callback (which may still read the old one) has returned.
+  Slice next_local;
   alignas(16) std::byte context[kBackendContextSize];
 };
 
@@ -425,6 +436,7 @@ Endpoint::Endpoint(const EndpointConfig& config, const ExposureSupport& support)
   for (std::size_t i = n; i-- > 0;) free_.push_back(static_cast<std::uint32_t>(i));
   ready_.assign(n, 0);
   releases_.assign(n, 0);
+  kept_retry_.reserve(n);
   atomic_words_ = std::make_unique<AtomicWords[]>(n);
   peers_.reserve(16);
   link_ = std::make_shared<detail::ExposureLink>();
@@ -529,6 +541,12 @@ void Endpoint::shutdown() noexcept {
     queue_release_locked(i);
   }
   quarantine_tail_ = kNoExposure;
+  // Parked kept receives end: their buffers go with the unlock, their
+  // callbacks with the slots (repost() now answers closed).
+  for (std::uint32_t i = 0; i < config_.max_in_flight; ++i) {
+    if (slots_[i].kept && slots_[i].parked) unkeep_locked(i);
+  }
+  retry_kept_locked();  // reposts still waiting for the provider complete closed
   // Released by the unlock (the release list).
 }
 
@@ -1214,6 +1232,178 @@ Result<Token> Endpoint::get(PeerId peer, const RemoteRef& remote, std::uint64_t 
   return submit(OpKind::recv, kAnyPeer, &local, nullptr, 0, local.length(), 0, 0, std::move(cb));
 }
 
+Result<Token> Endpoint::post_recv_kept(const Slice& local, Callback cb) noexcept {
+  return submit(OpKind::recv, kAnyPeer, &local, nullptr, 0, local.length(), 0, 0, std::move(cb), true);
+}
+
+[[gnu::hot]] Status Endpoint::repost(Token token) noexcept { return repost_impl(token, nullptr); }
+
+Status Endpoint::repost(Token token, const Slice& local) noexcept {
+  if (const Status c = check_op(OpKind::recv, &local, nullptr, 0, local.length()); c != Status::ok) return reject(c);
+  return repost_impl(token, &local);
+}
+
+[[gnu::hot]] Status Endpoint::repost_impl(Token token, const Slice* local) noexcept {
+  const std::uint32_t index = static_cast<std::uint32_t>(token.value & 0xffffffffu);
+  const std::uint32_t gen = static_cast<std::uint32_t>(token.value >> 32);
+  if (!token || index >= config_.max_in_flight) return Status::invalid_argument;
+  Slice old;  // the replaced buffer's reference: dropped after the unlock
+  Lock g(*this);
+  Slot& s = slots_[index];
+  if (s.gen != gen || !s.kept || !(s.parked || s.delivering) || s.repost_asked) return Status::invalid_argument;
+  if (!usable() || stopping_.load(std::memory_order_relaxed)) return Status::closed;
+  if (s.delivering) {
+    // Its callback is running: settle_kept_locked posts once it returns,
+    // so the callback never runs twice at once (and may still read the old
+    // buffer meanwhile).
+    s.repost_asked = true;
+    if (local != nullptr) s.next_local = *local;
+    return Status::ok;
+  }
+  if (local != nullptr) {
+    old = std::move(s.local);
+    s.local = *local;
+  }
+  return post_kept_locked(index);
+}
+
+[[gnu::hot]] Status Endpoint::post_kept_locked(std::uint32_t index) noexcept {
+  Slot& s = slots_[index];
+  s.parked = false;
+  s.repost_asked = false;
+  s.completed = false;
+  s.result = Completion{s.result.token, OpKind::recv, Status::in_progress, kAnyPeer, 0, 0};
+  s.desc.length = s.local.length();
+  // Reserved while posting, as a new op's slot is (claim_slot_locked).
+  s.user_pending = true;
+  const Status st = do_post(s.desc);
+  if (st == Status::would_block) {
+    // The provider wants progress first (a full queue, shm's region lock
+    // held by a peer posting to us): every poll retries it from now on,
+    // without anyone waiting here (this may run inside progress()).
+    retries_.fetch_add(1, std::memory_order_relaxed);
+    s.repost_pending = true;
+    s.deadline = Clock::now() + config_.post_timeout;
+    kept_retry_.push_back(index);  // reserved: never allocates
+    return Status::ok;
+  }
+  if (st != Status::ok) {
+    s.user_pending = false;
+    s.parked = true;
+    return st;
+  }
+  accept_locked(index);
+  ++activity_;
+  if (sleepers_ > 0) wake_sleepers_locked();
+  return Status::ok;
+}
+
+[[gnu::cold]] void Endpoint::retry_kept_locked() noexcept {
+  const bool closing = !usable() || stopping_.load(std::memory_order_relaxed);
+  const auto now = Clock::now();
+  std::size_t keep = 0;
+  for (const std::uint32_t index : kept_retry_) {
+    Slot& s = slots_[index];
+    if (!s.repost_pending) continue;  // ended meanwhile (end_recv)
+    const Status st = closing ? Status::closed : do_post(s.desc);
+    if (st == Status::ok) {
+      s.repost_pending = false;
+      accept_locked(index);
+      ++activity_;
+    } else if (st == Status::would_block && now < s.deadline) {
+      kept_retry_[keep++] = index;
+    } else {
+      s.repost_pending = false;
+      fail_kept_locked(index, st);
+    }
+  }
+  kept_retry_.resize(keep);
+  if (sleepers_ > 0) wake_sleepers_locked();
+}
+
+void Endpoint::fail_kept_locked(std::uint32_t index, Status st) noexcept {
+  Slot& s = slots_[index];
+  unkeep_locked(index);
+  s.user_pending = true;
+  finish_locked(s, index, st, 0, 0, kAnyPeer);
+}
+
+void Endpoint::unkeep_locked(std::uint32_t index) noexcept {
+  Slot& s = slots_[index];
+  s.kept = false;
+  s.parked = false;
+  s.repost_asked = false;
+  // complete() kept the reference while the receive was kept; posted, it
+  // still owns the buffer and complete() releases it then.
+  if (!s.backend_owned && s.local && !s.release_pending) {
+    s.release_pending = true;
+    releases_[ring_at(release_head_, release_count_, releases_.size())] = index;
+    ++release_count_;
+  }
+}
+
+Status Endpoint::end_recv(Token token) noexcept {
+  const std::uint32_t index = static_cast<std::uint32_t>(token.value & 0xffffffffu);
+  const std::uint32_t gen = static_cast<std::uint32_t>(token.value >> 32);
+  if (!token || index >= config_.max_in_flight) return Status::invalid_argument;
+  Callback cb;  // a parked receive's callback: destroyed after the unlock
+  Lock g(*this);
+  Slot& s = slots_[index];
+  if (s.gen != gen || !s.kept) return Status::invalid_argument;
+  // A repost waiting for the provider ends as a parked receive does (the
+  // retry list lets go of it).
+  const bool parked = s.parked || s.repost_pending;
+  if (s.repost_pending) {
+    // Out of the list now, so a slot is never in it twice.
+    s.repost_pending = false;
+    s.user_pending = false;
+    const auto at = std::find(kept_retry_.begin(), kept_retry_.end(), index);
+    if (at != kept_retry_.end()) {
+      *at = kept_retry_.back();
+      kept_retry_.pop_back();
+    }
+  }
+  unkeep_locked(index);
+  if (s.delivering) return Status::ok;  // settle_kept_locked frees it
+  if (parked) {
+    cb = std::move(s.cb);
+    s.has_callback = false;
+    maybe_free_locked(index);
+  }
+  // Posted, or completed and not yet taken: it ends as a post_recv() does.
+  return Status::ok;
+}
+
+void Endpoint::settle_kept_locked(std::uint32_t index, Callback& cb, Slice& old) noexcept {
+  Slot& s = slots_[index];
+  s.delivering = false;
+  if (s.kept && (!usable() || stopping_.load(std::memory_order_relaxed))) unkeep_locked(index);
+  if (!s.kept) {
+    // Ended while its callback ran: a buffer its repost asked for is not
+    // used (its own buffer went to the release ring with the end).
+    old = std::move(s.next_local);
+    s.next_local = Slice{};
+    cb = std::move(s.cb);
+    s.has_callback = false;
+    maybe_free_locked(index);
+    return;
+  }
+  if (!s.repost_asked) {
+    s.parked = true;
+    return;
+  }
+  if (s.next_local) {
+    // The buffer its repost asked for; the old one goes after the unlock.
+    old = std::move(s.local);
+    s.local = std::move(s.next_local);
+    s.next_local = Slice{};
+  }
+  const Status st = post_kept_locked(index);
+  // The callback was told ok: a failure comes as the receive's last
+  // completion.
+  if (st != Status::ok) fail_kept_locked(index, st);
+}
+
 Result<Token> Endpoint::fetch_add(PeerId peer, const RemoteRef& remote, std::uint64_t remote_offset,
                                   std::uint64_t addend, Callback cb) noexcept {
   return submit(OpKind::fetch_add, peer, nullptr, &remote, remote_offset, 8, addend, 0, std::move(cb));
@@ -1318,6 +1508,11 @@ Result<std::uint32_t> Endpoint::claim_slot_locked(OpKind kind, PeerId peer, cons
   }
   s.has_callback = false;
   s.orphan = false;
+  s.kept = false;
+  s.parked = false;
+  s.delivering = false;
+  s.repost_asked = false;
+  s.repost_pending = false;
   s.result = Completion{token, kind, Status::in_progress, s.desc.peer, 0, 0};
   s.completed = false;
   // The slot is reserved (not free, not backend-owned) while the post
@@ -1367,7 +1562,7 @@ Result<std::uint32_t> Endpoint::claim_slot_locked(OpKind kind, PeerId peer, cons
 [[gnu::always_inline]] inline
 Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
                                std::uint64_t remote_offset, std::uint64_t length, std::uint64_t operand,
-                               std::uint64_t compare, Callback&& cb) noexcept {
+                               std::uint64_t compare, Callback&& cb, bool kept) noexcept {
   // Checks that need no lock first: they are the ones users hit.
   if (const Status c = check_op(kind, local, remote, remote_offset, length); c != Status::ok) return reject(c);
 
@@ -1379,6 +1574,7 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
   if (!claimed) return reject(claimed.status());
   const std::uint32_t index = *claimed;
   Slot& s = slots_[index];
+  s.kept = kept;
   // The callback goes in before the post: a completion may be reaped by the
   // first retry's poll.
   s.has_callback = static_cast<bool>(cb);
@@ -1565,6 +1761,7 @@ Endpoint::Clock::time_point Endpoint::deadline_for(OpKind kind, std::uint64_t le
 [[gnu::always_inline]] inline std::size_t Endpoint::poll_locked() noexcept {
   const std::size_t n = do_poll(config_.poll_batch);
   last_poll_events_ = n;
+  if (!kept_retry_.empty()) [[unlikely]] retry_kept_locked();
   // The poll a message's latency runs through may skip the clock: the scan
   // comes at most one poll later (platform::clock_read_due).
   if (!platform::clock_read_due(n > 0, expiry_read_skipped_)) return n;
@@ -1615,11 +1812,14 @@ Endpoint::Clock::time_point Endpoint::deadline_for(OpKind kind, std::uint64_t le
   const bool atomic = s.desc.kind == OpKind::fetch_add || s.desc.kind == OpKind::compare_swap;
   const std::uint64_t value = atomic && status == Status::ok ? atomic_words_[index].result : 0;
   if (!s.completed) finish_locked(s, index, status, bytes, value, peer);
+  // A kept receive goes on after a message (or one too long for it); any
+  // other end is its last.
+  if (s.kept && s.result.status != Status::ok && s.result.status != Status::out_of_bounds) s.kept = false;
   // The provider is done with the bytes: the in-flight reference goes now,
   // even if the user has not looked at the completion yet - but not under
   // the mutex (it may be the last one, and its cleanup may call into this
   // endpoint): the unlock releases it.
-  if (s.local && !s.release_pending) {
+  if (s.local && !s.release_pending && !s.kept) {
     s.release_pending = true;
     releases_[ring_at(release_head_, release_count_, releases_.size())] = index;
     ++release_count_;
@@ -1654,7 +1854,7 @@ void Endpoint::finish_locked(Slot& s, std::uint32_t index, Status st, std::uint6
   // A slot goes back only once its Slice has been released outside the
   // mutex (unlock_and_release); its callback was moved out to run (or, for
   // a refused post, to be destroyed) outside it too.
-  if (s.backend_owned || s.user_pending || s.release_pending) return;
+  if (s.backend_owned || s.user_pending || s.release_pending || s.parked || s.delivering) return;
   s.completed = false;
   free_.push_back(index);
 }
@@ -1712,14 +1912,25 @@ const BackendOp& Endpoint::op_at(std::uint32_t index) const noexcept { return sl
       struct Delivery {
         Callback cb;
         Completion result;
+        std::uint32_t kept;  // a kept receive's slot (its callback runs in place), or kNoIndex
+        Slice old;           // a kept receive's buffer its repost replaced
       };
       detail::StackBatch<Delivery, kDeliverBatch> batch;
+      bool any_kept = false;
       while (ready_count_ > 0 && !batch.full()) {
         const std::uint32_t index = ready_[ready_head_];
         ready_head_ = ring_next(ready_head_, ready_.size());
         --ready_count_;
         Slot& s = slots_[index];
-        batch.emplace(std::move(s.cb), s.result);
+        if (s.kept) {
+          // Its callback stays in the slot for the next message; nobody
+          // touches it while delivering (repost and end_recv only ask).
+          s.delivering = true;
+          any_kept = true;
+          batch.emplace(Callback{}, s.result, index, Slice{});
+        } else {
+          batch.emplace(std::move(s.cb), s.result, kNoIndex, Slice{});
+        }
         s.user_pending = false;
         maybe_free_locked(index);
       }
@@ -1728,9 +1939,23 @@ const BackendOp& Endpoint::op_at(std::uint32_t index) const noexcept { return sl
       g.unlock();
       const std::size_t k = batch.size();
       for (std::size_t i = 0; i < k; ++i) {
-        if (batch[i].cb) batch[i].cb(batch[i].result);
+        if (batch[i].kept != kNoIndex) {
+          Callback& cb = slots_[batch[i].kept].cb;
+          if (cb) cb(batch[i].result);
+        } else if (batch[i].cb) {
+          batch[i].cb(batch[i].result);
+        }
       }
       delivered += k;
+      if (any_kept) {
+        // Park, repost or end them; an ended one's callback and a replaced
+        // buffer join the batch, to be destroyed after this unlock.
+        g.relock();
+        for (std::size_t i = 0; i < k; ++i) {
+          if (batch[i].kept != kNoIndex) settle_kept_locked(batch[i].kept, batch[i].cb, batch[i].old);
+        }
+        g.unlock();
+      }
       if (k < kDeliverBatch) return delivered;
     }
     g.relock();
@@ -1899,6 +2124,7 @@ Endpoint::Clock::duration Endpoint::spin_window(const IdleState& st, Clock::time
       if (s.completed && !(polled && deliver)) {
         Completion c = s.result;
         s.user_pending = false;
+        s.parked = s.kept;  // complete() ended it unless it goes on
         maybe_free_locked(index);
         return c;
       }

@@ -125,7 +125,10 @@ TEST_CASE("send and recv deliver many messages in order and intact", "[fabric]")
   // off, and both ways must deliver the same. Other backends have one way.
   const bool inject = GENERATE(true, false);
   if (!inject && prov != "shm") return;
-  INFO("backend " << prov << (inject ? "" : ", inject_sends off"));
+  // Fresh receives, each posted again from its callback, or kept receives
+  // (post_recv_kept) that their callbacks repost.
+  const bool kept = GENERATE(false, true);
+  INFO("backend " << prov << (inject ? "" : ", inject_sends off") << (kept ? ", kept receives" : ""));
   auto boot = rpt::root_bootstrap();
   const auto port = boot->port();
 
@@ -167,10 +170,16 @@ TEST_CASE("send and recv deliver many messages in order and intact", "[fabric]")
     std::uint64_t* intact;
   } ctx{&s, &buf, &received, &in_order, &intact};
   // Each receive re-posts itself from its callback (callbacks run outside the
-  // endpoint's lock, so that is allowed).
+  // endpoint's lock, so that is allowed): a new one, or the kept one again.
+  std::vector<regpool::Token> kept_tokens(kRecvs);
+  std::uint64_t repost_failures = 0;
   std::function<void(std::size_t)> post = [&](std::size_t k) {
+    if (kept && kept_tokens[k]) {
+      if (s.ep->repost(kept_tokens[k]) != Status::ok) ++repost_failures;
+      return;
+    }
     auto slot = rpt::slice_or_die(Slice::data(buf, k * kMaxMsg, kMaxMsg));
-    auto t = s.ep->post_recv(slot, [&ctx, &post, k](const Completion& c) {
+    auto on_message = [&ctx, &post, k](const Completion& c) {
       if (c.status != Status::ok) return;
       const std::byte* p = ctx.buf->data().data() + k * kMaxMsg;
       std::uint64_t seq = 0;
@@ -182,8 +191,10 @@ TEST_CASE("send and recv deliver many messages in order and intact", "[fabric]")
       if (c.bytes == expect.size() && std::memcmp(p, expect.data(), expect.size()) == 0) ++*ctx.intact;
       ++*ctx.received;
       post(k);
-    });
+    };
+    auto t = kept ? s.ep->post_recv_kept(slot, on_message) : s.ep->post_recv(slot, on_message);
     REQUIRE(t.ok());
+    if (kept) kept_tokens[k] = *t;
   };
   for (std::size_t k = 0; k < kRecvs; ++k) post(k);
   const auto deadline = std::chrono::steady_clock::now() + 60s;
@@ -191,8 +202,127 @@ TEST_CASE("send and recv deliver many messages in order and intact", "[fabric]")
   CHECK(received == kMessages);
   CHECK(in_order == kMessages);
   CHECK(intact == kMessages);
+  CHECK(repost_failures == 0);
+  if (kept) {
+    // Every kept receive is posted again, holding its reference to `buf`;
+    // ending them gives the references back, and a second end is refused.
+    CHECK(buf.use_count() == 1 + static_cast<std::uint32_t>(kRecvs));
+    for (const auto t : kept_tokens) CHECK(s.ep->end_recv(t) == Status::ok);
+    for (const auto t : kept_tokens) CHECK(s.ep->end_recv(t) == Status::invalid_argument);
+  }
   boot->barrier(30s);
   CHECK(rpt::reap(kid, 30s) == 0);
+}
+
+TEST_CASE("kept receives: taken by wait or callback, reposted into the same or a new buffer, ended", "[fabric]") {
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  constexpr std::uint64_t kKeptMessages = 7;
+  constexpr std::uint64_t kSize = 64;
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  auto kid = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        rpt::Stack s(prov, target_config());
+        const auto peer = s.ep->insert_peer(b->allgather(s.ep->name(), 20s)[0]);
+        auto buf = s.alloc(kSize);
+        for (std::uint64_t i = 0; i < kKeptMessages; ++i) {
+          rpt::fill(buf.data(), 100 + i);
+          RPT_CHECK(rpt::wait_ok(*s.ep, s.ep->send(peer, rpt::slice_or_die(Slice::data(buf)))).status == Status::ok);
+        }
+        b->barrier(60s);
+        return 0;
+      },
+      120);
+  rpt::Stack s(prov);
+  (void)s.ep->insert_peer(boot->allgather(s.ep->name(), 20s)[1]);
+  auto buf = s.alloc(2 * kSize);
+  const Slice first = rpt::slice_or_die(Slice::data(buf, 0, kSize));
+  const Slice second = rpt::slice_or_die(Slice::data(buf, kSize, kSize));
+  auto holds = [&](const Slice& where, std::uint64_t seq) {
+    std::vector<std::byte> expect(kSize);
+    rpt::fill(expect, 100 + seq);
+    return std::memcmp(where.address(), expect.data(), kSize) == 0;
+  };
+
+  // References to buf held here (buf, first, second); a live kept receive adds one.
+  const auto base = buf.use_count();
+
+  // Taken by wait(): parked after each message, reposted, once into a new buffer.
+  auto t = s.ep->post_recv_kept(first);
+  REQUIRE(t.ok());
+  CHECK(s.ep->repost(*t) == Status::invalid_argument);  // still posted
+  CHECK(s.ep->repost(regpool::Token{}) == Status::invalid_argument);
+  CHECK(s.ep->end_recv(regpool::Token{t->value + (std::uint64_t{1} << 32)}) == Status::invalid_argument);
+  for (std::uint64_t i = 0; i < 3; ++i) {
+    const Completion c = s.ep->wait(*t, 30s);
+    REQUIRE(c.status == Status::ok);
+    CHECK(c.bytes == kSize);
+    CHECK(c.token == *t);
+    CHECK(holds(i == 2 ? second : first, i));
+    CHECK(s.ep->wait(*t, 1s).status == Status::invalid_argument);  // taken: parked
+    CHECK(buf.use_count() == base + 1);  // the parked receive's
+    CHECK(s.ep->repost(*t, Slice{}) == Status::invalid_argument);  // refused, still parked
+    const Status st = i == 0 ? s.ep->repost(*t) : i == 1 ? s.ep->repost(*t, second) : s.ep->end_recv(*t);
+    CHECK(st == Status::ok);
+  }
+  // Ended while parked: its reference is gone, and it cannot come back.
+  CHECK(buf.use_count() == base);
+  CHECK(s.ep->repost(*t) == Status::invalid_argument);
+  CHECK(s.ep->end_recv(*t) == Status::invalid_argument);
+
+  // Ended while posted: its next message completes it for the last time.
+  auto u = s.ep->post_recv_kept(first);
+  REQUIRE(u.ok());
+  CHECK(s.ep->end_recv(*u) == Status::ok);
+  const Completion last = s.ep->wait(*u, 30s);
+  CHECK(last.status == Status::ok);
+  CHECK(holds(first, 3));
+  CHECK(s.ep->repost(*u) == Status::invalid_argument);
+
+  // Taken by a callback, which reposts into the other buffer (posted once it
+  // returns), then ends it.
+  struct {
+    regpool::Token v{};
+    std::uint64_t calls = 0, intact = 0;
+    Status repost_st = Status::in_progress, end_st = Status::in_progress;
+  } k;
+  auto on_message = [&](const Completion& c) {
+    ++k.calls;
+    if (c.status == Status::ok && holds(k.calls == 1 ? first : second, 3 + k.calls)) ++k.intact;
+    if (k.calls == 1) {
+      k.repost_st = s.ep->repost(k.v, second);
+    } else {
+      // A repost asked and then an end: the end wins, and the buffer the
+      // repost named is let go too.
+      k.repost_st = s.ep->repost(k.v, first);
+      k.end_st = s.ep->end_recv(k.v);
+    }
+  };
+  auto r = s.ep->post_recv_kept(first, [f = &on_message](const Completion& c) { (*f)(c); });
+  REQUIRE(r.ok());
+  k.v = *r;
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (k.calls < 2 && std::chrono::steady_clock::now() < until) s.ep->progress();
+  CHECK(k.calls == 2);
+  CHECK(k.intact == 2);
+  CHECK(k.repost_st == Status::ok);
+  CHECK(k.end_st == Status::ok);
+  CHECK(s.ep->repost(k.v) == Status::invalid_argument);
+  CHECK(buf.use_count() == base);
+  CHECK(s.ep->wait(k.v, 1s).status == Status::invalid_argument);  // a callback's token
+
+  // A parked receive at the end: the endpoint's shutdown gives its reference back.
+  auto w = s.ep->post_recv_kept(first);
+  REQUIRE(w.ok());
+  CHECK(s.ep->wait(*w, 30s).status == Status::ok);
+  CHECK(holds(first, 6));
+  boot->barrier(60s);
+  CHECK(rpt::reap(kid, 30s) == 0);
+  CHECK(buf.use_count() == base + 1);
+  s.ep.reset();
+  CHECK(buf.use_count() == base);
 }
 
 TEST_CASE("atomics under contention from two processes", "[fabric]") {

@@ -64,18 +64,22 @@ struct Proc {
   std::shared_ptr<regpool::FabricDomain> domain;
   std::unique_ptr<regpool::Pool> pool;
   std::unique_ptr<FabricEndpoint> ep;
-  explicit Proc(const std::string& prov) {
+  // post_timeout and stuck_lock_patience: 3 s and 500 ms unless a case
+  // holds our region lock itself for longer (the endpoint would take this
+  // live process for a dead holder after the patience).
+  explicit Proc(const std::string& prov, std::chrono::milliseconds post_timeout = 3s,
+                std::chrono::milliseconds lock_patience = 500ms) {
     domain = regpool::FabricDomain::open(rpt::fabric_config(prov));
     regpool::PoolConfig pc;
     pc.arena_size = std::size_t{64} << 20;
     pool = std::make_unique<regpool::Pool>(std::vector<std::shared_ptr<regpool::Domain>>{domain}, pc);
     regpool::EndpointConfig ec;
     ec.op_timeout = 3s;
-    ec.post_timeout = 3s;
+    ec.post_timeout = post_timeout;
     ec.max_in_flight = 64;
     regpool::FabricEndpointOptions fo;
     fo.peer_check_interval = 20ms;
-    fo.stuck_lock_patience = 500ms;
+    fo.stuck_lock_patience = lock_patience;
     fo.emulated_atomics = regpool::FabricEndpointOptions::EmulatedAtomics::serve;  // atomics in both directions
     ep = FabricEndpoint::open(domain, ec, fo);
   }
@@ -816,6 +820,79 @@ TEST_CASE("the rescuer releases our region lock under a stuck call only when its
   }
   calls.store(0);
   ::alarm(0);
+}
+
+TEST_CASE("a kept receive's repost waits out our busy region and posts; past post_timeout it ends", "[fabric]") {
+  // Our shm region's lock held (as a peer posting to us holds it; here this
+  // thread takes it): a repost cannot post, is accepted and retried by
+  // every poll, posts once the lock is free, and ends with would_block if
+  // it stays held for post_timeout (1 s here; the endpoint's stuck-lock
+  // patience, longer, keeps it from taking this process for a dead holder).
+  ::alarm(kAlarmSeconds);
+  Proc a("shm", 1s, 60s), b("shm");
+  regpool::fabric_shm::RegionLock lock;
+  if (!open_own_lock(own_region(a), lock)) return;
+  const auto to_a = b.ep->insert_peer(a.ep->name());
+  (void)a.ep->insert_peer(b.ep->name());
+  auto in = a.alloc(64), out = b.alloc(64);
+  const Slice inbox = rpt::slice_or_die(Slice::data(in)), msg = rpt::slice_or_die(Slice::data(out));
+  // One message from b, both sides progressing (the first one needs a's
+  // answer to b's name).
+  auto deliver = [&](regpool::Token rx) {
+    auto t = b.ep->send(to_a, msg);
+    const auto until = Clock::now() + 10s;
+    while (!t.ok() && t.status() == Status::would_block && Clock::now() < until) {
+      (void)a.ep->progress();
+      t = b.ep->send(to_a, msg);
+    }
+    REQUIRE(t.ok());
+    regpool::Completion sent{}, got{};
+    while ((sent.status == Status::ok ? false : true) && Clock::now() < until) {
+      (void)a.ep->progress();
+      sent = b.ep->wait(*t, 1ms);
+    }
+    REQUIRE(sent.status == Status::ok);
+    got = a.ep->wait(rx, 5s);
+    return got.status;
+  };
+  auto rx = a.ep->post_recv_kept(inbox);
+  REQUIRE(rx.ok());
+  REQUIRE(deliver(*rx) == Status::ok);
+
+  // Held for a while, then let go: the repost goes through.
+  REQUIRE(lock.try_take());
+  const auto retries = a.ep->stats().post_retries;
+  CHECK(a.ep->repost(*rx) == Status::ok);
+  CHECK(a.ep->stats().post_retries == retries + 1);
+  for (int i = 0; i < 20; ++i) (void)a.ep->progress();  // retried, still refused
+  CHECK(a.ep->repost(*rx) == Status::invalid_argument);  // waiting for the provider, not parked
+  lock.force_release();
+  CHECK(deliver(*rx) == Status::ok);
+
+  // Held past post_timeout: the receive ends with would_block.
+  REQUIRE(lock.try_take());
+  CHECK(a.ep->repost(*rx) == Status::ok);
+  const auto t0 = Clock::now();
+  const regpool::Completion last = a.ep->wait(*rx, 10s);
+  const auto took = Clock::now() - t0;
+  lock.force_release();
+  CHECK(last.status == Status::would_block);
+  CHECK(took >= 1s);
+  CHECK(took < 6s);
+  CHECK(a.ep->repost(*rx) == Status::invalid_argument);  // ended
+  CHECK(a.ep->end_recv(*rx) == Status::invalid_argument);
+
+  // Ended while waiting for the provider: the slot and the reference go.
+  auto again = a.ep->post_recv_kept(inbox);
+  REQUIRE(again.ok());
+  REQUIRE(deliver(*again) == Status::ok);
+  const auto refs = in.use_count();
+  REQUIRE(lock.try_take());
+  CHECK(a.ep->repost(*again) == Status::ok);
+  CHECK(a.ep->end_recv(*again) == Status::ok);
+  lock.force_release();
+  for (int i = 0; i < 20; ++i) (void)a.ep->progress();
+  CHECK(in.use_count() == refs - 1);
 }
 
 TEST_CASE("a poll stuck inside the provider behind a lock a dead process took is rescued", "[fabric]") {
