@@ -167,12 +167,15 @@ struct MessengerCore {
     Ldo as_ldo;
   };
 
-  enum class PostKind : std::uint8_t { recv, send, rts, get, grant, put };
+  // recv: a bounce's kept receive posted (post_recv_kept); repost: posted
+  // again (Post::local set: into a new bounce LDO).
+  enum class PostKind : std::uint8_t { recv, repost, send, rts, get, grant, put };
   struct Post {
     PostKind kind = PostKind::recv;
     PeerId peer = kAnyPeer;
     std::uint32_t op = kNone, gen = 0;
     std::uint32_t bounce = 0;
+    Token token;  // repost: the bounce's kept receive
     std::uint64_t remote_offset = 0;
     Slice local;  // recv: the bounce; send: the message; rts/grant: the bytes to expose; get/put: the local side
     Slice msg;    // rts/grant: the notice
@@ -222,6 +225,15 @@ struct MessengerCore {
   std::uint32_t unexp_head = kNone, unexp_tail = kNone;
   std::vector<PeerState> peers;
   std::vector<Ldo> bounces;   // receive bounce LDOs, by slot
+  // Each bounce is received into by one kept receive (Endpoint::
+  // post_recv_kept), reposted after each message rather than posted anew:
+  // its token (learnt from its completions; empty before the first and
+  // once it ended) and the base of the LDO it holds (a bounce kept by an
+  // unexpected message is replaced, and the receive reposted into the new
+  // one; the old one cannot be freed, so no new LDO can have its base,
+  // while the receive holds it).
+  std::vector<Token> bounce_tokens;
+  std::vector<const std::byte*> bounce_bases;
   // Bounces not posted (the pool or the ring refused a refill or a repost),
   // for the scan to retry, and how many there are: the scan skips the walk
   // when none is (bytes, not vector<bool>: read on every arrival).
@@ -428,16 +440,28 @@ struct MessengerCore {
   }
 
   [[gnu::hot]] void post_bounce(std::uint32_t b) noexcept {
-    auto s = Slice::raw(bounces[b], kWireHeaderSize, mw::kHeaderSize + threshold);
-    if (!s) {
-      mark_empty(b);
-      return;
-    }
     Post p;
-    p.kind = PostKind::recv;
     p.bounce = b;
-    p.local = std::move(*s);
+    p.token = bounce_tokens[b];
+    if (p.token && bounce_bases[b] == bounces[b].base()) {
+      p.kind = PostKind::repost;  // the same buffer: no Slice, no reference taken
+    } else {
+      auto s = Slice::raw(bounces[b], kWireHeaderSize, mw::kHeaderSize + threshold);
+      if (!s) {
+        mark_empty(b);
+        return;
+      }
+      p.kind = p.token ? PostKind::repost : PostKind::recv;
+      p.local = std::move(*s);
+      bounce_bases[b] = bounces[b].base();
+    }
     if (!push_post(std::move(p))) mark_empty(b);
+  }
+  // Whether anyone but the bounce table (and its kept receive) holds bounce
+  // b's LDO: an unexpected message kept in it.
+  bool bounce_held(std::uint32_t b) const noexcept {
+    const std::uint32_t own = 1 + (bounce_tokens[b] && bounce_bases[b] == bounces[b].base() ? 1 : 0);
+    return bounces[b].use_count() > own;
   }
 
   // Our limits, on every message we send (messaging_wire.hpp).
@@ -1420,6 +1444,9 @@ struct MessengerCore {
   [[gnu::hot]] void on_recv(std::uint32_t b, const Completion& c) noexcept {
     {
       std::unique_lock<platform::FutexMutex> g(mu);
+      // The kept receive goes on (parked, for a repost) after these; any
+      // other status ended it, and the next post of b is a new one.
+      bounce_tokens[b] = c.status == Status::ok || c.status == Status::out_of_bounds ? c.token : Token{};
       if (closed || c.status == Status::closed || c.status == Status::canceled) return;
       if (c.status == Status::ok) {
         Ldo& ldo = bounces[b];
@@ -1576,15 +1603,20 @@ struct MessengerCore {
   }
 
   [[gnu::hot]] Status execute(Post& p) noexcept {
-    // Moved into the one callback each post makes: one reference count
-    // round trip per post instead of two.
+    // A repost makes no callback (the kept receive has its own): no
+    // reference to the Core either.
+    if (p.kind == PostKind::repost) return p.local ? ep.repost(p.token, p.local) : ep.repost(p.token);
+    // Moved into the one callback each other post makes: one reference
+    // count round trip per post instead of two.
     auto self = shared_from_this();
     switch (p.kind) {
       case PostKind::recv: {
         const std::uint32_t b = p.bounce;
-        auto t = ep.post_recv(p.local, [self = std::move(self), b](const Completion& c) { self->on_recv(b, c); });
+        auto t = ep.post_recv_kept(p.local, [self = std::move(self), b](const Completion& c) { self->on_recv(b, c); });
         return t.status();
       }
+      case PostKind::repost:
+        break;  // above
       case PostKind::send: {
         const std::uint32_t i = p.op, gen = p.gen;
         auto t = ep.send(p.peer, p.local,
@@ -1614,7 +1646,12 @@ struct MessengerCore {
   [[gnu::cold]] void post_failed(Post& p, Status s) noexcept {
     switch (p.kind) {
       case PostKind::recv:
-        if (s != Status::closed) mark_empty(p.bounce);  // retried by the scan
+      case PostKind::repost:
+        // Retried by the scan: into a new receive if the kept one is gone
+        // (invalid_argument: it ended meanwhile), with its Slice again.
+        if (s == Status::invalid_argument && bounce_tokens[p.bounce] == p.token) bounce_tokens[p.bounce] = Token{};
+        bounce_bases[p.bounce] = nullptr;
+        if (s != Status::closed) mark_empty(p.bounce);
         break;
       case PostKind::send:
       case PostKind::rts:
@@ -1839,7 +1876,7 @@ struct MessengerCore {
     // Bounces the pool could not refill, credits a full pool kept owed.
     for (std::uint32_t b = 0; bounces_empty > 0 && b < bounces.size(); ++b) {
       if (!bounce_empty[b]) continue;
-      if (!bounces[b] || bounces[b].use_count() > 1) {
+      if (!bounces[b] || bounce_held(b)) {
         auto fresh = alloc_bounce();
         if (!fresh) break;
         bounces[b] = std::move(*fresh);
@@ -1939,6 +1976,8 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
   c.graveyard.reserve(cfg.max_operations);
   c.spares.reserve(Core::kSpares);
   c.bounces.resize(cfg.receive_buffers);
+  c.bounce_tokens.resize(cfg.receive_buffers);
+  c.bounce_bases.assign(cfg.receive_buffers, nullptr);
   c.bounce_empty.assign(cfg.receive_buffers, 0);
   c.lazy.reserve(cfg.receive_buffers);
   c.lazy_limit = std::max<std::size_t>(1, cfg.receive_buffers / 8);
@@ -1959,9 +1998,11 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
 }
 
 Messenger::~Messenger() {
-  // The endpoint's posted receives keep the Core alive (their callbacks
-  // hold it) and find it closed; the receive side stays claimed, since
-  // those receives are still posted.
+  // The endpoint's receives into the bounces (kept receives, posted or
+  // parked) keep the Core alive (their callbacks hold it) and find it
+  // closed; the receive side stays claimed, since those receives are still
+  // the endpoint's. They end with the endpoint, not here: this may run
+  // after the endpoint is gone (nothing here calls into it).
   std::vector<Exposure> dead;
   {
     std::lock_guard<platform::FutexMutex> g(core_->mu);
