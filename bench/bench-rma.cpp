@@ -4,7 +4,7 @@
 // the same binary and run, alternating the two every repetition.
 //
 //   bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke]
-//   bench-rma --loop put|get|send|tagged --impl regpool|direct [--iters N] [--size B]
+//   bench-rma --loop put|get|send|send-kept|tagged --impl regpool|direct [--iters N] [--size B]
 //
 // Forks its own target side. The target polls both stacks from one thread
 // (manual progress: shm and tcp;ofi_rxm need the target to progress), echoes
@@ -23,8 +23,10 @@
 // --loop: no timing and no second process. Both sides live in this process
 // (each stack's own endpoints, as bench-sendpath does) and one stack runs
 // N operations one at a time: a put or get and its wait, or a send round
-// (post a receive on the target, send, wait for both), or the same round
-// through a Messenger on each stack (tagged, regpool only). bench/rma-insns
+// (post a receive on the target, send, wait for both), the send round with
+// one kept receive reposted instead (send-kept; its direct loop is send's),
+// or the same round through a Messenger on each stack (tagged, regpool
+// only). bench/rma-insns
 // counts it under callgrind at two N and prints the difference per
 // operation: the instructions of one operation on each stack, which hold
 // on a loaded machine where wall-clock ratios do not.
@@ -625,6 +627,20 @@ int run_loop(const Options& o) {
     }
     return 0;
   }
+  if (o.loop_op == "send-kept") {
+    // The send round with one kept receive (post_recv_kept), reposted after
+    // each message instead of a new receive posted: what the endpoint's
+    // slot, reference and callback handling of a receive costs.
+    auto kept = b.ep->post_recv_kept(inbox);
+    if (!kept) die(std::string("post_recv_kept: ") + regpool::to_string(kept.status()));
+    for (std::uint64_t i = 0; i < o.loop_iters; ++i) {
+      wait_ok(*a.ep, a.ep->send(peer, local));
+      wait_ok(*b.ep, *kept);
+      if (const Status st = b.ep->repost(*kept); st != Status::ok) die(std::string("repost: ") + regpool::to_string(st));
+      if (i % kLoopTargetEvery == 0) (void)b.ep->progress();
+    }
+    return 0;
+  }
   for (std::uint64_t i = 0; i < o.loop_iters; ++i) {
     if (op == 'p') {
       wait_ok(*a.ep, a.ep->put(local, peer, ref, 0));
@@ -650,7 +666,7 @@ int main(int argc, char** argv) {
       std::printf(
           "usage: bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke]\n"
           "                 [--no-fork [--port P] | --target HOST:PORT]\n"
-          "       bench-rma [--provider shm|tcp] --loop put|get|send|tagged [--impl regpool|direct]\n"
+          "       bench-rma [--provider shm|tcp] --loop put|get|send|send-kept|tagged [--impl regpool|direct]\n"
           "                 [--iters N] [--size B]\n"
           "  By default the target side is forked. --no-fork waits on port P (0: any,\n"
           "  printed on stderr) for a target started as 'bench-rma --target HOST:PORT'\n"
@@ -687,8 +703,9 @@ int main(int argc, char** argv) {
       o.port = static_cast<std::uint16_t>(p);
     } else if (a == "--loop" && i + 1 < argc) {
       o.loop_op = argv[++i];
-      if (o.loop_op != "put" && o.loop_op != "get" && o.loop_op != "send" && o.loop_op != "tagged") {
-        std::fprintf(stderr, "bench-rma: --loop needs put, get, send or tagged\n");
+      if (o.loop_op != "put" && o.loop_op != "get" && o.loop_op != "send" && o.loop_op != "send-kept" &&
+          o.loop_op != "tagged") {
+        std::fprintf(stderr, "bench-rma: --loop needs put, get, send, send-kept or tagged\n");
         return 2;
       }
     } else if (a == "--impl" && i + 1 < argc) {

@@ -197,6 +197,9 @@ void usage(std::FILE* to) {
       "                   its own memory for the peer's write (ib_write_lat); get: one\n"
       "                   read and its completion (ib_read_lat); send: half round trip\n"
       "                   of a send ping-pong (ib_send_lat); medians of --iters samples\n"
+      "  --recv R         the send ping-pong's receives, both sides: kept (default:\n"
+      "                   one kept receive reposted before each message,\n"
+      "                   Endpoint::post_recv_kept) or fresh (a post_recv each)\n"
       "  --loop-mean      the send and tagged ping-pongs also run --iters iterations\n"
       "                   with no clock read inside the loop, timed as a whole: JSON\n"
       "                   latency_us loop_mean, half a round trip (fi_pingpong's\n"
@@ -271,6 +274,9 @@ struct Config {
   // without per-iteration clock reads, timed as a whole (fi_pingpong's
   // usec/xfer).
   bool loop_mean = false;
+  // --recv: the send ping-pong's receives are one kept receive reposted
+  // (Endpoint::post_recv_kept) or a new post_recv per message.
+  bool recv_kept = true;
 
   // Serialised for the server: "key=value\n" lines.
   std::string encode() const {
@@ -280,7 +286,7 @@ struct Config {
       << (tagged ? "tagged," : "") << (memcpy ? "memcpy," : "") << "\ncold_bytes=" << cold_bytes << "\ntagged_threshold=" << tagged_threshold << "\ntagged_split=" << tagged_split << "\ntagged_eager_split=" << tagged_eager_split << "\nexpose_mode=" << regpool::to_string(expose_mode)
       << "\nperftest=" << (perftest ? 1 : 0) << "\nverbs_inline=" << verbs_inline
       << "\nverbs_signal=" << (verbs_signal_all ? "all" : "selective")
-      << "\nloop_mean=" << (loop_mean ? 1 : 0) << "\nsizes=";
+      << "\nloop_mean=" << (loop_mean ? 1 : 0) << "\nrecv=" << (recv_kept ? "kept" : "fresh") << "\nsizes=";
     for (std::size_t i = 0; i < sizes.size(); ++i) o << (i ? "," : "") << sizes[i];
     o << "\n";
     return o.str();
@@ -318,6 +324,10 @@ struct Config {
       if (k == "verbs_inline") c.verbs_inline = std::strtoll(v.c_str(), nullptr, 10);
       if (k == "verbs_signal") c.verbs_signal_all = v == "all";
       if (k == "loop_mean") c.loop_mean = v == "1";
+      if (k == "recv") {
+        if (v != "kept" && v != "fresh") throw regpool::Error(Status::malformed, 0, "bad receive mode from the client");
+        c.recv_kept = v == "kept";
+      }
       if (k == "expose_mode") {
         if (v == "scoped") {
           c.expose_mode = regpool::ExposureMode::scoped;
@@ -511,6 +521,12 @@ Options parse_args(int argc, char** argv, bool& help) {
       not_for_peers = a;
       o.config.loop_mean = true;
       client_only_option = true;
+    } else if (is_option(a, "--recv")) {
+      not_for_peers = a;
+      const std::string v = option_value(argc, argv, i, "--recv");
+      if (v != "kept" && v != "fresh") throw UsageError("--recv takes kept or fresh (got '" + v + "')");
+      o.config.recv_kept = v == "kept";
+      client_only_option = true;
     } else if (a == "--perftest") {
       not_for_peers = a;
       o.config.perftest = true;
@@ -692,10 +708,43 @@ std::string to_string(const std::vector<std::byte>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size());
 }
 
+// The receive a send ping-pong posts before each message into `in`: one
+// kept receive reposted (--recv kept) or a new one each time (--recv
+// fresh). A kept one still posted when the ping-pong ends (it failed) ends
+// at its next completion or with the endpoint.
+class PingReceive {
+ public:
+  PingReceive(Side& s, const Slice& in, bool kept) : s_(s), in_(in), kept_(kept) {}
+  PingReceive(const PingReceive&) = delete;
+  PingReceive& operator=(const PingReceive&) = delete;
+  ~PingReceive() {
+    if (token_) (void)s_.ep->end_recv(token_);
+  }
+  regpool::Token post();
+
+ private:
+  Side& s_;
+  const Slice& in_;
+  bool kept_;
+  regpool::Token token_{};
+};
+
 regpool::Token post_recv_or_throw(Side& s, const Slice& slice) {
   auto t = s.ep->post_recv(slice);
   if (!t) throw regpool::Error(t.status(), 0, std::string("post_recv: ") + regpool::to_string(t.status()));
   return *t;
+}
+
+regpool::Token PingReceive::post() {
+  if (!kept_) return post_recv_or_throw(s_, in_);
+  if (!token_) {
+    auto t = s_.ep->post_recv_kept(in_);
+    if (!t) throw regpool::Error(t.status(), 0, std::string("post_recv_kept: ") + regpool::to_string(t.status()));
+    token_ = *t;
+  } else if (const Status st = s_.ep->repost(token_); st != Status::ok) {
+    throw regpool::Error(st, 0, std::string("repost: ") + regpool::to_string(st));
+  }
+  return token_;
 }
 
 // Loopback: the forked client, watched while the server progresses so a
@@ -986,11 +1035,13 @@ std::string bad_payload(const std::string& op, std::uint64_t size, std::uint64_t
 // client's next ping never finds the receive queue empty (on RC that is an
 // RNR NAK and a retry after the RNR timer: on rxe one or more 4 ms ticks;
 // the median of a run that raced it was 8 ms). ib_send_lat does the same.
-void serve_send_pingpong(Side& s, regpool::PeerId peer, const Slice& in, const Slice& out, std::uint64_t n) {
-  regpool::Token got = post_recv_or_throw(s, in);
+void serve_send_pingpong(Side& s, regpool::PeerId peer, const Slice& in, const Slice& out, std::uint64_t n,
+                         bool kept) {
+  PingReceive rx(s, in, kept);
+  regpool::Token got = rx.post();
   for (std::uint64_t i = 0; i < n; ++i) {
     wait_serving(s, got, "send latency");
-    if (i + 1 < n) got = post_recv_or_throw(s, in);
+    if (i + 1 < n) got = rx.post();
     (void)wait_ok(s, s.ep->send(peer, out), "send reply");
   }
 }
@@ -1054,7 +1105,7 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
       const Slice out = must(rx_all.select(0, size), "reply slice");
       // Latency: ping-pong, warm-up included.
       boot.barrier(kBootTimeout);
-      serve_send_pingpong(s, peer, in, out, c.iters + kWarmupOps + (c.loop_mean ? c.iters : 0));
+      serve_send_pingpong(s, peer, in, out, c.iters + kWarmupOps + (c.loop_mean ? c.iters : 0), c.recv_kept);
       // Bandwidth: keep `window` receives posted (hot: into the same bytes;
       // --cold: rotating over the slots), acknowledge the whole stream, then
       // check what landed and send the verdict.
@@ -1256,10 +1307,10 @@ regpool::Token token_or_throw(regpool::Result<regpool::Token> t, const char* wha
 }
 
 // One iteration of the client's half of the send ping-pong: post the pong's
-// receive into `in`, send `out` and wait for its completion, wait for the
+// receive (into `in`), send `out` and wait for its completion, wait for the
 // pong.
-void send_round(Side& s, regpool::PeerId peer, const Slice& in, const Slice& out) {
-  auto rt = token_or_throw(s.ep->post_recv(in), "post_recv");
+void send_round(Side& s, regpool::PeerId peer, PingReceive& in, const Slice& out) {
+  auto rt = in.post();
   (void)wait_ok(s, s.ep->send(peer, out), "send");
   auto back = wait_watching(s, rt, "send pong");
   if (back.status != Status::ok) op_failed(back.status, "send pong");
@@ -1293,7 +1344,7 @@ double pingpong_loop_mean(std::uint64_t iters, Round round) {
   return us_since(t0) / static_cast<double>(iters) / 2;
 }
 
-std::vector<double> send_pingpong(Side& s, regpool::PeerId peer, const Slice& in, const Slice& out,
+std::vector<double> send_pingpong(Side& s, regpool::PeerId peer, PingReceive& in, const Slice& out,
                                   std::uint64_t iters, ProgressLine& pl, std::uint64_t size) {
   return pingpong_samples(iters, [&] { send_round(s, peer, in, out); }, pl, "send", size);
 }
@@ -1501,8 +1552,11 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       // tag_lat: their mean is the loop's time / 2 / iterations
       // (fi_pingpong's usec/xfer), their median ucx_perftest's 50%ile.
       boot.barrier(kBootTimeout);
-      set_latency(r, send_pingpong(s, peer, out, out, c.iters, pl, size));
-      if (c.loop_mean) r.loop_mean = pingpong_loop_mean(c.iters, [&] { send_round(s, peer, out, out); });
+      {
+        PingReceive in(s, out, c.recv_kept);
+        set_latency(r, send_pingpong(s, peer, in, out, c.iters, pl, size));
+        if (c.loop_mean) r.loop_mean = pingpong_loop_mean(c.iters, [&] { send_round(s, peer, in, out); });
+      }
       // Bandwidth: a stream of the pattern (message k from slot k mod
       // slots, received into the server's slot of that number) closed by
       // the server's ack; then, untimed, the server's verdict on what landed
@@ -1726,7 +1780,7 @@ int serve_perftest(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpoo
       const Slice in = must(target.select(0, size), "receive slice");
       const Slice out = must(rx_all.select(0, size), "reply slice");
       boot.barrier(kBootTimeout);
-      serve_send_pingpong(s, peer, in, out, c.iters + kWarmupOps);
+      serve_send_pingpong(s, peer, in, out, c.iters + kWarmupOps, c.recv_kept);
       boot.barrier(kBootTimeout);
     }
   }
@@ -1798,7 +1852,10 @@ std::vector<Row> run_perftest_client(Side& s, regpool::TcpBootstrap& boot, const
       const Slice out = must(out_all.select(0, size), "send slice");
       const Slice in = must(in_all.select(0, size), "pong slice");
       boot.barrier(kBootTimeout);
-      row("send", size, [&] { return send_pingpong(s, peer, in, out, c.iters, pl, size); });
+      row("send", size, [&] {
+        PingReceive rx(s, in, c.recv_kept);
+        return send_pingpong(s, peer, rx, out, c.iters, pl, size);
+      });
       boot.barrier(kBootTimeout);
     }
   }
@@ -2182,6 +2239,7 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     s += ",\"wait\":" + json_escape(regpool::to_string(c.wait));
     s += ",\"emulated_atomics\":" + std::string(emulated_atomics ? "true" : "false");
     s += ",\"latency_definitions\":" + json_escape(c.perftest ? "perftest" : "regpool");
+    s += ",\"receives\":" + json_escape(c.recv_kept ? "kept" : "fresh");
     s += ",\"sample_ticks_per_us\":" + (g_ticks_per_us > 0 ? json_number(g_ticks_per_us) : std::string("null"));
     s += ",\"expose_mode\":" + json_escape(regpool::to_string(c.expose_mode));
     s += ",\"buffers\":" + json_escape(c.cold_bytes != 0 ? "cold" : "hot") +
@@ -2220,12 +2278,13 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     std::printf("latency with perftest's definitions: put = half round trip of a write ping-pong polling memory,\n"
                 "get = one read and its completion, send = half round trip of a send ping-pong\n");
   }
-  std::printf("regpool-perf: provider %s, %s, %llu iterations, window %llu, batch %llu, wait %s, buffers %s%s\n",
+  std::printf(
+      "regpool-perf: provider %s, %s, %llu iterations, window %llu, batch %llu, wait %s, buffers %s, receives %s%s\n",
               provider.c_str(),
               o.mode == Mode::loopback ? "two processes on this host (loopback)" : ("server " + o.host).c_str(),
               static_cast<unsigned long long>(c.iters), static_cast<unsigned long long>(c.window),
               static_cast<unsigned long long>(c.batch),
-              regpool::to_string(c.wait), buffers.c_str(),
+              regpool::to_string(c.wait), buffers.c_str(), c.recv_kept ? "kept" : "fresh",
               emulated_atomics ? ", atomics emulated by the target's progress()" : "");
   std::printf("%-13s %10s %12s %12s %12s %12s %14s %12s\n", "op", "size", "lat med us", "lat min us", "lat p99 us",
               "lat max us", "bw MB/s", "rate Mops/s");
