@@ -94,6 +94,7 @@ class Server {
       recv_bufs_.push_back(std::move(*buf));
     }
     ready_.reserve(kReceives);
+    recv_tokens_.resize(kReceives);
     regpool::ListenerConfig lc;
     lc.host = o.host;
     lc.port = o.port;
@@ -117,7 +118,7 @@ class Server {
   Server& operator=(const Server&) = delete;
 
   int run() {
-    for (std::size_t i = 0; i < kReceives; ++i) post_receive(i);
+    for (std::size_t i = 0; i < kReceives; ++i) post_receive(i, false);
     std::printf("kv-server: listening on %s:%u (provider %s, wait %s)\n", opt_.host.c_str(), listener_->port(),
                 opt_.provider.c_str(), regpool::to_string(opt_.wait));
     std::fflush(stdout);
@@ -187,14 +188,28 @@ class Server {
     }
   }
 
-  void post_receive(std::size_t i) {
+  // Each request buffer has one kept receive (Endpoint::post_recv_kept):
+  // after a request it is parked with its slot, buffer and callback, and
+  // repost() puts it back, with nothing claimed or copied per request. A
+  // receive that ended (a provider error) is posted anew.
+  void post_receive(std::size_t i, bool parked) {
+    if (parked) {
+      const Status st = ep_->repost(recv_tokens_[i]);
+      if (st == Status::ok || st == Status::closed) return;
+      std::fprintf(stderr, "kv-server: repost: %s; posting a new receive\n", regpool::to_string(st));
+      (void)ep_->end_recv(recv_tokens_[i]);
+    }
     auto slice = regpool::Slice::data(recv_bufs_[i]);
     // The callback only records the completion: requests are served in the
     // main loop, where a handler may take its time.
-    auto t = ep_->post_recv(*slice, [this, i](const regpool::Completion& c) {
+    auto t = ep_->post_recv_kept(*slice, [this, i](const regpool::Completion& c) {
       ready_.push_back({static_cast<std::uint32_t>(i), c.status, c.bytes, c.peer});
     });
-    if (!t) std::fprintf(stderr, "kv-server: post_recv: %s\n", regpool::to_string(t.status()));
+    if (!t) {
+      std::fprintf(stderr, "kv-server: post_recv_kept: %s\n", regpool::to_string(t.status()));
+      return;
+    }
+    recv_tokens_[i] = *t;
   }
 
   void serve_ready() {
@@ -208,7 +223,11 @@ class Server {
         // sender is unknown, so there is nobody to answer.
         ++bad_requests_;
       }
-      if (r.status != Status::closed) post_receive(r.slot);
+      // ok and out_of_bounds leave the kept receive parked; anything else
+      // ended it.
+      if (r.status != Status::closed) {
+        post_receive(r.slot, r.status == Status::ok || r.status == Status::out_of_bounds);
+      }
     }
     ready_.erase(ready_.begin(), ready_.begin() + static_cast<std::ptrdiff_t>(n));
   }
@@ -345,6 +364,7 @@ class Server {
   std::unique_ptr<regpool::FabricEndpoint> ep_;
   std::unique_ptr<regpool::Listener> listener_;
   std::vector<regpool::Ldo> recv_bufs_;
+  std::vector<regpool::Token> recv_tokens_;  // their kept receives
   std::vector<Ready> ready_;
   std::unordered_map<regpool::PeerId, Client> clients_;  // current members
   std::unordered_map<std::string, regpool::Ldo> store_;
