@@ -103,6 +103,15 @@ bool needs_peer(OpKind k) noexcept { return k != OpKind::recv; }
 
 // Ring arithmetic for the ready_ and releases_ rings (head < n, count <= n):
 // a compare instead of a division on the path of every completion.
+// A token's slot (low 32 bits) and the slot's generation (high 32 bits).
+struct TokenParts {
+  std::uint32_t index;
+  std::uint32_t gen;
+};
+TokenParts parts_of(Token t) noexcept {
+  return {static_cast<std::uint32_t>(t.value & 0xffffffffu), static_cast<std::uint32_t>(t.value >> 32)};
+}
+
 std::size_t ring_next(std::size_t i, std::size_t n) noexcept { return i + 1 == n ? 0 : i + 1; }
 std::size_t ring_at(std::size_t head, std::size_t count, std::size_t n) noexcept {
   const std::size_t i = head + count;
@@ -1244,8 +1253,7 @@ Status Endpoint::repost(Token token, const Slice& local) noexcept {
 }
 
 [[gnu::hot]] Status Endpoint::repost_impl(Token token, const Slice* local) noexcept {
-  const std::uint32_t index = static_cast<std::uint32_t>(token.value & 0xffffffffu);
-  const std::uint32_t gen = static_cast<std::uint32_t>(token.value >> 32);
+  const auto [index, gen] = parts_of(token);
   if (!token || index >= config_.max_in_flight) return Status::invalid_argument;
   Slice old;  // the replaced buffer's reference: dropped after the unlock
   Lock g(*this);
@@ -1343,8 +1351,7 @@ void Endpoint::unkeep_locked(std::uint32_t index) noexcept {
 }
 
 Status Endpoint::end_recv(Token token) noexcept {
-  const std::uint32_t index = static_cast<std::uint32_t>(token.value & 0xffffffffu);
-  const std::uint32_t gen = static_cast<std::uint32_t>(token.value >> 32);
+  const auto [index, gen] = parts_of(token);
   if (!token || index >= config_.max_in_flight) return Status::invalid_argument;
   Callback cb;  // a parked receive's callback: destroyed after the unlock
   Lock g(*this);
@@ -2085,8 +2092,7 @@ Endpoint::Clock::duration Endpoint::spin_window(const IdleState& st, Clock::time
 }
 
 [[gnu::hot]] Completion Endpoint::wait(Token token, std::chrono::milliseconds timeout) noexcept {
-  const std::uint32_t index = static_cast<std::uint32_t>(token.value & 0xffffffffu);
-  const std::uint32_t gen = static_cast<std::uint32_t>(token.value >> 32);
+  const auto [index, gen] = parts_of(token);
   Completion bad{token, OpKind::put, Status::invalid_argument, kAnyPeer, 0, 0};
   if (!token || index >= config_.max_in_flight) return bad;
   // The deadline is read from the clock at the first look that finds the
