@@ -487,9 +487,9 @@ class REGPOOL_API Endpoint {
   //    than the buffer) the receive is parked: it holds its slot (one of
   //    max_in_flight) and its buffer until repost() or end_recv(). Any other
   //    status (closed, timeout, ...) ends it, as it ends a post_recv().
-  //  - A callback may call repost() or end_recv() on its own token; the
-  //    endpoint acts on it once the callback returns, so a kept receive's
-  //    callback never runs twice at once.
+  //  - Its callback runs in place. repost() or end_recv() asked while it
+  //    runs (from it, or from another thread) take effect once it returns,
+  //    so a kept receive's callback never runs twice at once.
   Result<Token> post_recv_kept(const Slice& local, Callback cb = {}) noexcept;
   // Post a parked kept receive again, into its buffer or into `local` (the
   // old buffer's reference is then dropped). invalid_argument when `token`
@@ -499,10 +499,10 @@ class REGPOOL_API Endpoint {
   // stays parked, with `local`). A repost the provider cannot take yet
   // (would_block: its queue is full, shm's region is busy) is accepted and
   // retried by every poll, for up to post_timeout; past that the receive
-  // ends with a completion of status would_block. Asked from the receive's
-  // own callback, it returns ok and posts when the callback returns; should
-  // that post fail, the receive ends with a completion carrying the
-  // failure.
+  // ends with a completion of status would_block. Asked while the
+  // receive's callback runs, it returns ok and posts when the callback
+  // returns (the callback may still read the old buffer); should that post
+  // fail, the receive ends with a completion carrying the failure.
   Status repost(Token token) noexcept;
   Status repost(Token token, const Slice& local) noexcept;
   // End a kept receive. Parked (or its repost still waiting for the
