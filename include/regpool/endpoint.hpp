@@ -806,6 +806,9 @@ class REGPOOL_API Endpoint {
   // The oldest slot of releases_ (release_count_ > 0): its Slice, moved out
   // for the caller to drop after unlocking; the slot is freed if it may be.
   inline Slice take_release_locked() noexcept;
+  // Slot `index`'s Slice (if any, and not queued yet) to releases_, for
+  // the next unlock to drop.
+  inline void release_slice_locked(std::uint32_t index) noexcept;
   // Every acquisition of mutex_ goes through these: a thread that finds
   // others blocked on it lets them have it first (endpoint.cpp, "Fair
   // hand-off").

@@ -387,6 +387,14 @@ std::unique_lock<Endpoint::Mutex> Endpoint::lock_fair() const noexcept {
   return local;
 }
 
+[[gnu::always_inline]] inline void Endpoint::release_slice_locked(std::uint32_t index) noexcept {
+  Slot& s = slots_[index];
+  if (!s.local || s.release_pending) return;
+  s.release_pending = true;
+  releases_[ring_at(release_head_, release_count_, releases_.size())] = index;
+  ++release_count_;
+}
+
 [[gnu::hot]] void Endpoint::unlock_releasing_one(std::unique_lock<Mutex>& lk) noexcept {
   const Slice last = take_release_locked();
   lk.unlock();
@@ -1343,11 +1351,7 @@ void Endpoint::unkeep_locked(std::uint32_t index) noexcept {
   s.repost_asked = false;
   // complete() kept the reference while the receive was kept; posted, it
   // still owns the buffer and complete() releases it then.
-  if (!s.backend_owned && s.local && !s.release_pending) {
-    s.release_pending = true;
-    releases_[ring_at(release_head_, release_count_, releases_.size())] = index;
-    ++release_count_;
-  }
+  if (!s.backend_owned) release_slice_locked(index);
 }
 
 Status Endpoint::end_recv(Token token) noexcept {
@@ -1826,11 +1830,7 @@ Endpoint::Clock::time_point Endpoint::deadline_for(OpKind kind, std::uint64_t le
   // even if the user has not looked at the completion yet - but not under
   // the mutex (it may be the last one, and its cleanup may call into this
   // endpoint): the unlock releases it.
-  if (s.local && !s.release_pending && !s.kept) {
-    s.release_pending = true;
-    releases_[ring_at(release_head_, release_count_, releases_.size())] = index;
-    ++release_count_;
-  }
+  if (!s.kept) release_slice_locked(index);
   maybe_free_locked(index);
 }
 
