@@ -4,7 +4,7 @@
 // the same binary and run, alternating the two every repetition.
 //
 //   bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke]
-//   bench-rma --loop put|get|send|send-kept|tagged --impl regpool|direct [--iters N] [--size B]
+//   bench-rma --loop put|get|send|send-kept|kept-both|tagged --impl regpool|direct [--iters N] [--size B]
 //
 // Forks its own target side. The target polls both stacks from one thread
 // (manual progress: shm and tcp;ofi_rxm need the target to progress), echoes
@@ -25,6 +25,7 @@
 // N operations one at a time: a put or get and its wait, or a send round
 // (post a receive on the target, send, wait for both), the send round with
 // one kept receive reposted instead (send-kept; its direct loop is send's),
+// with a kept send reposted too (kept-both; likewise),
 // or the same round through a Messenger on each stack (tagged, regpool
 // only). bench/rma-insns
 // counts it under callgrind at two N and prints the difference per
@@ -531,7 +532,8 @@ constexpr std::uint64_t kLoopTargetEvery = 64;
 // runs' instruction counts is the operations' own.
 int run_loop(const Options& o) {
   const std::uint64_t size = o.loop_size;
-  const char op = o.loop_op[0];
+  // kept-both: a send round (its direct loop is the send loop).
+  const char op = o.loop_op == "kept-both" ? 's' : o.loop_op[0];
   // A short post_timeout, so the warm-up below can progress the target
   // between attempts (the rest of the path is the default one).
   regpool::EndpointConfig ec;
@@ -627,14 +629,29 @@ int run_loop(const Options& o) {
     }
     return 0;
   }
-  if (o.loop_op == "send-kept") {
+  if (o.loop_op == "send-kept" || o.loop_op == "kept-both") {
     // The send round with one kept receive (post_recv_kept), reposted after
     // each message instead of a new receive posted: what the endpoint's
-    // slot, reference and callback handling of a receive costs.
+    // slot, reference and callback handling of a receive costs. kept-both
+    // also sends through one kept send (send_kept), reposted each round:
+    // the same for the send.
+    const bool kept_send = o.loop_op == "kept-both";
     auto kept = b.ep->post_recv_kept(inbox);
     if (!kept) die(std::string("post_recv_kept: ") + regpool::to_string(kept.status()));
+    regpool::Token sent{};
     for (std::uint64_t i = 0; i < o.loop_iters; ++i) {
-      wait_ok(*a.ep, a.ep->send(peer, local));
+      if (!kept_send) {
+        wait_ok(*a.ep, a.ep->send(peer, local));
+      } else if (!sent) {
+        auto t = a.ep->send_kept(peer, local);
+        if (!t) die(std::string("send_kept: ") + regpool::to_string(t.status()));
+        sent = *t;
+        wait_ok(*a.ep, sent);
+      } else if (const Status st = a.ep->repost(sent); st != Status::ok) {
+        die(std::string("repost: ") + regpool::to_string(st));
+      } else {
+        wait_ok(*a.ep, sent);
+      }
       wait_ok(*b.ep, *kept);
       if (const Status st = b.ep->repost(*kept); st != Status::ok) die(std::string("repost: ") + regpool::to_string(st));
       if (i % kLoopTargetEvery == 0) (void)b.ep->progress();
@@ -666,7 +683,7 @@ int main(int argc, char** argv) {
       std::printf(
           "usage: bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke]\n"
           "                 [--no-fork [--port P] | --target HOST:PORT]\n"
-          "       bench-rma [--provider shm|tcp] --loop put|get|send|send-kept|tagged [--impl regpool|direct]\n"
+          "       bench-rma [--provider shm|tcp] --loop put|get|send|send-kept|kept-both|tagged [--impl regpool|direct]\n"
           "                 [--iters N] [--size B]\n"
           "  By default the target side is forked. --no-fork waits on port P (0: any,\n"
           "  printed on stderr) for a target started as 'bench-rma --target HOST:PORT'\n"
@@ -703,9 +720,9 @@ int main(int argc, char** argv) {
       o.port = static_cast<std::uint16_t>(p);
     } else if (a == "--loop" && i + 1 < argc) {
       o.loop_op = argv[++i];
-      if (o.loop_op != "put" && o.loop_op != "get" && o.loop_op != "send" && o.loop_op != "send-kept" &&
+      if (o.loop_op != "put" && o.loop_op != "get" && o.loop_op != "send" && o.loop_op != "send-kept" && o.loop_op != "kept-both" &&
           o.loop_op != "tagged") {
-        std::fprintf(stderr, "bench-rma: --loop needs put, get, send, send-kept or tagged\n");
+        std::fprintf(stderr, "bench-rma: --loop needs put, get, send, send-kept, kept-both or tagged\n");
         return 2;
       }
     } else if (a == "--impl" && i + 1 < argc) {

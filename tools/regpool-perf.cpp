@@ -200,6 +200,9 @@ void usage(std::FILE* to) {
       "  --recv R         the send ping-pong's receives, both sides: kept (default:\n"
       "                   one kept receive reposted before each message,\n"
       "                   Endpoint::post_recv_kept) or fresh (a post_recv each)\n"
+      "  --sends S        the send ping-pong's sends, both sides: kept (default: one\n"
+      "                   kept send reposted for each message, Endpoint::send_kept)\n"
+      "                   or fresh (a send each)\n"
       "  --loop-mean      the send and tagged ping-pongs also run --iters iterations\n"
       "                   with no clock read inside the loop, timed as a whole: JSON\n"
       "                   latency_us loop_mean, half a round trip (fi_pingpong's\n"
@@ -277,6 +280,9 @@ struct Config {
   // --recv: the send ping-pong's receives are one kept receive reposted
   // (Endpoint::post_recv_kept) or a new post_recv per message.
   bool recv_kept = true;
+  // --sends: the send ping-pong's sends are one kept send reposted
+  // (Endpoint::send_kept) or a new send per message.
+  bool send_kept = true;
 
   // Serialised for the server: "key=value\n" lines.
   std::string encode() const {
@@ -286,7 +292,8 @@ struct Config {
       << (tagged ? "tagged," : "") << (memcpy ? "memcpy," : "") << "\ncold_bytes=" << cold_bytes << "\ntagged_threshold=" << tagged_threshold << "\ntagged_split=" << tagged_split << "\ntagged_eager_split=" << tagged_eager_split << "\nexpose_mode=" << regpool::to_string(expose_mode)
       << "\nperftest=" << (perftest ? 1 : 0) << "\nverbs_inline=" << verbs_inline
       << "\nverbs_signal=" << (verbs_signal_all ? "all" : "selective")
-      << "\nloop_mean=" << (loop_mean ? 1 : 0) << "\nrecv=" << (recv_kept ? "kept" : "fresh") << "\nsizes=";
+      << "\nloop_mean=" << (loop_mean ? 1 : 0) << "\nrecv=" << (recv_kept ? "kept" : "fresh")
+      << "\nsends=" << (send_kept ? "kept" : "fresh") << "\nsizes=";
     for (std::size_t i = 0; i < sizes.size(); ++i) o << (i ? "," : "") << sizes[i];
     o << "\n";
     return o.str();
@@ -327,6 +334,10 @@ struct Config {
       if (k == "recv") {
         if (v != "kept" && v != "fresh") throw regpool::Error(Status::malformed, 0, "bad receive mode from the client");
         c.recv_kept = v == "kept";
+      }
+      if (k == "sends") {
+        if (v != "kept" && v != "fresh") throw regpool::Error(Status::malformed, 0, "bad send mode from the client");
+        c.send_kept = v == "kept";
       }
       if (k == "expose_mode") {
         if (v == "scoped") {
@@ -527,6 +538,12 @@ Options parse_args(int argc, char** argv, bool& help) {
       if (v != "kept" && v != "fresh") throw UsageError("--recv takes kept or fresh (got '" + v + "')");
       o.config.recv_kept = v == "kept";
       client_only_option = true;
+    } else if (is_option(a, "--sends")) {
+      not_for_peers = a;
+      const std::string v = option_value(argc, argv, i, "--sends");
+      if (v != "kept" && v != "fresh") throw UsageError("--sends takes kept or fresh (got '" + v + "')");
+      o.config.send_kept = v == "kept";
+      client_only_option = true;
     } else if (a == "--perftest") {
       not_for_peers = a;
       o.config.perftest = true;
@@ -718,7 +735,7 @@ class PingReceive {
   PingReceive(const PingReceive&) = delete;
   PingReceive& operator=(const PingReceive&) = delete;
   ~PingReceive() {
-    if (token_) (void)s_.ep->end_recv(token_);
+    if (token_) (void)s_.ep->end_kept(token_);
   }
   regpool::Token post();
 
@@ -746,6 +763,37 @@ regpool::Token PingReceive::post() {
   }
   return token_;
 }
+
+// The send of a send ping-pong: one kept send of `out` to `peer` reposted
+// for each message (--sends kept) or a new send each time (--sends fresh).
+// post() answers the send's status (the caller waits for it with its own
+// label); the token comes through `token`.
+class PingSend {
+ public:
+  PingSend(Side& s, regpool::PeerId peer, const Slice& out, bool kept) : s_(s), peer_(peer), out_(out), kept_(kept) {}
+  PingSend(const PingSend&) = delete;
+  PingSend& operator=(const PingSend&) = delete;
+  ~PingSend() {
+    if (token_) (void)s_.ep->end_kept(token_);
+  }
+  regpool::Result<regpool::Token> post() {
+    if (!kept_) return s_.ep->send(peer_, out_);
+    if (!token_) {
+      auto t = s_.ep->send_kept(peer_, out_);
+      if (t) token_ = *t;
+      return t;
+    }
+    if (const Status st = s_.ep->repost(token_); st != Status::ok) return st;
+    return token_;
+  }
+
+ private:
+  Side& s_;
+  regpool::PeerId peer_;
+  const Slice& out_;
+  bool kept_;
+  regpool::Token token_{};
+};
 
 // Loopback: the forked client, watched while the server progresses so a
 // client that died does not leave the server waiting for kPhaseTimeout.
@@ -1036,13 +1084,14 @@ std::string bad_payload(const std::string& op, std::uint64_t size, std::uint64_t
 // RNR NAK and a retry after the RNR timer: on rxe one or more 4 ms ticks;
 // the median of a run that raced it was 8 ms). ib_send_lat does the same.
 void serve_send_pingpong(Side& s, regpool::PeerId peer, const Slice& in, const Slice& out, std::uint64_t n,
-                         bool kept) {
-  PingReceive rx(s, in, kept);
+                         const Config& c) {
+  PingReceive rx(s, in, c.recv_kept);
+  PingSend tx(s, peer, out, c.send_kept);
   regpool::Token got = rx.post();
   for (std::uint64_t i = 0; i < n; ++i) {
     wait_serving(s, got, "send latency");
     if (i + 1 < n) got = rx.post();
-    (void)wait_ok(s, s.ep->send(peer, out), "send reply");
+    (void)wait_ok(s, tx.post(), "send reply");
   }
 }
 
@@ -1105,7 +1154,7 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
       const Slice out = must(rx_all.select(0, size), "reply slice");
       // Latency: ping-pong, warm-up included.
       boot.barrier(kBootTimeout);
-      serve_send_pingpong(s, peer, in, out, c.iters + kWarmupOps + (c.loop_mean ? c.iters : 0), c.recv_kept);
+      serve_send_pingpong(s, peer, in, out, c.iters + kWarmupOps + (c.loop_mean ? c.iters : 0), c);
       // Bandwidth: keep `window` receives posted (hot: into the same bytes;
       // --cold: rotating over the slots), acknowledge the whole stream, then
       // check what landed and send the verdict.
@@ -1309,9 +1358,9 @@ regpool::Token token_or_throw(regpool::Result<regpool::Token> t, const char* wha
 // One iteration of the client's half of the send ping-pong: post the pong's
 // receive (into `in`), send `out` and wait for its completion, wait for the
 // pong.
-void send_round(Side& s, regpool::PeerId peer, PingReceive& in, const Slice& out) {
+void send_round(Side& s, PingReceive& in, PingSend& out) {
   auto rt = in.post();
-  (void)wait_ok(s, s.ep->send(peer, out), "send");
+  (void)wait_ok(s, out.post(), "send");
   auto back = wait_watching(s, rt, "send pong");
   if (back.status != Status::ok) op_failed(back.status, "send pong");
 }
@@ -1344,9 +1393,9 @@ double pingpong_loop_mean(std::uint64_t iters, Round round) {
   return us_since(t0) / static_cast<double>(iters) / 2;
 }
 
-std::vector<double> send_pingpong(Side& s, regpool::PeerId peer, PingReceive& in, const Slice& out,
-                                  std::uint64_t iters, ProgressLine& pl, std::uint64_t size) {
-  return pingpong_samples(iters, [&] { send_round(s, peer, in, out); }, pl, "send", size);
+std::vector<double> send_pingpong(Side& s, PingReceive& in, PingSend& out, std::uint64_t iters, ProgressLine& pl,
+                                  std::uint64_t size) {
+  return pingpong_samples(iters, [&] { send_round(s, in, out); }, pl, "send", size);
 }
 
 std::vector<Row> run_perftest_client(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpool::PeerId peer,
@@ -1554,8 +1603,9 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       boot.barrier(kBootTimeout);
       {
         PingReceive in(s, out, c.recv_kept);
-        set_latency(r, send_pingpong(s, peer, in, out, c.iters, pl, size));
-        if (c.loop_mean) r.loop_mean = pingpong_loop_mean(c.iters, [&] { send_round(s, peer, in, out); });
+        PingSend ping(s, peer, out, c.send_kept);
+        set_latency(r, send_pingpong(s, in, ping, c.iters, pl, size));
+        if (c.loop_mean) r.loop_mean = pingpong_loop_mean(c.iters, [&] { send_round(s, in, ping); });
       }
       // Bandwidth: a stream of the pattern (message k from slot k mod
       // slots, received into the server's slot of that number) closed by
@@ -1780,7 +1830,7 @@ int serve_perftest(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpoo
       const Slice in = must(target.select(0, size), "receive slice");
       const Slice out = must(rx_all.select(0, size), "reply slice");
       boot.barrier(kBootTimeout);
-      serve_send_pingpong(s, peer, in, out, c.iters + kWarmupOps, c.recv_kept);
+      serve_send_pingpong(s, peer, in, out, c.iters + kWarmupOps, c);
       boot.barrier(kBootTimeout);
     }
   }
@@ -1854,7 +1904,8 @@ std::vector<Row> run_perftest_client(Side& s, regpool::TcpBootstrap& boot, const
       boot.barrier(kBootTimeout);
       row("send", size, [&] {
         PingReceive rx(s, in, c.recv_kept);
-        return send_pingpong(s, peer, rx, out, c.iters, pl, size);
+        PingSend tx(s, peer, out, c.send_kept);
+        return send_pingpong(s, rx, tx, c.iters, pl, size);
       });
       boot.barrier(kBootTimeout);
     }
@@ -2240,6 +2291,7 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     s += ",\"emulated_atomics\":" + std::string(emulated_atomics ? "true" : "false");
     s += ",\"latency_definitions\":" + json_escape(c.perftest ? "perftest" : "regpool");
     s += ",\"receives\":" + json_escape(c.recv_kept ? "kept" : "fresh");
+    s += ",\"sends\":" + json_escape(c.send_kept ? "kept" : "fresh");
     s += ",\"sample_ticks_per_us\":" + (g_ticks_per_us > 0 ? json_number(g_ticks_per_us) : std::string("null"));
     s += ",\"expose_mode\":" + json_escape(regpool::to_string(c.expose_mode));
     s += ",\"buffers\":" + json_escape(c.cold_bytes != 0 ? "cold" : "hot") +
@@ -2279,12 +2331,12 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
                 "get = one read and its completion, send = half round trip of a send ping-pong\n");
   }
   std::printf(
-      "regpool-perf: provider %s, %s, %llu iterations, window %llu, batch %llu, wait %s, buffers %s, receives %s%s\n",
+      "regpool-perf: provider %s, %s, %llu iterations, window %llu, batch %llu, wait %s, buffers %s, receives %s, sends %s%s\n",
               provider.c_str(),
               o.mode == Mode::loopback ? "two processes on this host (loopback)" : ("server " + o.host).c_str(),
               static_cast<unsigned long long>(c.iters), static_cast<unsigned long long>(c.window),
               static_cast<unsigned long long>(c.batch),
-              regpool::to_string(c.wait), buffers.c_str(), c.recv_kept ? "kept" : "fresh",
+              regpool::to_string(c.wait), buffers.c_str(), c.recv_kept ? "kept" : "fresh", c.send_kept ? "kept" : "fresh",
               emulated_atomics ? ", atomics emulated by the target's progress()" : "");
   std::printf("%-13s %10s %12s %12s %12s %12s %14s %12s\n", "op", "size", "lat med us", "lat min us", "lat p99 us",
               "lat max us", "bw MB/s", "rate Mops/s");

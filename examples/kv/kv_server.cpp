@@ -197,7 +197,7 @@ class Server {
       const Status st = ep_->repost(recv_tokens_[i]);
       if (st == Status::ok || st == Status::closed) return;
       std::fprintf(stderr, "kv-server: repost: %s; posting a new receive\n", regpool::to_string(st));
-      (void)ep_->end_recv(recv_tokens_[i]);
+      (void)ep_->end_kept(recv_tokens_[i]);
     }
     auto slice = regpool::Slice::data(recv_bufs_[i]);
     // The callback only records the completion: requests are served in the

@@ -481,35 +481,50 @@ class REGPOOL_API Endpoint {
   // that receives into the same buffers over and over (a server's request
   // buffers, a ping-pong) does not claim a slot, take a reference to its
   // buffer and move a callback in for every message (docs/architecture.md,
-  // "Kept receives").
+  // "Kept operations").
   //  - Its completions come as post_recv()'s do: to `cb`, or to wait(token).
   //  - After a completion with status ok or out_of_bounds (a message longer
   //    than the buffer) the receive is parked: it holds its slot (one of
-  //    max_in_flight) and its buffer until repost() or end_recv(). Any other
+  //    max_in_flight) and its buffer until repost() or end_kept(). Any other
   //    status (closed, timeout, ...) ends it, as it ends a post_recv().
-  //  - Its callback runs in place. repost() or end_recv() asked while it
+  //  - Its callback runs in place. repost() or end_kept() asked while it
   //    runs (from it, or from another thread) take effect once it returns,
-  //    so a kept receive's callback never runs twice at once.
+  //    so a kept operation's callback never runs twice at once.
   Result<Token> post_recv_kept(const Slice& local, Callback cb = {}) noexcept;
-  // Post a parked kept receive again, into its buffer or into `local` (the
-  // old buffer's reference is then dropped). invalid_argument when `token`
-  // is not a parked kept receive of this endpoint (still posted, its
-  // completion not yet taken, ended, or already asked to repost); closed
-  // once the endpoint shuts down; a provider error otherwise (the receive
-  // stays parked, with `local`). A repost the provider cannot take yet
-  // (would_block: its queue is full, shm's region is busy) is accepted and
-  // retried by every poll, for up to post_timeout; past that the receive
-  // ends with a completion of status would_block. Asked while the
-  // receive's callback runs, it returns ok and posts when the callback
-  // returns (the callback may still read the old buffer); should that post
-  // fail, the receive ends with a completion carrying the failure.
+  // A send that is kept when it completes, to be sent again with repost():
+  // the same peer, slot, buffer reference, callback and token, for a buffer
+  // sent over and over (a ping-pong, a reply or credit message rewritten in
+  // place). Checked and posted as send() is; completions and the callback
+  // as for post_recv_kept(). Parked after a completion with status ok; any
+  // other status ends it. The buffer may be rewritten while the send is
+  // parked, never while it is posted. A PeerId removed (remove_peer) while
+  // the send is kept is not its peer any more, even when a later
+  // insert_peer hands the same id out again: its reposts answer
+  // peer_unreachable.
+  Result<Token> send_kept(PeerId peer, const Slice& local, Callback cb = {}) noexcept;
+  // Post a parked kept operation again: a receive into its buffer, a send
+  // of its buffer to its peer; or with `local` as the new buffer (the old
+  // one's reference is then dropped; a send's length is local's).
+  // invalid_argument when `token` is not a parked kept operation of this
+  // endpoint (still posted, its completion not yet taken, ended, or already
+  // asked to repost); closed once the endpoint shuts down. A send's peer
+  // checks answer as send()'s do (peer_unreachable, message_too_large). Any
+  // such failure, or a provider error, leaves the operation parked, with
+  // `local`. A repost the provider cannot take yet (would_block: its queue
+  // is full, shm's region is busy, a reconnected peer still settles) is
+  // accepted and retried by every poll, for up to post_timeout; past that
+  // the operation ends with a completion of status would_block. Asked while
+  // the operation's callback runs, it returns ok and posts when the
+  // callback returns (the callback may still read the old buffer); should
+  // that post fail, the operation ends with a completion carrying the
+  // failure.
   Status repost(Token token) noexcept;
   Status repost(Token token, const Slice& local) noexcept;
-  // End a kept receive. Parked (or its repost still waiting for the
+  // End a kept operation. Parked (or its repost still waiting for the
   // provider): its slot and buffer reference go now. Posted: its next
-  // completion is its last (it is then a post_recv()).
-  // invalid_argument when `token` is not a live kept receive.
-  Status end_recv(Token token) noexcept;
+  // completion is its last (it is then a post_recv() or a send()).
+  // invalid_argument when `token` is not a live kept operation.
+  Status end_kept(Token token) noexcept;
   // 64-bit atomics on an 8-byte aligned word at remote_offset of a
   // read-write export; Completion::value is the word before the op.
   Result<Token> fetch_add(PeerId peer, const RemoteRef& remote, std::uint64_t remote_offset, std::uint64_t addend,
@@ -750,6 +765,10 @@ class REGPOOL_API Endpoint {
     // name fixed it, so a reconnect keeps it.
     std::uint64_t message_limit = ~std::uint64_t{0};
     std::vector<std::byte> name;
+    // Bumped by remove_peer and carried over when insert_peer reuses the
+    // id: a kept send remembers it, so it never goes to a peer inserted
+    // after its own was removed.
+    std::uint32_t epoch = 0;
   };
 
   // The checks of an op that need no lock (local slice, remote reference,
@@ -817,16 +836,22 @@ class REGPOOL_API Endpoint {
   inline std::size_t poll_locked() noexcept;
   void expire_locked(Clock::time_point now) noexcept;
   inline void maybe_free_locked(std::uint32_t index) noexcept;
-  // Kept receives (post_recv_kept): post slot `index` again (it is parked
-  // or its callback just returned); the receive stays parked if the post
-  // fails.
+  // Kept operations (post_recv_kept, send_kept): post slot `index` again
+  // (it is parked or its callback just returned); the operation stays
+  // parked if the post fails.
   Status post_kept_locked(std::uint32_t index) noexcept;
+  // A kept operation's post: a send's peer checks (removed, broken, too
+  // long, settling), then do_post.
+  Status post_kept_desc_locked(Slot& s) noexcept;
+  // accept_locked for a kept operation posted again, and its completion if
+  // the provider finished it inside the post.
+  inline void accept_kept_locked(std::uint32_t index) noexcept;
   Status repost_impl(Token token, const Slice* local) noexcept;
-  // A kept receive stops being kept: its buffer reference goes to the
+  // A kept operation stops being kept: its buffer reference goes to the
   // release ring unless the backend still holds it (complete() then does).
   void unkeep_locked(std::uint32_t index) noexcept;
-  // After a kept receive's callback returned: parked, posted again
-  // (repost() asked from the callback) or ended (end_recv(), shutdown);
+  // After a kept operation's callback returned: parked, posted again
+  // (repost() asked from the callback) or ended (end_kept(), shutdown);
   // an ended one's callback is moved to `cb`, a buffer the repost replaced
   // to `old`, both destroyed after the unlock.
   void settle_kept_locked(std::uint32_t index, Callback& cb, Slice& old) noexcept;
@@ -914,12 +939,15 @@ class REGPOOL_API Endpoint {
   std::vector<PeerId> peer_by_handle_;
   bool index_peer_locked(PeerId peer) noexcept;  // false: handle too large or out of memory
   void unindex_peer_locked(PeerId peer) noexcept;
-  // Kept receives whose repost the provider refused for now (would_block):
+  // Kept operations whose repost the provider refused for now (would_block):
   // retried by every poll until they post or their post_timeout passes
   // (reserved to max_in_flight; each slot at most once).
   std::vector<std::uint32_t> kept_retry_;
   void retry_kept_locked() noexcept;
-  // The end of a kept receive that could not be posted again: its last
+  // A kept send to `peer` among kept_retry_[0, upto) still waiting: a send
+  // to that peer must wait behind it (sends go out in the order asked).
+  bool send_queued_locked(PeerId peer, std::size_t upto) const noexcept;
+  // The end of a kept operation that could not be posted again: its last
   // completion, with `st`.
   void fail_kept_locked(std::uint32_t index, Status st) noexcept;
   std::vector<std::uint32_t> releases_;  // slots whose Slice awaits release (ring)

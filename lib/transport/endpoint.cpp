@@ -193,14 +193,15 @@ struct Endpoint::Slot {
   // Completed for the user because its peer failed or was removed, still
   // held by the backend: offered to do_abandon.
   bool orphan = false;
-  // Kept receives (post_recv_kept): kept until ended; parked between a
-  // taken completion and repost(); delivering while its callback runs (in
-  // place, outside the mutex); repost_asked by that callback.
+  // Kept operations (post_recv_kept, send_kept): kept until ended; parked
+  // between a taken completion and repost(); delivering while its callback
+  // runs (in place, outside the mutex); repost_asked by that callback.
   bool kept = false;
   bool parked = false;
   bool delivering = false;
   bool repost_asked = false;
   bool repost_pending = false;  // in kept_retry_ (deadline: its post_timeout)
+  std::uint32_t peer_epoch = 0;  // a kept send's Peer::epoch when it was sent
   // The buffer a repost asked for by the callback moves to, once the
   // callback (which may still read the old one) has returned.
   Slice next_local;
@@ -558,7 +559,7 @@ void Endpoint::shutdown() noexcept {
     queue_release_locked(i);
   }
   quarantine_tail_ = kNoExposure;
-  // Parked kept receives end: their buffers go with the unlock, their
+  // Parked kept operations end: their buffers go with the unlock, their
   // callbacks with the slots (repost() now answers closed).
   for (std::uint32_t i = 0; i < config_.max_in_flight; ++i) {
     if (slots_[i].kept && slots_[i].parked) unkeep_locked(i);
@@ -597,6 +598,7 @@ PeerId Endpoint::insert_peer(std::span<const std::byte> name) {
     if (id == peers_.size()) {
       peers_.push_back(std::move(p));
     } else {
+      p.epoch = peers_[id].epoch;
       peers_[id] = std::move(p);
     }
   } catch (...) {
@@ -668,6 +670,7 @@ void Endpoint::remove_peer(PeerId peer) noexcept {
   peers_[peer].used = false;
   peers_[peer].broken = false;
   peers_[peer].name.clear();
+  ++peers_[peer].epoch;  // kept sends to it stop here (post_kept_desc_locked)
 }
 
 std::size_t Endpoint::peer_count() const noexcept {
@@ -1253,9 +1256,15 @@ Result<Token> Endpoint::post_recv_kept(const Slice& local, Callback cb) noexcept
   return submit(OpKind::recv, kAnyPeer, &local, nullptr, 0, local.length(), 0, 0, std::move(cb), true);
 }
 
+Result<Token> Endpoint::send_kept(PeerId peer, const Slice& local, Callback cb) noexcept {
+  return submit(OpKind::send, peer, &local, nullptr, 0, local.length(), 0, 0, std::move(cb), true);
+}
+
 [[gnu::hot]] Status Endpoint::repost(Token token) noexcept { return repost_impl(token, nullptr); }
 
 Status Endpoint::repost(Token token, const Slice& local) noexcept {
+  // A send's and a receive's checks without a lock are the same; the
+  // send's peer checks come with the post (post_kept_desc_locked).
   if (const Status c = check_op(OpKind::recv, &local, nullptr, 0, local.length()); c != Status::ok) return reject(c);
   return repost_impl(token, &local);
 }
@@ -1283,16 +1292,36 @@ Status Endpoint::repost(Token token, const Slice& local) noexcept {
   return post_kept_locked(index);
 }
 
+[[gnu::hot]] Status Endpoint::post_kept_desc_locked(Slot& s) noexcept {
+  if (s.desc.kind == OpKind::send) [[unlikely]] {
+    const PeerId peer = s.desc.peer;
+    // Removed since (its id may name another peer now), or failed.
+    if (!peers_[peer].used || peers_[peer].epoch != s.peer_epoch || peers_[peer].broken) {
+      return Status::peer_unreachable;
+    }
+    if (s.desc.length > peers_[peer].message_limit) return Status::message_too_large;
+    if (peers_[peer].settling) {
+      if (const Status st = peer_ready_locked(peer); st != Status::ok) return st;
+    }
+    s.desc.peer_handle = peers_[peer].handle;  // reconnect may change it
+  }
+  return do_post(s.desc);
+}
+
 [[gnu::hot]] Status Endpoint::post_kept_locked(std::uint32_t index) noexcept {
   Slot& s = slots_[index];
   s.parked = false;
   s.repost_asked = false;
   s.completed = false;
-  s.result = Completion{s.result.token, OpKind::recv, Status::in_progress, kAnyPeer, 0, 0};
+  s.result = Completion{s.result.token, s.desc.kind, Status::in_progress, s.desc.peer, 0, 0};
   s.desc.length = s.local.length();
   // Reserved while posting, as a new op's slot is (claim_slot_locked).
   s.user_pending = true;
-  const Status st = do_post(s.desc);
+  // A send queues behind another kept send to its peer still waiting for
+  // the provider, so sends to a peer go out in the order asked.
+  const bool behind = s.desc.kind == OpKind::send && !kept_retry_.empty() &&
+                      send_queued_locked(s.desc.peer, kept_retry_.size());
+  const Status st = behind ? Status::would_block : post_kept_desc_locked(s);
   if (st == Status::would_block) {
     // The provider wants progress first (a full queue, shm's region lock
     // held by a peer posting to us): every poll retries it from now on,
@@ -1308,10 +1337,20 @@ Status Endpoint::repost(Token token, const Slice& local) noexcept {
     s.parked = true;
     return st;
   }
-  accept_locked(index);
-  ++activity_;
+  accept_kept_locked(index);
   if (sleepers_ > 0) wake_sleepers_locked();
   return Status::ok;
+}
+
+[[gnu::always_inline]] inline void Endpoint::accept_kept_locked(std::uint32_t index) noexcept {
+  accept_locked(index);
+  if (completed_at_post_) {
+    // A send the provider finished inside the post (shm's inject): it
+    // parks again (or reaches its callback) before repost() returns.
+    completed_at_post_ = false;
+    complete(index, Status::ok, slots_[index].desc.length);
+  }
+  ++activity_;
 }
 
 [[gnu::cold]] void Endpoint::retry_kept_locked() noexcept {
@@ -1320,12 +1359,20 @@ Status Endpoint::repost(Token token, const Slice& local) noexcept {
   std::size_t keep = 0;
   for (const std::uint32_t index : kept_retry_) {
     Slot& s = slots_[index];
-    if (!s.repost_pending) continue;  // ended meanwhile (end_recv)
-    const Status st = closing ? Status::closed : do_post(s.desc);
+    if (!s.repost_pending) continue;  // ended meanwhile (end_kept)
+    // A send stays behind an earlier one to its peer that still waits
+    // (the list is in the order asked): sends go out in that order.
+    const bool behind = !closing && s.desc.kind == OpKind::send && send_queued_locked(s.desc.peer, keep);
+    if (behind) {
+      if (now < s.deadline) {
+        kept_retry_[keep++] = index;
+        continue;
+      }
+    }
+    const Status st = closing ? Status::closed : behind ? Status::would_block : post_kept_desc_locked(s);
     if (st == Status::ok) {
       s.repost_pending = false;
-      accept_locked(index);
-      ++activity_;
+      accept_kept_locked(index);
     } else if (st == Status::would_block && now < s.deadline) {
       kept_retry_[keep++] = index;
     } else {
@@ -1335,6 +1382,14 @@ Status Endpoint::repost(Token token, const Slice& local) noexcept {
   }
   kept_retry_.resize(keep);
   if (sleepers_ > 0) wake_sleepers_locked();
+}
+
+bool Endpoint::send_queued_locked(PeerId peer, std::size_t upto) const noexcept {
+  for (std::size_t i = 0; i < upto; ++i) {
+    const Slot& q = slots_[kept_retry_[i]];
+    if (q.repost_pending && q.desc.kind == OpKind::send && q.desc.peer == peer) return true;
+  }
+  return false;
 }
 
 void Endpoint::fail_kept_locked(std::uint32_t index, Status st) noexcept {
@@ -1354,7 +1409,7 @@ void Endpoint::unkeep_locked(std::uint32_t index) noexcept {
   if (!s.backend_owned) release_slice_locked(index);
 }
 
-Status Endpoint::end_recv(Token token) noexcept {
+Status Endpoint::end_kept(Token token) noexcept {
   const auto [index, gen] = parts_of(token);
   if (!token || index >= config_.max_in_flight) return Status::invalid_argument;
   Callback cb;  // a parked receive's callback: destroyed after the unlock
@@ -1381,7 +1436,8 @@ Status Endpoint::end_recv(Token token) noexcept {
     s.has_callback = false;
     maybe_free_locked(index);
   }
-  // Posted, or completed and not yet taken: it ends as a post_recv() does.
+  // Posted, or completed and not yet taken: it ends as a post_recv() or a
+  // send() does.
   return Status::ok;
 }
 
@@ -1586,6 +1642,7 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
   const std::uint32_t index = *claimed;
   Slot& s = slots_[index];
   s.kept = kept;
+  if (kept && needs_peer(kind)) s.peer_epoch = peers_[peer].epoch;
   // The callback goes in before the post: a completion may be reaped by the
   // first retry's poll.
   s.has_callback = static_cast<bool>(cb);
@@ -1598,6 +1655,12 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
   for (std::uint32_t attempt = 0;; ++attempt) {
     // peer_ready_locked only has work while the peer settles.
     st = needs_peer(kind) && peers_[peer].settling ? peer_ready_locked(peer) : Status::ok;
+    // Sends to a peer go out in the order asked: behind a kept send's
+    // repost the provider has not taken yet (retry_kept_locked).
+    if (st == Status::ok && kind == OpKind::send && !kept_retry_.empty() && send_queued_locked(peer, kept_retry_.size()))
+        [[unlikely]] {
+      st = Status::would_block;
+    }
     if (st == Status::ok) {
       if (needs_peer(kind)) s.desc.peer_handle = peers_[peer].handle;
       st = do_post(s.desc);
@@ -1709,6 +1772,10 @@ std::size_t Endpoint::post_batch(std::span<BatchOp> ops) noexcept {
     for (; end < claimed; ++end) {
       st = recheck_peer_locked(ops[end].peer);
       if (st == Status::ok) st = peer_ready_locked(ops[end].peer);
+      if (st == Status::ok && ops[end].kind == OpKind::send && !kept_retry_.empty() &&
+          send_queued_locked(ops[end].peer, kept_retry_.size())) {
+        st = Status::would_block;  // behind a kept send's repost, as in submit()
+      }
       if (st != Status::ok) break;
       slots_[batch_[end]->index].desc.peer_handle = peers_[ops[end].peer].handle;
     }
@@ -1823,9 +1890,6 @@ Endpoint::Clock::time_point Endpoint::deadline_for(OpKind kind, std::uint64_t le
   const bool atomic = s.desc.kind == OpKind::fetch_add || s.desc.kind == OpKind::compare_swap;
   const std::uint64_t value = atomic && status == Status::ok ? atomic_words_[index].result : 0;
   if (!s.completed) finish_locked(s, index, status, bytes, value, peer);
-  // A kept receive goes on after a message (or one too long for it); any
-  // other end is its last.
-  if (s.kept && s.result.status != Status::ok && s.result.status != Status::out_of_bounds) s.kept = false;
   // The provider is done with the bytes: the in-flight reference goes now,
   // even if the user has not looked at the completion yet - but not under
   // the mutex (it may be the last one, and its cleanup may call into this
@@ -1842,6 +1906,14 @@ void Endpoint::finish_locked(Slot& s, std::uint32_t index, Status st, std::uint6
   s.result.bytes = bytes;
   s.result.value = value;
   if (peer != kAnyPeer) s.result.peer = peer;
+  // A kept operation goes on after a message or a send (or a message too
+  // long for a receive); any other end is its last. Decided here, where
+  // every completion passes (a timeout or a peer's failure finishes an op
+  // the backend still holds, complete() comes later), so a failed one is
+  // never parked while the backend holds it.
+  if (s.kept && st != Status::ok && !(st == Status::out_of_bounds && s.desc.kind == OpKind::recv)) [[unlikely]] {
+    s.kept = false;
+  }
   bump_locked(completed_);
   if (st != Status::ok) bump_locked(failed_);
   if (st == Status::peer_unreachable && s.desc.peer != kAnyPeer && s.desc.peer < peers_.size()) {
@@ -1919,8 +1991,8 @@ const BackendOp& Endpoint::op_at(std::uint32_t index) const noexcept { return sl
       struct Delivery {
         Callback cb;
         Completion result;
-        std::uint32_t kept;  // a kept receive's slot (its callback runs in place), or kNoIndex
-        Slice old;           // a kept receive's buffer its repost replaced
+        std::uint32_t kept;  // a kept operation's slot (its callback runs in place), or kNoIndex
+        Slice old;           // a kept operation's buffer its repost replaced
       };
       detail::StackBatch<Delivery, kDeliverBatch> batch;
       bool any_kept = false;
@@ -1931,7 +2003,7 @@ const BackendOp& Endpoint::op_at(std::uint32_t index) const noexcept { return sl
         Slot& s = slots_[index];
         if (s.kept) {
           // Its callback stays in the slot for the next message; nobody
-          // touches it while delivering (repost and end_recv only ask).
+          // touches it while delivering (repost and end_kept only ask).
           s.delivering = true;
           any_kept = true;
           batch.emplace(Callback{}, s.result, index, Slice{});

@@ -353,18 +353,23 @@ def mode_perf(tool, readme, provider):
             lat = r["latency_us"]
             check(r["error"] is None and lat is not None and lat["iters"] == 20 and positive(lat["median"]) and
                   positive(r["bandwidth_MBps"]), f"{r['op']} {r['size']}: latency and bandwidth")
-    # The send ping-pong's receives, kept (the default) and fresh: both
-    # deliver every pong, and the output says which.
-    for mode in ("kept", "fresh"):
+    # The send ping-pong's receives and sends, kept (the default) and
+    # fresh, in each pairing: all deliver every pong, and the output says
+    # which.
+    for recv_mode, send_mode in (("kept", "kept"), ("fresh", "kept"), ("kept", "fresh"), ("fresh", "fresh")):
+        label = f"perf {provider} --recv {recv_mode} --sends {send_mode}"
         rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", "8", "--iters", "20",
-                            "--window", "4", "--ops", "send", "--recv", mode, "--json"], timeout=240)
-        check(rc == 0, f"perf {provider} --recv {mode} exits 0 (got {rc}: {err})")
+                            "--window", "4", "--ops", "send", "--recv", recv_mode, "--sends", send_mode, "--json"],
+                           timeout=240)
+        check(rc == 0, f"{label} exits 0 (got {rc}: {err})")
         if rc == 0:
             d = json.loads(out)
             r = d["results"]
-            check(d.get("receives") == mode, f"perf --recv {mode} reports receives {mode} (got {d.get('receives')})")
+            check(d.get("receives") == recv_mode and d.get("sends") == send_mode,
+                  f"{label} reports receives {recv_mode}, sends {send_mode} "
+                  f"(got {d.get('receives')}, {d.get('sends')})")
             check(len(r) == 1 and r[0]["error"] is None and r[0]["latency_us"]["iters"] == 20 and
-                  positive(r[0]["latency_us"]["median"]), f"perf --recv {mode}: one send row")
+                  positive(r[0]["latency_us"]["median"]), f"{label}: one send row")
     # The Messenger's two splits, set and off, each one tagged row:
     # --tagged-split (the split rendezvous; passed to the server, which
     # receives and decides) at 1 MiB, a rendezvous either way;
@@ -713,7 +718,9 @@ BAD_ARGS = {
                      ["--loopback", "--tagged-eager-split", "0"], ["--loopback", "--tagged-eager-split", "always"],
                      ["--server", "--tagged-eager-split", "off"],
                      ["--loopback", "--recv", "sometimes"], ["--server", "--recv", "kept"],
-                     ["--peers", "2", "--recv", "fresh"]],
+                     ["--peers", "2", "--recv", "fresh"],
+                     ["--loopback", "--sends", "always"], ["--server", "--sends", "kept"],
+                     ["--peers", "2", "--sends", "fresh"]],
 }
 
 

@@ -125,10 +125,12 @@ TEST_CASE("send and recv deliver many messages in order and intact", "[fabric]")
   // off, and both ways must deliver the same. Other backends have one way.
   const bool inject = GENERATE(true, false);
   if (!inject && prov != "shm") return;
-  // Fresh receives, each posted again from its callback, or kept receives
-  // (post_recv_kept) that their callbacks repost.
+  // Fresh receives, each posted again from its callback, and fresh sends;
+  // or kept receives (post_recv_kept) that their callbacks repost, and kept
+  // sends (send_kept), one per window slot, reposted from a new slice of
+  // the slot's bytes for each message (lengths change every time).
   const bool kept = GENERATE(false, true);
-  INFO("backend " << prov << (inject ? "" : ", inject_sends off") << (kept ? ", kept receives" : ""));
+  INFO("backend " << prov << (inject ? "" : ", inject_sends off") << (kept ? ", kept receives and sends" : ""));
   auto boot = rpt::root_bootstrap();
   const auto port = boot->port();
 
@@ -146,12 +148,24 @@ TEST_CASE("send and recv deliver many messages in order and intact", "[fabric]")
           auto m = rpt::slice_or_die(Slice::data(buf, w * kMaxMsg, msg_size(i)));
           rpt::fill(m.bytes(), i);
           std::memcpy(m.address(), &i, 8);
-          auto t = s.ep->send(peer, m);
+          if (kept && pending[w]) {
+            RPT_CHECK(s.ep->repost(pending[w], m) == Status::ok);
+            continue;
+          }
+          auto t = kept ? s.ep->send_kept(peer, m) : s.ep->send(peer, m);
           RPT_CHECK(t.ok());
           pending[w] = *t;
         }
         for (auto& t : pending) {
           if (t) RPT_CHECK(s.ep->wait(t, 30s).status == Status::ok);
+        }
+        if (kept) {
+          // Each parked send holds one reference to `buf`; ending them
+          // gives them back, and a second end is refused.
+          RPT_CHECK(buf.use_count() == 1 + kWindow);
+          for (const auto t : pending) RPT_CHECK(s.ep->end_kept(t) == Status::ok);
+          for (const auto t : pending) RPT_CHECK(s.ep->end_kept(t) == Status::invalid_argument);
+          RPT_CHECK(buf.use_count() == 1);
         }
         b->barrier(60s);
         return 0;
@@ -207,8 +221,8 @@ TEST_CASE("send and recv deliver many messages in order and intact", "[fabric]")
     // Every kept receive is posted again, holding its reference to `buf`;
     // ending them gives the references back, and a second end is refused.
     CHECK(buf.use_count() == 1 + static_cast<std::uint32_t>(kRecvs));
-    for (const auto t : kept_tokens) CHECK(s.ep->end_recv(t) == Status::ok);
-    for (const auto t : kept_tokens) CHECK(s.ep->end_recv(t) == Status::invalid_argument);
+    for (const auto t : kept_tokens) CHECK(s.ep->end_kept(t) == Status::ok);
+    for (const auto t : kept_tokens) CHECK(s.ep->end_kept(t) == Status::invalid_argument);
   }
   boot->barrier(30s);
   CHECK(rpt::reap(kid, 30s) == 0);
@@ -254,7 +268,7 @@ TEST_CASE("kept receives: taken by wait or callback, reposted into the same or a
   REQUIRE(t.ok());
   CHECK(s.ep->repost(*t) == Status::invalid_argument);  // still posted
   CHECK(s.ep->repost(regpool::Token{}) == Status::invalid_argument);
-  CHECK(s.ep->end_recv(regpool::Token{t->value + (std::uint64_t{1} << 32)}) == Status::invalid_argument);
+  CHECK(s.ep->end_kept(regpool::Token{t->value + (std::uint64_t{1} << 32)}) == Status::invalid_argument);
   for (std::uint64_t i = 0; i < 3; ++i) {
     const Completion c = s.ep->wait(*t, 30s);
     REQUIRE(c.status == Status::ok);
@@ -264,18 +278,18 @@ TEST_CASE("kept receives: taken by wait or callback, reposted into the same or a
     CHECK(s.ep->wait(*t, 1s).status == Status::invalid_argument);  // taken: parked
     CHECK(buf.use_count() == base + 1);  // the parked receive's
     CHECK(s.ep->repost(*t, Slice{}) == Status::invalid_argument);  // refused, still parked
-    const Status st = i == 0 ? s.ep->repost(*t) : i == 1 ? s.ep->repost(*t, second) : s.ep->end_recv(*t);
+    const Status st = i == 0 ? s.ep->repost(*t) : i == 1 ? s.ep->repost(*t, second) : s.ep->end_kept(*t);
     CHECK(st == Status::ok);
   }
   // Ended while parked: its reference is gone, and it cannot come back.
   CHECK(buf.use_count() == base);
   CHECK(s.ep->repost(*t) == Status::invalid_argument);
-  CHECK(s.ep->end_recv(*t) == Status::invalid_argument);
+  CHECK(s.ep->end_kept(*t) == Status::invalid_argument);
 
   // Ended while posted: its next message completes it for the last time.
   auto u = s.ep->post_recv_kept(first);
   REQUIRE(u.ok());
-  CHECK(s.ep->end_recv(*u) == Status::ok);
+  CHECK(s.ep->end_kept(*u) == Status::ok);
   const Completion last = s.ep->wait(*u, 30s);
   CHECK(last.status == Status::ok);
   CHECK(holds(first, 3));
@@ -297,7 +311,7 @@ TEST_CASE("kept receives: taken by wait or callback, reposted into the same or a
       // A repost asked and then an end: the end wins, and the buffer the
       // repost named is let go too.
       k.repost_st = s.ep->repost(k.v, first);
-      k.end_st = s.ep->end_recv(k.v);
+      k.end_st = s.ep->end_kept(k.v);
     }
   };
   auto r = s.ep->post_recv_kept(first, [f = &on_message](const Completion& c) { (*f)(c); });
@@ -320,6 +334,140 @@ TEST_CASE("kept receives: taken by wait or callback, reposted into the same or a
   CHECK(holds(first, 6));
   boot->barrier(60s);
   CHECK(rpt::reap(kid, 30s) == 0);
+  CHECK(buf.use_count() == base + 1);
+  s.ep.reset();
+  CHECK(buf.use_count() == base);
+}
+
+TEST_CASE("kept sends: sent again from the same or a new buffer, by wait or callback, ended; never to a removed peer",
+          "[fabric]") {
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  constexpr std::uint64_t kKeptMessages = 9;
+  constexpr std::uint64_t kSize = 64;
+  constexpr std::uint64_t kShort = 40;  // the second buffer's length
+  // Message i's length and first byte's pattern, as the sender below sends them.
+  auto length_of = [](std::uint64_t i) { return i == 2 || i == 5 || i == 6 ? kShort : kSize; };
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  auto kid = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        rpt::Stack s(prov, target_config());
+        (void)s.ep->insert_peer(b->allgather(s.ep->name(), 20s)[0]);
+        auto buf = s.alloc(kSize);
+        const Slice in = rpt::slice_or_die(Slice::data(buf));
+        for (std::uint64_t i = 0; i < kKeptMessages; ++i) {
+          const Completion c = rpt::wait_ok(*s.ep, s.ep->post_recv(in));
+          RPT_CHECK(c.status == Status::ok);
+          RPT_CHECK(c.bytes == length_of(i));
+          std::vector<std::byte> expect(c.bytes);
+          rpt::fill(expect, 100 + i);
+          RPT_CHECK(std::memcmp(buf.data().data(), expect.data(), expect.size()) == 0);
+        }
+        b->barrier(60s);
+        return 0;
+      },
+      120);
+  rpt::Stack s(prov);
+  const auto peer = s.ep->insert_peer(boot->allgather(s.ep->name(), 20s)[1]);
+  auto buf = s.alloc(2 * kSize);
+  const Slice first = rpt::slice_or_die(Slice::data(buf, 0, kSize));
+  const Slice second = rpt::slice_or_die(Slice::data(buf, kSize, kShort));
+  // Message i's bytes, written into the buffer it goes out of while the
+  // send is parked.
+  auto write = [&](const Slice& where, std::uint64_t i) {
+    std::vector<std::byte> v(where.length());
+    rpt::fill(v, 100 + i);
+    std::memcpy(where.address(), v.data(), v.size());
+  };
+  // References to buf held here (buf, first, second); a live kept send adds one.
+  const auto base = buf.use_count();
+
+  // Taken by wait(): parked after each send, written anew, reposted; once
+  // from a new (shorter) buffer, then back.
+  write(first, 0);
+  auto t = s.ep->send_kept(peer, first);
+  REQUIRE(t.ok());
+  CHECK(s.ep->end_kept(regpool::Token{t->value + (std::uint64_t{1} << 32)}) == Status::invalid_argument);
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    const Completion c = s.ep->wait(*t, 30s);
+    REQUIRE(c.status == Status::ok);
+    CHECK(c.token == *t);
+    CHECK(c.peer == peer);
+    CHECK(c.op == regpool::OpKind::send);
+    CHECK(s.ep->wait(*t, 1s).status == Status::invalid_argument);  // taken: parked
+    CHECK(buf.use_count() == base + 1);                             // the parked send's
+    CHECK(s.ep->repost(*t, Slice{}) == Status::invalid_argument);   // refused, still parked
+    if (i == 3) break;
+    const Slice& next = length_of(i + 1) == kShort ? second : first;
+    write(next, i + 1);
+    CHECK((i == 0 ? s.ep->repost(*t) : s.ep->repost(*t, next)) == Status::ok);
+  }
+  CHECK(s.ep->end_kept(*t) == Status::ok);
+  CHECK(buf.use_count() == base);
+  CHECK(s.ep->repost(*t) == Status::invalid_argument);
+  CHECK(s.ep->end_kept(*t) == Status::invalid_argument);
+
+  // Taken by a callback, which writes the next message and reposts from
+  // inside (posted once it returns), into the short buffer and back, then
+  // ends it after the third.
+  struct {
+    regpool::Token v{};
+    std::uint64_t calls = 0, ok = 0;
+    Status repost_st = Status::ok, end_st = Status::in_progress;
+  } k;
+  auto on_sent = [&](const Completion& c) {
+    ++k.calls;
+    if (c.status == Status::ok) ++k.ok;
+    const std::uint64_t next = 4 + k.calls;  // message 5, 6 (short), then the end
+    if (k.calls < 3) {
+      const Slice& where = length_of(next) == kShort ? second : first;
+      write(where, next);
+      const Status st = k.calls == 1 ? s.ep->repost(k.v, second) : s.ep->repost(k.v);
+      if (st != Status::ok) k.repost_st = st;
+    } else {
+      k.end_st = s.ep->end_kept(k.v);
+    }
+  };
+  write(first, 4);
+  auto r = s.ep->send_kept(peer, first, [f = &on_sent](const Completion& c) { (*f)(c); });
+  REQUIRE(r.ok());
+  k.v = *r;
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (k.calls < 3 && std::chrono::steady_clock::now() < until) s.ep->progress();
+  CHECK(k.calls == 3);
+  CHECK(k.ok == 3);
+  CHECK(k.repost_st == Status::ok);
+  CHECK(k.end_st == Status::ok);
+  CHECK(buf.use_count() == base);
+  CHECK(s.ep->repost(k.v) == Status::invalid_argument);
+  CHECK(s.ep->wait(k.v, 1s).status == Status::invalid_argument);  // a callback's token
+
+  // Ended while posted: its completion is its last.
+  write(first, 7);
+  auto u = s.ep->send_kept(peer, first);
+  REQUIRE(u.ok());
+  CHECK(s.ep->repost(*u) == Status::invalid_argument);  // still posted (or not yet taken)
+  CHECK(s.ep->end_kept(*u) == Status::ok);
+  CHECK(s.ep->wait(*u, 30s).status == Status::ok);
+  CHECK(s.ep->repost(*u) == Status::invalid_argument);
+  CHECK(buf.use_count() == base);
+
+  // Parked at the end: the peer is removed and another endpoint's name
+  // takes its id. The kept send never goes there: peer_unreachable, and it
+  // stays parked until ended (or the endpoint shuts down).
+  write(first, 8);
+  auto w = s.ep->send_kept(peer, first);
+  REQUIRE(w.ok());
+  CHECK(s.ep->wait(*w, 30s).status == Status::ok);
+  boot->barrier(60s);  // the receiver has all nine messages
+  CHECK(rpt::reap(kid, 30s) == 0);
+  s.ep->remove_peer(peer);
+  CHECK(s.ep->repost(*w) == Status::peer_unreachable);
+  rpt::Stack other(prov);
+  CHECK(s.ep->insert_peer(other.ep->name()) == peer);  // the lowest free id
+  CHECK(s.ep->repost(*w) == Status::peer_unreachable);
   CHECK(buf.use_count() == base + 1);
   s.ep.reset();
   CHECK(buf.use_count() == base);

@@ -256,6 +256,78 @@ TEST_CASE("an operation to a killed peer completes with an error in bounded time
   CHECK(s.ep->quiesce(10s) == Status::ok);
 }
 
+TEST_CASE("kept operations end on failure: a receive that times out, a send to a killed peer", "[fabric]") {
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  auto kid = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        rpt::Stack s(prov, target_config());
+        auto in = s.alloc(kObj);
+        auto r = s.ep->post_recv(rpt::slice_or_die(Slice::data(in)));  // for the one kept send
+        RPT_CHECK(r.ok());
+        (void)b->allgather(s.ep->name(), 20s);
+        RPT_CHECK(s.ep->wait(*r, 30s).status == Status::ok);
+        (void)b->allgather({}, 60s);  // killed while waiting here
+        ::pause();
+        return 0;
+      },
+      120);
+
+  regpool::EndpointConfig ec;
+  ec.op_timeout = 3s;
+  ec.post_timeout = 3s;
+  ec.recv_timeout = 200ms;
+  rpt::Stack s(prov, ec);
+  const auto peer = s.ep->insert_peer(boot->allgather({}, 20s)[1]);
+  auto buf = s.alloc(2 * kObj);
+  const Slice out = rpt::slice_or_die(Slice::data(buf, 0, kObj));
+  const Slice in = rpt::slice_or_die(Slice::data(buf, kObj, kObj));
+  const auto base = buf.use_count();
+
+  // A kept receive that no message reaches times out and ends, although
+  // the backend may hold it a while longer (cancelled): it is never parked
+  // and cannot be reposted; its reference goes once the backend lets go.
+  auto r = s.ep->post_recv_kept(in);
+  REQUIRE(r.ok());
+  CHECK(s.ep->wait(*r, 20s).status == Status::timeout);
+  CHECK(s.ep->repost(*r) == Status::invalid_argument);
+  CHECK(s.ep->end_kept(*r) == Status::invalid_argument);
+
+  // A kept send delivered, parked; then its peer dies. The repost either
+  // answers the failure at once (the op stays parked until ended) or is
+  // taken and completes with it (the op ends).
+  auto w = s.ep->send_kept(peer, out);
+  REQUIRE(w.ok());
+  REQUIRE(s.ep->wait(*w, 30s).status == Status::ok);
+  ::kill(kid.pid, SIGKILL);
+  CHECK(rpt::reap(kid, 10s) == 128 + SIGKILL);
+  Status st = Status::ok;
+  bool refused = false;
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  // Until the endpoint learns of the death, a send may still go out (tcp
+  // and verbs accept it into their buffers): repost until one fails.
+  while (std::chrono::steady_clock::now() < until) {
+    st = s.ep->repost(*w);
+    if (st != Status::ok) {
+      refused = true;
+      break;
+    }
+    st = s.ep->wait(*w, 20s).status;
+    if (st != Status::ok) break;
+  }
+  INFO("kept send after the death: " << regpool::to_string(st) << (refused ? " (refused at repost)" : ""));
+  CHECK(st != Status::ok);
+  CHECK(st != Status::in_progress);
+  if (refused) CHECK(s.ep->end_kept(*w) == Status::ok);  // refused: parked until ended
+  CHECK(s.ep->repost(*w) == Status::invalid_argument);  // ended either way
+  CHECK(s.ep->quiesce(10s) == Status::ok);
+  s.ep->progress();
+  CHECK(buf.use_count() == base);
+}
+
 TEST_CASE("dropping the LDO handle while its put is in flight is safe", "[fabric]") {
   const std::string prov = GENERATE(from_range(rpt::backends()));
   INFO("backend " << prov);

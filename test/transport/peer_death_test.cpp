@@ -880,7 +880,7 @@ TEST_CASE("a kept receive's repost waits out our busy region and posts; past pos
   CHECK(took >= 1s);
   CHECK(took < 6s);
   CHECK(a.ep->repost(*rx) == Status::invalid_argument);  // ended
-  CHECK(a.ep->end_recv(*rx) == Status::invalid_argument);
+  CHECK(a.ep->end_kept(*rx) == Status::invalid_argument);
 
   // Ended while waiting for the provider: the slot and the reference go.
   auto again = a.ep->post_recv_kept(inbox);
@@ -889,7 +889,7 @@ TEST_CASE("a kept receive's repost waits out our busy region and posts; past pos
   const auto refs = in.use_count();
   REQUIRE(lock.try_take());
   CHECK(a.ep->repost(*again) == Status::ok);
-  CHECK(a.ep->end_recv(*again) == Status::ok);
+  CHECK(a.ep->end_kept(*again) == Status::ok);
   lock.force_release();
   for (int i = 0; i < 20; ++i) (void)a.ep->progress();
   CHECK(in.use_count() == refs - 1);
