@@ -77,6 +77,7 @@
 #include "regpool/slice.hpp"
 #include "regpool_config.h"
 #include "perf_buffers.hpp"
+#include "perf_config.hpp"
 #include "perf_wire.hpp"
 #include "tool_common.hpp"
 
@@ -105,19 +106,10 @@ using regpool_tools::UsageError;
 using Clock = std::chrono::steady_clock;
 
 constexpr std::uint16_t kDefaultPort = 18515;  // ib_write_bw's, for familiarity
-constexpr std::uint64_t kMaxWindow = 512;
-// Bound on --batch (a batch is posted with one Endpoint::post_batch call).
-constexpr std::uint64_t kMaxBatch = 64;
 // --peers: client processes per round (each a whole process with its own
 // endpoint; 256 on 2 cores is already slow to start).
 constexpr std::uint64_t kMaxPeers = 256;
-// Bandwidth runs move at most this many bytes per op and size, so a 1 GiB
-// size does not run --iters (1000) times.
-constexpr std::uint64_t kMaxBandwidthBytes = std::uint64_t{1} << 30;
 constexpr std::uint64_t kControlBytes = 8;
-// Bound on --cold-bytes (each side allocates and prefaults that much, the
-// client twice with --ops memcpy).
-constexpr std::uint64_t kMaxColdBytes = std::uint64_t{2} << 30;
 // The smallest default cold span, for machines that do not report a cache.
 constexpr std::uint64_t kMinColdBytes = std::uint64_t{256} << 20;
 // Pattern seeds: one per op, mixed with the size, and one the put latency
@@ -125,8 +117,6 @@ constexpr std::uint64_t kMinColdBytes = std::uint64_t{256} << 20;
 std::uint64_t seed_of(char op, std::uint64_t size) { return (static_cast<std::uint64_t>(op) << 40) ^ size; }
 constexpr std::uint64_t kStaleSeed = 0x5757;
 constexpr int kWarmupOps = 8;
-// Bound on --verbs-inline (rxe grants up to 240 bytes; hardware up to ~1 KiB).
-constexpr std::int64_t kMaxVerbsInline = 4096;
 constexpr auto kPhaseTimeout = 600s;  // bound on any one wait for the peer
 
 void usage(std::FILE* to) {
@@ -234,146 +224,14 @@ void usage(std::FILE* to) {
 
 enum class Mode { none, server, client, loopback, peers };
 
-std::optional<regpool::WaitMode> parse_wait(const std::string& v) {
-  for (auto m : {regpool::WaitMode::spin, regpool::WaitMode::sleep, regpool::WaitMode::adaptive}) {
-    if (v == regpool::to_string(m)) return m;
-  }
-  return std::nullopt;
-}
 
-struct Config {
-  std::string provider;
-  std::vector<std::uint64_t> sizes{8, 4096, 65536, std::uint64_t{1} << 20};
-  std::uint64_t iters = 1000;
-  std::uint64_t window = 16;
-  // --batch: put and get bandwidth post their operations this many at a
-  // time with Endpoint::post_batch (1: one put()/get() call each). Client only.
-  std::uint64_t batch = 1;
-  bool put = true, get = true, send = true, atomic = true, expose = true;
-  // Messenger tagged send/receive (regpool/messaging.hpp); only when asked.
-  bool tagged = false;
-  // A plain memcpy of each size in the client (the reference for shm).
-  bool memcpy = false;
-  // --cold: the span bandwidth tests rotate over on each side (0: hot).
-  std::uint64_t cold_bytes = 0;
-  std::uint64_t tagged_threshold = 0;  // MessengerConfig::eager_threshold (0 = provider default)
-  // MessengerConfig::rendezvous_split (0 = the backend's default;
-  // UINT64_MAX = never; anything else: split every rendezvous of at least
-  // that many bytes). The receiver decides, so the server needs it too.
-  std::uint64_t tagged_split = 0;
-  // MessengerConfig::eager_split (0 = the backend's default; UINT64_MAX =
-  // never). The sender decides; both sides take it.
-  std::uint64_t tagged_eager_split = 0;
-  regpool::ExposureMode expose_mode = regpool::ExposureMode::standard;
-  // How both sides wait for completions (EndpointConfig::wait_mode).
-  regpool::WaitMode wait = regpool::WaitMode::spin;
-  // --perftest: latency only, with perftest's definitions (see the header).
-  bool perftest = false;
-  // Verbs only (VerbsEndpointOptions): max_inline (-1: the default) and
-  // selective signalling, so both can be compared on and off in one boot.
-  std::int64_t verbs_inline = -1;
-  bool verbs_signal_all = false;
-  // --loop-mean: the send and tagged ping-pongs run --iters more iterations
-  // without per-iteration clock reads, timed as a whole (fi_pingpong's
-  // usec/xfer).
-  bool loop_mean = false;
-  // --recv: the send ping-pong's receives are one kept receive reposted
-  // (Endpoint::post_recv_kept) or a new post_recv per message.
-  bool recv_kept = true;
-  // --sends: the send ping-pong's sends are one kept send reposted
-  // (Endpoint::send_kept) or a new send per message.
-  bool send_kept = true;
-
-  // Serialised for the server: "key=value\n" lines.
-  std::string encode() const {
-    std::ostringstream o;
-    o << "provider=" << provider << "\nwait=" << regpool::to_string(wait) << "\niters=" << iters << "\nwindow=" << window << "\nops=" << (put ? "put," : "")
-      << (get ? "get," : "") << (send ? "send," : "") << (atomic ? "atomic," : "") << (expose ? "expose," : "")
-      << (tagged ? "tagged," : "") << (memcpy ? "memcpy," : "") << "\ncold_bytes=" << cold_bytes << "\ntagged_threshold=" << tagged_threshold << "\ntagged_split=" << tagged_split << "\ntagged_eager_split=" << tagged_eager_split << "\nexpose_mode=" << regpool::to_string(expose_mode)
-      << "\nperftest=" << (perftest ? 1 : 0) << "\nverbs_inline=" << verbs_inline
-      << "\nverbs_signal=" << (verbs_signal_all ? "all" : "selective")
-      << "\nloop_mean=" << (loop_mean ? 1 : 0) << "\nrecv=" << (recv_kept ? "kept" : "fresh")
-      << "\nsends=" << (send_kept ? "kept" : "fresh") << "\nsizes=";
-    for (std::size_t i = 0; i < sizes.size(); ++i) o << (i ? "," : "") << sizes[i];
-    o << "\n";
-    return o.str();
-  }
-  static Config decode(const std::string& text) {
-    Config c;
-    std::istringstream in(text);
-    std::string line;
-    while (std::getline(in, line)) {
-      const auto eq = line.find('=');
-      if (eq == std::string::npos) continue;
-      const std::string k = line.substr(0, eq), v = line.substr(eq + 1);
-      if (k == "provider") c.provider = v;
-      if (k == "wait") {
-        const auto m = parse_wait(v);
-        if (!m) throw regpool::Error(Status::malformed, 0, "bad wait mode from the client");
-        c.wait = *m;
-      }
-      if (k == "iters") c.iters = std::strtoull(v.c_str(), nullptr, 10);
-      if (k == "window") c.window = std::strtoull(v.c_str(), nullptr, 10);
-      if (k == "ops") {
-        c.put = v.find("put") != std::string::npos;
-        c.get = v.find("get") != std::string::npos;
-        c.send = v.find("send") != std::string::npos;
-        c.atomic = v.find("atomic") != std::string::npos;
-        c.expose = v.find("expose") != std::string::npos;
-        c.tagged = v.find("tagged") != std::string::npos;
-        c.memcpy = v.find("memcpy") != std::string::npos;
-      }
-      if (k == "cold_bytes") c.cold_bytes = std::strtoull(v.c_str(), nullptr, 10);
-      if (k == "tagged_threshold") c.tagged_threshold = std::strtoull(v.c_str(), nullptr, 10);
-      if (k == "tagged_split") c.tagged_split = std::strtoull(v.c_str(), nullptr, 10);
-      if (k == "tagged_eager_split") c.tagged_eager_split = std::strtoull(v.c_str(), nullptr, 10);
-      if (k == "perftest") c.perftest = v == "1";
-      if (k == "verbs_inline") c.verbs_inline = std::strtoll(v.c_str(), nullptr, 10);
-      if (k == "verbs_signal") c.verbs_signal_all = v == "all";
-      if (k == "loop_mean") c.loop_mean = v == "1";
-      if (k == "recv") {
-        if (v != "kept" && v != "fresh") throw regpool::Error(Status::malformed, 0, "bad receive mode from the client");
-        c.recv_kept = v == "kept";
-      }
-      if (k == "sends") {
-        if (v != "kept" && v != "fresh") throw regpool::Error(Status::malformed, 0, "bad send mode from the client");
-        c.send_kept = v == "kept";
-      }
-      if (k == "expose_mode") {
-        if (v == "scoped") {
-          c.expose_mode = regpool::ExposureMode::scoped;
-        } else if (v != "standard") {
-          throw regpool::Error(Status::malformed, 0, "bad expose mode from the client");
-        }
-      }
-      if (k == "sizes") {
-        c.sizes.clear();
-        for (const auto& s : regpool_tools::split(v, ',')) c.sizes.push_back(std::strtoull(s.c_str(), nullptr, 10));
-      }
-    }
-    if (c.provider.empty() || c.iters == 0 || c.window == 0 || c.window > kMaxWindow || c.sizes.empty() ||
-        c.cold_bytes > kMaxColdBytes || c.verbs_inline < -1 || c.verbs_inline > kMaxVerbsInline) {
-      throw regpool::Error(Status::malformed, 0, "bad configuration from the client");
-    }
-    return c;
-  }
-  std::uint64_t max_size() const { return sizes.empty() ? 8 : std::max<std::uint64_t>(sizes.back(), 8); }
-  // Distinct buffers a bandwidth test of `size` rotates over (1: hot).
-  std::uint64_t slots(std::uint64_t size) const { return std::max<std::uint64_t>(cold_bytes / size, 1); }
-  // Slots a bandwidth test of `size` touches.
-  std::uint64_t used_slots(std::uint64_t size) const { return std::min(slots(size), bw_ops(size)); }
-  // Bytes of each side's buffer: the largest size, or the cold span.
-  std::uint64_t span() const { return std::max(max_size(), cold_bytes); }
-  // Operations in a bandwidth test of `size` bytes (both sides compute it).
-  // --cold: at least one per slot, so the test covers the whole span and
-  // the pattern written before it (first slot first) has left the cache by
-  // the time an operation reaches its slot.
-  std::uint64_t bw_ops(std::uint64_t size) const {
-    const std::uint64_t cap = std::max<std::uint64_t>(kMaxBandwidthBytes / std::max<std::uint64_t>(size, 1), window);
-    const std::uint64_t n = std::max<std::uint64_t>(std::min(iters, cap), 1);
-    return cold_bytes != 0 ? std::max(n, slots(size)) : n;
-  }
-};
+using regpool_tools::perf::Config;
+using regpool_tools::perf::kMaxBandwidthBytes;
+using regpool_tools::perf::kMaxBatch;
+using regpool_tools::perf::kMaxColdBytes;
+using regpool_tools::perf::kMaxVerbsInline;
+using regpool_tools::perf::kMaxWindow;
+using regpool_tools::perf::parse_wait;
 
 struct Options {
   Mode mode = Mode::none;
@@ -446,6 +304,10 @@ Options parse_args(int argc, char** argv, bool& help) {
       o.bind = option_value(argc, argv, i, "--bind");
     } else if (is_option(a, "--provider")) {
       o.config.provider = option_value(argc, argv, i, "--provider");
+      if (!regpool_tools::perf::provider_name_ok(o.config.provider)) {
+        throw UsageError("--provider: 1 to " + std::to_string(regpool_tools::perf::kMaxProviderName) +
+                         " letters, digits or _;:.+- (got '" + o.config.provider + "')");
+      }
       if (o.config.provider.empty()) throw UsageError("--provider needs a name");
       o.provider_given = true;
       client_only_option = true;
@@ -453,10 +315,13 @@ Options parse_args(int argc, char** argv, bool& help) {
       sizes_given = true;
       o.config.sizes = regpool_tools::parse_size_list(option_value(argc, argv, i, "--sizes"), "--sizes");
       if (o.config.sizes.front() == 0) throw UsageError("--sizes: sizes must be at least 1 byte");
-      if (o.config.sizes.back() > (std::uint64_t{1} << 32)) throw UsageError("--sizes: at most 4 GiB");
+      if (o.config.sizes.back() > regpool_tools::perf::kMaxSize) throw UsageError("--sizes: at most 4 GiB");
+      if (o.config.sizes.size() > regpool_tools::perf::kMaxSizes) {
+        throw UsageError("--sizes: at most " + std::to_string(regpool_tools::perf::kMaxSizes) + " sizes");
+      }
       client_only_option = true;
     } else if (is_option(a, "--iters")) {
-      o.config.iters = regpool_tools::parse_uint(option_value(argc, argv, i, "--iters"), "--iters", 1, 100000000);
+      o.config.iters = regpool_tools::parse_uint(option_value(argc, argv, i, "--iters"), "--iters", 1, regpool_tools::perf::kMaxIters);
       client_only_option = true;
     } else if (is_option(a, "--wait")) {
       const std::string v = option_value(argc, argv, i, "--wait");
@@ -497,7 +362,8 @@ Options parse_args(int argc, char** argv, bool& help) {
       client_only_option = true;
     } else if (is_option(a, "--tagged-threshold")) {
       o.config.tagged_threshold = regpool_tools::parse_uint(option_value(argc, argv, i, "--tagged-threshold"),
-                                                            "--tagged-threshold", 64, std::uint64_t{1} << 30);
+                                                            "--tagged-threshold", regpool_tools::perf::kMinTaggedThreshold,
+                                                            regpool_tools::perf::kMaxTaggedThreshold);
       client_only_option = true;
     } else if (is_option(a, "--tagged-split")) {
       o.config.tagged_split = split_value(option_value(argc, argv, i, "--tagged-split"), "--tagged-split");
@@ -1104,7 +970,10 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
   // hour for its client to show up (like ib_write_bw, it is started first).
   auto cfg_blobs = boot.allgather({}, loopback ? kBootTimeout : std::chrono::milliseconds(3600 * 1000));
   const BootWatch boot_watch(boot);
-  const Config c = Config::decode(to_string(cfg_blobs[1]));
+  std::string why;
+  const auto decoded = Config::decode(to_string(cfg_blobs[1]), why);
+  if (!decoded) throw regpool::Error(Status::malformed, 0, "the client's configuration: " + why);
+  const Config& c = *decoded;
   Side s(c, loopback, "perf-server");
   auto target = s.alloc(c.span());
   auto exposure = s.ep->expose(must(Slice::data(target), "target slice"), regpool::RemoteAccess::read_write);

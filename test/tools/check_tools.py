@@ -626,6 +626,28 @@ def hostile_scenarios(tool, base, tmp, servers):
     for s in (silent, huge, f1, f2):
         s.close()
 
+    # 3. An admitted client (no key) whose configuration is hostile: cut
+    # short, sizes out of order, a provider name with a control byte. The
+    # server refuses it by name and exits 1 (never a crash, never a run).
+    good = ("provider=shm\nwait=spin\niters=5\nwindow=4\nops=put,\ncold_bytes=0\ntagged_threshold=0\n"
+            "tagged_split=0\ntagged_eager_split=0\nexpose_mode=standard\nperftest=0\nverbs_inline=-1\n"
+            "verbs_signal=selective\nloop_mean=0\nrecv=kept\nsends=kept\nsizes=8\n")
+    for tag, payload, named in (("cut", good[:40], "missing or unterminated"),
+                                ("order", good.replace("sizes=8", "sizes=4096,8"), "sizes: bad value '4096,8'"),
+                                ("provider", good.replace("provider=shm", "provider=sh\x07m"), "provider: bad value")):
+        port = free_port()
+        srv, errname = start_server(tool, port, base, tmp, "config-" + tag)
+        servers.append(srv)
+        code, f = forge(port, 1, 2)
+        check(code == 0, f"hostile configuration ({tag}): the forged client is admitted (verdict {code})")
+        if code == 0:
+            data = payload.encode()
+            f.sendall(struct.pack("<IIQ", 0x4D524652, 1, len(data)) + data)
+        log = finish_server(srv, errname, f"hostile configuration ({tag})")
+        f.close()
+        check(srv.returncode == 1 and "the client's configuration: " in log and named in log,
+              f"hostile configuration ({tag}): server refuses it by name and exits 1 (rc {srv.returncode}: {log})")
+
 
 # A peer killed with SIGKILL must end the survivor's run within this (the
 # transport notices on shm by pid within 50 ms, on tcp through the
@@ -720,7 +742,9 @@ BAD_ARGS = {
                      ["--loopback", "--recv", "sometimes"], ["--server", "--recv", "kept"],
                      ["--peers", "2", "--recv", "fresh"],
                      ["--loopback", "--sends", "always"], ["--server", "--sends", "kept"],
-                     ["--peers", "2", "--sends", "fresh"]],
+                     ["--peers", "2", "--sends", "fresh"],
+                     ["--loopback", "--provider", "sh m"], ["--loopback", "--provider", ""],
+                     ["--loopback", "--sizes", ",".join(str(n) for n in range(1, 66))]],
 }
 
 
