@@ -157,6 +157,14 @@ class Server {
   struct Client {
     std::uint64_t epoch = 0;
     std::unordered_map<std::uint64_t, Lease> leases;
+    // The client's replies go from one 96-byte buffer through one kept send
+    // (Endpoint::send_kept), reposted for each reply: nothing allocated,
+    // claimed or referenced per reply. `reply_busy` while a reply is
+    // posted (the buffer must not be rewritten then); a reply asked
+    // meanwhile goes from a buffer of its own.
+    regpool::Ldo reply_buf;
+    regpool::Token reply_token{};
+    bool reply_busy = false;
   };
   struct Ready {
     std::uint32_t slot;
@@ -178,7 +186,12 @@ class Server {
         // revokes its leases; an uncommitted write lease frees its LDO.
         auto it = clients_.find(ev->peer);
         const std::size_t held = it == clients_.end() ? 0 : it->second.leases.size();
-        if (it != clients_.end()) clients_.erase(it);
+        if (it != clients_.end()) {
+          // Its kept reply ends: parked, at once; posted, with its completion
+          // (the callback then finds no such client).
+          if (it->second.reply_token) (void)ep_->end_kept(it->second.reply_token);
+          clients_.erase(it);
+        }
         ++(ev->kind == regpool::PeerEventKind::left ? left_ : died_);
         std::printf("kv-server: client %u (epoch %llu) %s: %s (released %zu leases)\n", ev->peer,
                     static_cast<unsigned long long>(ev->epoch), regpool::to_string(ev->kind), ev->reason.c_str(),
@@ -332,6 +345,8 @@ class Server {
   }
 
   void send_reply(regpool::PeerId peer, const kv::Reply& reply) {
+    auto it = clients_.find(peer);
+    if (it != clients_.end() && !it->second.reply_busy && send_kept_reply(peer, it->second, reply)) return;
     auto buf = pool_->allocate(kv::kMessageSize);
     if (!buf) {
       ++failed_replies_;
@@ -345,6 +360,39 @@ class Server {
       if (c.status != Status::ok) ++failed_replies_;
     });
     if (!t) ++failed_replies_;
+  }
+
+  // The reply through the client's kept send; false when it could not go
+  // that way (no buffer, or a post that failed: the caller then sends it
+  // from a buffer of its own).
+  bool send_kept_reply(regpool::PeerId peer, Client& c, const kv::Reply& reply) {
+    if (!c.reply_buf) {
+      auto buf = pool_->allocate(kv::kMessageSize);
+      if (!buf) return false;
+      c.reply_buf = std::move(*buf);
+    }
+    kv::encode(reply, std::span<std::byte, kv::kMessageSize>(c.reply_buf.data().data(), kv::kMessageSize));
+    if (c.reply_token) {
+      if (ep_->repost(c.reply_token) != Status::ok) return false;  // still parked: tried again next reply
+    } else {
+      const std::uint64_t epoch = c.epoch;
+      auto t = ep_->send_kept(peer, *regpool::Slice::data(c.reply_buf),
+                              [this, peer, epoch](const regpool::Completion& done) { on_reply_sent(peer, epoch, done); });
+      if (!t) return false;
+      c.reply_token = *t;
+    }
+    c.reply_busy = true;
+    return true;
+  }
+
+  // A kept reply's completion: ok parks it for the next reply; anything
+  // else ended it (a new one is made for the next reply).
+  void on_reply_sent(regpool::PeerId peer, std::uint64_t epoch, const regpool::Completion& done) {
+    if (done.status != Status::ok) ++failed_replies_;
+    auto it = clients_.find(peer);
+    if (it == clients_.end() || it->second.epoch != epoch || it->second.reply_token != done.token) return;
+    it->second.reply_busy = false;
+    if (done.status != Status::ok) it->second.reply_token = regpool::Token{};
   }
 
   void report() {
