@@ -500,7 +500,11 @@ class REGPOOL_API Endpoint {
   // parked, never while it is posted. A PeerId removed (remove_peer) while
   // the send is kept is not its peer any more, even when a later
   // insert_peer hands the same id out again: its reposts answer
-  // peer_unreachable.
+  // peer_unreachable. Messages to one peer go out in the order asked, kept
+  // or not: a repost the provider cannot take yet holds later send()s,
+  // batches and reposts to that peer back until it goes. A repost asked
+  // while the send's callback runs is asked when the callback returns, so
+  // a send() the callback makes after it goes out first.
   Result<Token> send_kept(PeerId peer, const Slice& local, Callback cb = {}) noexcept;
   // Post a parked kept operation again: a receive into its buffer, a send
   // of its buffer to its peer; or with `local` as the new buffer (the old

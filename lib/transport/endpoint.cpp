@@ -1412,7 +1412,7 @@ void Endpoint::unkeep_locked(std::uint32_t index) noexcept {
 Status Endpoint::end_kept(Token token) noexcept {
   const auto [index, gen] = parts_of(token);
   if (!token || index >= config_.max_in_flight) return Status::invalid_argument;
-  Callback cb;  // a parked receive's callback: destroyed after the unlock
+  Callback cb;  // a parked operation's callback: destroyed after the unlock
   Lock g(*this);
   Slot& s = slots_[index];
   if (s.gen != gen || !s.kept) return Status::invalid_argument;
