@@ -517,7 +517,10 @@ class REGPOOL_API Endpoint {
   // `local`. A repost the provider cannot take yet (would_block: its queue
   // is full, shm's region is busy, a reconnected peer still settles) is
   // accepted and retried by every poll, for up to post_timeout; past that
-  // the operation ends with a completion of status would_block. Asked while
+  // the operation ends with a completion of status would_block. A receive
+  // waiting so takes its place among posted receives when it posts (ones
+  // posted meanwhile match messages before it); a send keeps its place
+  // (send_kept). Asked while
   // the operation's callback runs, it returns ok and posts when the
   // callback returns (the callback may still read the old buffer); should
   // that post fail, the operation ends with a completion carrying the
