@@ -224,7 +224,6 @@ void usage(std::FILE* to) {
 
 enum class Mode { none, server, client, loopback, peers };
 
-
 using regpool_tools::perf::Config;
 using regpool_tools::perf::kMaxBandwidthBytes;
 using regpool_tools::perf::kMaxBatch;

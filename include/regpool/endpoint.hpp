@@ -850,9 +850,10 @@ class REGPOOL_API Endpoint {
   // A kept operation's post: a send's peer checks (removed, broken, too
   // long, settling), then do_post.
   Status post_kept_desc_locked(Slot& s) noexcept;
-  // accept_locked for a kept operation posted again, and its completion if
-  // the provider finished it inside the post.
-  inline void accept_kept_locked(std::uint32_t index) noexcept;
+  // accept_locked for an op just posted (new, or a kept one posted again),
+  // its completion if the provider finished it inside the post, and the
+  // activity count.
+  inline void accept_posted_locked(std::uint32_t index) noexcept;
   Status repost_impl(Token token, const Slice* local) noexcept;
   // A kept operation stops being kept: its buffer reference goes to the
   // release ring unless the backend still holds it (complete() then does).
@@ -954,6 +955,11 @@ class REGPOOL_API Endpoint {
   // A kept send to `peer` among kept_retry_[0, upto) still waiting: a send
   // to that peer must wait behind it (sends go out in the order asked).
   bool send_queued_locked(PeerId peer, std::size_t upto) const noexcept;
+  // A send to `peer` must wait behind a kept send's repost still in
+  // kept_retry_ (one empty() test when nothing waits).
+  bool send_held_locked(PeerId peer) const noexcept {
+    return !kept_retry_.empty() && send_queued_locked(peer, kept_retry_.size());
+  }
   // The end of a kept operation that could not be posted again: its last
   // completion, with `st`.
   void fail_kept_locked(std::uint32_t index, Status st) noexcept;

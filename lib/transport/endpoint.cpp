@@ -1319,8 +1319,7 @@ Status Endpoint::repost(Token token, const Slice& local) noexcept {
   s.user_pending = true;
   // A send queues behind another kept send to its peer still waiting for
   // the provider, so sends to a peer go out in the order asked.
-  const bool behind = s.desc.kind == OpKind::send && !kept_retry_.empty() &&
-                      send_queued_locked(s.desc.peer, kept_retry_.size());
+  const bool behind = s.desc.kind == OpKind::send && send_held_locked(s.desc.peer);
   const Status st = behind ? Status::would_block : post_kept_desc_locked(s);
   if (st == Status::would_block) {
     // The provider wants progress first (a full queue, shm's region lock
@@ -1337,16 +1336,17 @@ Status Endpoint::repost(Token token, const Slice& local) noexcept {
     s.parked = true;
     return st;
   }
-  accept_kept_locked(index);
+  accept_posted_locked(index);
   if (sleepers_ > 0) wake_sleepers_locked();
   return Status::ok;
 }
 
-[[gnu::always_inline]] inline void Endpoint::accept_kept_locked(std::uint32_t index) noexcept {
+[[gnu::always_inline]] inline void Endpoint::accept_posted_locked(std::uint32_t index) noexcept {
   accept_locked(index);
   if (completed_at_post_) {
     // A send the provider finished inside the post (shm's inject): it
-    // parks again (or reaches its callback) before repost() returns.
+    // completes (a kept one parks again, or reaches its callback) before
+    // the posting call returns.
     completed_at_post_ = false;
     complete(index, Status::ok, slots_[index].desc.length);
   }
@@ -1363,16 +1363,10 @@ Status Endpoint::repost(Token token, const Slice& local) noexcept {
     // A send stays behind an earlier one to its peer that still waits
     // (the list is in the order asked): sends go out in that order.
     const bool behind = !closing && s.desc.kind == OpKind::send && send_queued_locked(s.desc.peer, keep);
-    if (behind) {
-      if (now < s.deadline) {
-        kept_retry_[keep++] = index;
-        continue;
-      }
-    }
     const Status st = closing ? Status::closed : behind ? Status::would_block : post_kept_desc_locked(s);
     if (st == Status::ok) {
       s.repost_pending = false;
-      accept_kept_locked(index);
+      accept_posted_locked(index);
     } else if (st == Status::would_block && now < s.deadline) {
       kept_retry_[keep++] = index;
     } else {
@@ -1657,10 +1651,7 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
     st = needs_peer(kind) && peers_[peer].settling ? peer_ready_locked(peer) : Status::ok;
     // Sends to a peer go out in the order asked: behind a kept send's
     // repost the provider has not taken yet (retry_kept_locked).
-    if (st == Status::ok && kind == OpKind::send && !kept_retry_.empty() && send_queued_locked(peer, kept_retry_.size()))
-        [[unlikely]] {
-      st = Status::would_block;
-    }
+    if (st == Status::ok && kind == OpKind::send && send_held_locked(peer)) [[unlikely]] st = Status::would_block;
     if (st == Status::ok) {
       if (needs_peer(kind)) s.desc.peer_handle = peers_[peer].handle;
       st = do_post(s.desc);
@@ -1690,14 +1681,9 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
     refuse_locked(index, refused_local);
     return reject(st);
   }
-  accept_locked(index);
-  if (completed_at_post_) {
-    completed_at_post_ = false;
-    complete(index, Status::ok, s.desc.length);
-  }
+  accept_posted_locked(index);
   // A sleeping progress thread or waiter may need to progress this op (or
   // at least to bound its sleep by the op's deadline).
-  ++activity_;
   if (sleepers_ > 0) wake_sleepers_locked();
   return s.result.token;
 }
@@ -1772,8 +1758,7 @@ std::size_t Endpoint::post_batch(std::span<BatchOp> ops) noexcept {
     for (; end < claimed; ++end) {
       st = recheck_peer_locked(ops[end].peer);
       if (st == Status::ok) st = peer_ready_locked(ops[end].peer);
-      if (st == Status::ok && ops[end].kind == OpKind::send && !kept_retry_.empty() &&
-          send_queued_locked(ops[end].peer, kept_retry_.size())) {
+      if (st == Status::ok && ops[end].kind == OpKind::send && send_held_locked(ops[end].peer)) {
         st = Status::would_block;  // behind a kept send's repost, as in submit()
       }
       if (st != Status::ok) break;
