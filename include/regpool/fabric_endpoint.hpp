@@ -75,6 +75,16 @@
 //    provider's own spin is rescued by a helper thread the endpoint owns
 //    (FabricEndpointOptions::rescue_stuck_calls): the one thread an shm
 //    endpoint starts, asleep but for a look a few times a second.
+//  - shm needs cross-memory attach (process_vm_readv/writev) between the
+//    two processes. Without it libfabric 1.17's shm completes puts before
+//    their bytes land, never completes an access the target refuses, and
+//    crashes in progress after a peer with large transfers in flight is
+//    removed. So construction on shm throws Error(unsupported) when
+//    FI_SHM_DISABLE_CMA is true, and insert_peer throws Error(unsupported,
+//    EPERM) for a peer whose memory this process may not read (another
+//    user, kernel.yama.ptrace_scope >= 1, not dumpable, no
+//    CAP_SYS_PTRACE in a sandbox); the message names the cause and the
+//    remedy (docs/provider-facts.md, "shm without cross-memory attach").
 //  - net and dead peers (libfabric 1.17 answers -FI_EAGAIN for ever to a
 //    post aimed at a peer whose process is gone, as it does for a while to
 //    a live peer that has not taken the connection yet): when posts to a
@@ -463,6 +473,7 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   PeerId peer_of_addr(std::uint64_t addr) const noexcept;
   // shm dead-peer handling (fabric_endpoint.cpp, "shm and dead peers").
   void open_shm_watch(const std::vector<std::byte>& data_name);
+  void shm_peer_check(PeerAddr& p, std::span<const std::byte> data);
   void shm_peer_insert(PeerAddr& p, std::span<const std::byte> data, std::span<const std::byte> ctrl);
   void shm_check_peers(std::chrono::steady_clock::time_point now) noexcept;
   bool shm_peer_gone(std::uint64_t handle) noexcept;

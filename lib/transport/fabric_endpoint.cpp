@@ -607,6 +607,9 @@ std::uint64_t FabricEndpoint::do_insert_peer(std::span<const std::byte> name) {
   std::array<std::byte, fabric_wire::kMaxProviderAddr> addr{};
   std::copy(parsed.data.begin(), parsed.data.end(), addr.begin());
   PeerAddr p;
+  // shm: a peer this process cannot reach by cross-memory attach is refused
+  // here, before any provider call (fabric_shm::cma_refusal).
+  if (shm_) shm_peer_check(p, parsed.data);
   if (probe_stalls_ || probe_connections_) {
     // Its address (validated above: a sockaddr of our own format) is where
     // its endpoint listens. Made before any provider call, so nothing needs
@@ -1885,6 +1888,11 @@ std::uint64_t FabricEndpoint::dead_peers_found() const noexcept {
 void FabricEndpoint::open_shm_watch(const std::vector<std::byte>& data_name) {
   shm_ = fabric_provider::facts(domain_->provider_name()).shared_memory && addr_kind_ == static_cast<std::uint8_t>(fabric_wire::AddrKind::string);
   if (!shm_) return;
+  // shm without cross-memory attach for every peer: refused before the
+  // first insert_peer (fabric_shm::cma_refusal says why).
+  if (const char* v = std::getenv("FI_SHM_DISABLE_CMA"); fabric_shm::env_flag_true(v)) {
+    throw Error(Status::unsupported, 0, "fabric endpoint: " + fabric_shm::cma_refusal(v, 0, 0));
+  }
   // Small sends by fi_inject (do_send), on shm only: its inject copies the
   // message into the target's queue inside the call, as its fi_send of the
   // same size does before writing the completion entry, and the completion
@@ -1925,14 +1933,25 @@ void FabricEndpoint::open_shm_watch(const std::vector<std::byte>& data_name) {
   }
 }
 
-void FabricEndpoint::shm_peer_insert(PeerAddr& p, std::span<const std::byte> data, std::span<const std::byte> ctrl) {
+void FabricEndpoint::shm_peer_check(PeerAddr& p, std::span<const std::byte> data) {
   p.pid = fabric_shm::pid_from_address(data, addr_scheme_);
   if (p.pid == 0) return;
-  // shm moves large messages with CMA only when both processes may read
-  // each other's memory and FI_SHM_DISABLE_CMA is not set; otherwise it
-  // copies through shared buffers from its own progress, which may still
-  // read a send's buffer after the peer died (do_abandon then keeps it).
-  p.cma = std::getenv("FI_SHM_DISABLE_CMA") == nullptr && fabric_shm::cross_memory_allowed(p.pid);
+  // shm moves large messages and RMA with CMA only when this process may
+  // read the peer's memory (and FI_SHM_DISABLE_CMA is not set, refused at
+  // construction: open_shm_watch). Without it shm breaks regpool's
+  // guarantees and libfabric 1.17 crashes at a removal (cma_refusal), so
+  // the peer is refused, naming why. A process already gone (ESRCH) is
+  // inserted as a dead peer; its ops held by the provider stay held
+  // (p.cma false: do_abandon keeps them).
+  const int probe = fabric_shm::cross_memory_probe(p.pid);
+  if (std::string why = fabric_shm::cma_refusal(nullptr, p.pid, probe); !why.empty()) {
+    throw Error(Status::unsupported, probe, "fabric endpoint: insert_peer: " + why);
+  }
+  p.cma = probe == 0;
+}
+
+void FabricEndpoint::shm_peer_insert(PeerAddr& p, std::span<const std::byte> data, std::span<const std::byte> ctrl) {
+  if (p.pid == 0) return;
   p.checked = std::chrono::steady_clock::now();
   p.dead = !fabric_shm::process_alive(p.pid);
   // Its doorbell, if it sleeps on one. Anything wrong with the file means

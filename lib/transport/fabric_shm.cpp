@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <strings.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
@@ -95,13 +96,46 @@ bool process_finished(std::int64_t pid) noexcept {
   return std::strtol(threads + 9, nullptr, 10) == 1;
 }
 
-bool cross_memory_allowed(std::int64_t pid) noexcept {
-  if (pid <= 0) return false;
+int cross_memory_probe(std::int64_t pid) noexcept {
+  if (pid <= 0) return ESRCH;
   char byte = 0;
   iovec local{&byte, 1};
   iovec remote{nullptr, 1};
   const ssize_t n = ::process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
-  return n < 0 && errno == EFAULT;
+  if (n >= 0) return 0;  // address 0 mapped in the peer: let in all the same
+  return errno == EFAULT ? 0 : errno;
+}
+
+bool env_flag_true(const char* value) noexcept {
+  if (value == nullptr) return false;
+  for (const char* yes : {"1", "on", "true", "yes"}) {
+    if (::strcasecmp(value, yes) == 0) return true;
+  }
+  return false;
+}
+
+std::string cma_refusal(const char* disable_cma, std::int64_t pid, int probe_errno) {
+  // What shm does without CMA, measured on libfabric 1.17 (the fabric
+  // tests run with FI_SHM_DISABLE_CMA=1, 2026-11-29): it copies large
+  // messages and RMA through bounce buffers from the target's progress,
+  // so a put completes before its bytes are at the target, an access the
+  // target refuses never completes, and removing or reconnecting a peer
+  // with such transfers in flight crashes the next progress call (SIGSEGV
+  // inside fi_cq_readfrom).
+  static constexpr const char* kWhy =
+      "; without it shm moves large messages and RMA through its own bounce buffers, where puts complete before "
+      "their bytes land, refused accesses never complete and removing a peer with transfers in flight crashes "
+      "libfabric 1.17, so regpool does not run shm that way (docs/provider-facts.md, \"shm without cross-memory "
+      "attach\"); use provider tcp otherwise";
+  if (env_flag_true(disable_cma)) {
+    return std::string("FI_SHM_DISABLE_CMA=") + disable_cma + " turns off shm's cross-memory attach (unset it)" + kWhy;
+  }
+  if (probe_errno == 0 || probe_errno == ESRCH) return {};
+  return "this process may not read the memory of peer process " + std::to_string(pid) +
+         " (process_vm_readv: " + std::strerror(probe_errno) +
+         "), which shm's cross-memory attach needs: run both as the same user with kernel.yama.ptrace_scope "
+         "at 0, or give this process CAP_SYS_PTRACE, and keep both dumpable" +
+         kWhy;
 }
 
 RegionLock::~RegionLock() {

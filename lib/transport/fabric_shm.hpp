@@ -87,10 +87,27 @@ bool process_alive(std::int64_t pid) noexcept;
 bool process_finished(std::int64_t pid) noexcept;
 
 // Whether this process may read `pid`'s memory with process_vm_readv (CMA,
-// what shm uses for messages beyond its inject size): probed with a read of
-// address 0, which fails EFAULT once the kernel has let us in and EPERM (or
-// ESRCH) when it does not.
-bool cross_memory_allowed(std::int64_t pid) noexcept;
+// what shm uses for messages beyond its inject size and for RMA): probed
+// with a read of address 0, which fails EFAULT once the kernel has let us
+// in. Returns 0 then, else the probe's errno: EPERM (refused: another user,
+// Yama's ptrace_scope, a container without CAP_SYS_PTRACE, a target that
+// is not dumpable), ESRCH (no such process).
+int cross_memory_probe(std::int64_t pid) noexcept;
+
+// Whether `value` (an environment variable's, null when unset) is true as
+// libfabric reads a boolean parameter (fi_param_get_bool): 1, on, true or
+// yes, in any case. Anything else, unset included, is not (libfabric
+// ignores a value it cannot read).
+bool env_flag_true(const char* value) noexcept;
+
+// Why shm between this process and `pid` would run without cross-memory
+// attach, which regpool does not support (docs/provider-facts.md, "shm
+// without cross-memory attach"): FI_SHM_DISABLE_CMA's value
+// `disable_cma` (null when unset) turns it off, or `probe_errno` (from
+// cross_memory_probe) refuses it. Empty when CMA works, and for a process
+// that no longer exists (ESRCH: a dead peer, handled as one). A pure
+// function, so the message is tested without another user's process.
+std::string cma_refusal(const char* disable_cma, std::int64_t pid, int probe_errno);
 
 // libfabric 1.17 shm names an endpoint's region /dev/shm/<pid>:<domain>:<ep>
 // and never removes the region of a killed process. A later process given

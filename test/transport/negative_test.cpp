@@ -2,14 +2,23 @@
 // rpt::backends() (shm and tcp; verbs in the guest): each must
 // give a clear status, never a hang, and never touch a neighbouring object.
 
+#include <linux/capability.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "transport/harness.hpp"
+#ifndef RPT_BACKEND_VERBS
+#include "transport/fabric_shm.hpp"
+#endif
 
 using namespace std::chrono_literals;
 using regpool::Completion;
@@ -398,3 +407,122 @@ TEST_CASE("an in-flight reference is held until the provider is done", "[fabric]
   s.ep.reset();  // closing the endpoint lets go of it
   CHECK(s.pool->stats().live_objects == live0 - 1);
 }
+
+#ifndef RPT_BACKEND_VERBS
+namespace {
+// Takes CAP_SYS_PTRACE out of this process's effective set (a no-op for a
+// user who never had it), so the kernel's ptrace access check applies to
+// it as to anyone else. Raw capget/capset: no libcap needed for one bit.
+bool drop_sys_ptrace() {
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3]{};
+  if (::syscall(SYS_capget, &hdr, data) != 0) return false;
+  data[CAP_SYS_PTRACE / 32].effective &= ~(1u << (CAP_SYS_PTRACE % 32));
+  return ::syscall(SYS_capset, &hdr, data) == 0;
+}
+}  // namespace
+
+// Without cross-memory attach (CMA) libfabric 1.17's shm completes puts
+// before their bytes land, never completes an access the target refuses,
+// and crashes in the next progress call after a peer with transfers in
+// flight is removed (measured: the fabric tests run with
+// FI_SHM_DISABLE_CMA=1). regpool refuses shm that way and says why: the
+// variable at construction, a peer this process may not read at
+// insert_peer.
+TEST_CASE("shm without cross-memory attach is refused, naming why", "[fabric]") {
+  namespace fs = regpool::fabric_shm;
+  // The refusal's text, and what counts as the variable being set
+  // (libfabric's boolean parameters).
+  CHECK(fs::cma_refusal(nullptr, 4242, 0).empty());
+  CHECK(fs::cma_refusal(nullptr, 4242, ESRCH).empty());  // a dead peer is inserted as one
+  for (const char* off : {"0", "no", "OFF", "false", "", "2", "enabled"}) {
+    INFO("FI_SHM_DISABLE_CMA=" << off);
+    CHECK(fs::cma_refusal(off, 4242, 0).empty());
+  }
+  for (const char* on : {"1", "on", "TRUE", "Yes"}) {
+    const std::string why = fs::cma_refusal(on, 4242, 0);
+    INFO(why);
+    CHECK(why.find(std::string("FI_SHM_DISABLE_CMA=") + on) != std::string::npos);
+    CHECK(why.find("use provider tcp") != std::string::npos);
+  }
+  {
+    const std::string why = fs::cma_refusal(nullptr, 4242, EPERM);
+    INFO(why);
+    CHECK(why.find("peer process 4242") != std::string::npos);
+    CHECK(why.find(std::string("process_vm_readv: ") + std::strerror(EPERM)) != std::string::npos);
+    CHECK(why.find("ptrace_scope") != std::string::npos);
+  }
+
+  const auto& backends = rpt::backends();
+  if (std::find(backends.begin(), backends.end(), "shm") == backends.end()) {
+    WARN("shm is not among the backends tested (REGPOOL_TEST_BACKENDS): the endpoint checks are not run");
+    return;
+  }
+  // The variable set: the endpoint is refused at construction.
+  auto env_kid = rpt::spawn(
+      [] {
+        ::setenv("FI_SHM_DISABLE_CMA", "1", 1);
+        try {
+          rpt::Stack s("shm");
+        } catch (const regpool::Error& e) {
+          std::fprintf(stderr, "refused as expected: %s\n", e.what());
+          RPT_CHECK(e.status() == Status::unsupported);
+          RPT_CHECK(std::strstr(e.what(), "FI_SHM_DISABLE_CMA=1") != nullptr);
+          return 0;
+        }
+        return 2;
+      },
+      60);
+  CHECK(rpt::reap(env_kid, 60s) == 0);
+
+  // A peer this process may not read: a target that is not dumpable, and
+  // a prober without CAP_SYS_PTRACE (what another user's process, Yama's
+  // ptrace_scope or a container's missing capability look like).
+  int name_pipe[2];
+  int done_pipe[2];
+  REQUIRE(::pipe(name_pipe) == 0);
+  REQUIRE(::pipe(done_pipe) == 0);
+  auto target = rpt::spawn(
+      [&] {
+        ::close(name_pipe[0]);
+        ::close(done_pipe[1]);
+        RPT_CHECK(::prctl(PR_SET_DUMPABLE, 0) == 0);
+        rpt::Stack s("shm");
+        const auto name = s.ep->name();
+        const auto n = static_cast<std::uint32_t>(name.size());
+        RPT_CHECK(::write(name_pipe[1], &n, sizeof n) == static_cast<ssize_t>(sizeof n));
+        RPT_CHECK(::write(name_pipe[1], name.data(), n) == static_cast<ssize_t>(n));
+        char c = 0;
+        (void)::read(done_pipe[0], &c, 1);  // until the prober is done (or the parent is gone)
+        return 0;
+      },
+      60);
+  ::close(name_pipe[1]);
+  ::close(done_pipe[0]);
+  std::uint32_t n = 0;
+  std::vector<std::byte> name;
+  const bool got = ::read(name_pipe[0], &n, sizeof n) == static_cast<ssize_t>(sizeof n) && n < 4096 &&
+                   (name.resize(n), ::read(name_pipe[0], name.data(), n) == static_cast<ssize_t>(n));
+  ::close(name_pipe[0]);
+  REQUIRE(got);
+  auto prober = rpt::spawn(
+      [&] {
+        RPT_CHECK(drop_sys_ptrace());
+        rpt::Stack s("shm");
+        try {
+          (void)s.ep->insert_peer(name);
+        } catch (const regpool::Error& e) {
+          std::fprintf(stderr, "refused as expected: %s\n", e.what());
+          RPT_CHECK(e.status() == Status::unsupported);
+          RPT_CHECK(e.provider_code() == EPERM);
+          RPT_CHECK(std::strstr(e.what(), ("peer process " + std::to_string(target.pid)).c_str()) != nullptr);
+          return 0;
+        }
+        return 2;
+      },
+      60);
+  CHECK(rpt::reap(prober, 60s) == 0);
+  ::close(done_pipe[1]);
+  CHECK(rpt::reap(target, 60s) == 0);
+}
+#endif  // RPT_BACKEND_VERBS
