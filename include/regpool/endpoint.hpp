@@ -506,6 +506,11 @@ class REGPOOL_API Endpoint {
   // while the send's callback runs is asked when the callback returns, so
   // a send() the callback makes after it goes out first.
   Result<Token> send_kept(PeerId peer, const Slice& local, Callback cb = {}) noexcept;
+  // The same, sending only the first `length` bytes of `local` now; reposts
+  // may send up to all of it (repost(token, length)). For a buffer whose
+  // messages vary in length: `local` is the whole buffer. invalid_argument
+  // when `length` is 0 or above local's length.
+  Result<Token> send_kept(PeerId peer, const Slice& local, std::uint64_t length, Callback cb = {}) noexcept;
   // Post a parked kept operation again: a receive into its buffer, a send
   // of its buffer to its peer; or with `local` as the new buffer (the old
   // one's reference is then dropped; a send's length is local's).
@@ -527,6 +532,13 @@ class REGPOOL_API Endpoint {
   // failure.
   Status repost(Token token) noexcept;
   Status repost(Token token, const Slice& local) noexcept;
+  // Post a parked kept operation again over the first `length` bytes of its
+  // buffer: a send sends them, a receive takes at most that many. For a
+  // buffer rewritten in place with a new length (a reply, a ping-pong of
+  // varying sizes), with no new reference taken. invalid_argument also when
+  // `length` is 0 or above the buffer's length. The other forms use the
+  // whole buffer again.
+  Status repost(Token token, std::uint64_t length) noexcept;
   // End a kept operation. Parked (or its repost still waiting for the
   // provider): its slot and buffer reference go now. Posted: its next
   // completion is its last (it is then a post_recv() or a send()).
@@ -846,7 +858,8 @@ class REGPOOL_API Endpoint {
   // Kept operations (post_recv_kept, send_kept): post slot `index` again
   // (it is parked or its callback just returned); the operation stays
   // parked if the post fails.
-  Status post_kept_locked(std::uint32_t index) noexcept;
+  // length: bytes of the slot's buffer to post; 0 = all of it.
+  Status post_kept_locked(std::uint32_t index, std::uint64_t length = 0) noexcept;
   // A kept operation's post: a send's peer checks (removed, broken, too
   // long, settling), then do_post.
   Status post_kept_desc_locked(Slot& s) noexcept;
@@ -854,7 +867,7 @@ class REGPOOL_API Endpoint {
   // its completion if the provider finished it inside the post, and the
   // activity count.
   inline void accept_posted_locked(std::uint32_t index) noexcept;
-  Status repost_impl(Token token, const Slice* local) noexcept;
+  Status repost_impl(Token token, const Slice* local, std::uint64_t length = 0) noexcept;
   // A kept operation stops being kept: its buffer reference goes to the
   // release ring unless the backend still holds it (complete() then does).
   void unkeep_locked(std::uint32_t index) noexcept;

@@ -12,7 +12,11 @@
 // MessengerConfig::receive_buffers receives at construction and consumes
 // every message that arrives; do not call Endpoint::post_recv on that
 // endpoint yourself. A second Messenger on the same endpoint is refused
-// (Error, invalid_argument) until the first is destroyed. The Endpoint and
+// (Error, invalid_argument) until the first is destroyed. Besides its
+// receives, a Messenger keeps one kept send (Endpoint::send_kept) for each
+// of up to 8 peers it sends small eager messages to: each holds one of the
+// endpoint's max_in_flight slots while its peer is known (fail_peer() ends
+// it; after the Messenger is destroyed, it ends with the endpoint). The Endpoint and
 // the Pool must outlive the Messenger; destroy the Messenger, then the
 // endpoint, then the pool. The two sides of a conversation may be
 // configured differently: each announces its eager threshold and its
@@ -174,6 +178,7 @@ struct MessengerConfig {
 struct MessengerStats {
   std::uint64_t eager_sent = 0;
   std::uint64_t eager_split = 0;        // of which sent as several messages (split eager)
+  std::uint64_t eager_kept = 0;         // of which sent through the peer's kept send (small, from send())
   std::uint64_t rendezvous_sent = 0;
   std::uint64_t rendezvous_split = 0;   // rendezvous receives split with their sender (grants sent)
   std::uint64_t received = 0;

@@ -165,6 +165,17 @@ struct MessengerCore {
     std::uint32_t as_op = kNone, as_gen = 0;
     mw::Header as_hdr;
     Ldo as_ldo;
+    // Its kept eager send (see kKeptSends): the message buffer, the
+    // endpoint's token (learnt from the first completion), whether a
+    // message is in it and in flight (ks_op, generation ks_gen, the op it
+    // completes), and ks_id, which kept send this state made (0: none): a
+    // completion whose id is not the peer's any more (the peer failed
+    // since) ends it.
+    Ldo ks_buf;
+    Token ks_token;
+    std::uint32_t ks_op = kNone, ks_gen = 0;
+    std::uint32_t ks_id = 0;
+    bool ks_busy = false;
   };
 
   // recv: a bounce's kept receive posted (post_recv_kept); repost: posted
@@ -262,6 +273,22 @@ struct MessengerCore {
   bool spares_starved = false;
   static constexpr std::size_t kSpares = 4;
   static constexpr std::uint64_t kSparePayload = 192;
+  // Kept eager sends: a peer sent small eager messages from send() itself
+  // (send_eager_direct) gets one message buffer (a spare) and one kept
+  // send (Endpoint::send_kept), reposted with each message's length
+  // (Endpoint::repost(token, length)) instead of a new send of a new
+  // message object: no endpoint slot claimed, no reference taken and
+  // dropped, no callback moved, no spare used up (bench/RESULTS.md, "kept
+  // eager sends"). Each holds an endpoint slot while its peer is known (a
+  // failed peer's is ended; a closed Messenger's end with the endpoint),
+  // so at most kKeptSends peers have one; a message to another peer, or
+  // finding its peer's buffer still in flight, goes as before.
+  static constexpr std::uint32_t kKeptSends = 8;
+  std::uint32_t kept_sends = 0;  // peers with one
+  std::uint32_t kept_ids = 0;    // the last ks_id handed out
+  // Kept sends of failed peers, parked: ended by drain() (an endpoint call,
+  // made without the mutex). Reserved for every one that can be pending.
+  std::vector<Token> kept_ended;
   std::vector<Post> posts;    // ring
   std::size_t post_head = 0, post_count = 0;
   bool draining = false;
@@ -604,6 +631,16 @@ struct MessengerCore {
     mw::encode(h, at);
   }
 
+  // Op i's eager message of the bytes `src`, sealed, written at `at`.
+  [[gnu::always_inline]] void write_eager(std::uint32_t i, const Slice& src, std::byte* at) noexcept {
+    const std::uint64_t len = src.length();
+    std::memcpy(at + mw::kHeaderSize, src.address(), len);
+    mw::Header h = header_for(i, len);
+    h.type = mw::Type::eager;
+    seal(peers[ops[i].peer], h, at);
+    ++st.eager_sent;
+  }
+
   // Op i's eager message of the bytes `src`, sealed: in a spare when it
   // fits one, else in a fresh pool object.
   [[gnu::hot]] Result<Slice> eager_message(std::uint32_t i, const Slice& src) noexcept {
@@ -617,11 +654,7 @@ struct MessengerCore {
       m = alloc_message(mw::kHeaderSize + len);
       if (!m) return m.status();
     }
-    std::memcpy(m->data().data() + mw::kHeaderSize, src.address(), len);
-    mw::Header h = header_for(i, len);
-    h.type = mw::Type::eager;
-    seal(peers[ops[i].peer], h, m->data().data());
-    ++st.eager_sent;
+    write_eager(i, src, m->data().data());
     return Slice::data(std::move(*m));
   }
 
@@ -748,11 +781,143 @@ struct MessengerCore {
   // arithmetic, on the path a small message's latency is made of;
   // post_direct).
   [[gnu::hot]] void send_eager_direct(std::unique_lock<platform::FutexMutex>& g, std::uint32_t i, const Slice& data) noexcept {
-    if (const std::uint32_t k = parts_for(peers[ops[i].peer], data.length()); k > 1) return send_split_direct(g, i, data, k);
+    PeerState& ps = peers[ops[i].peer];
+    if (const std::uint32_t k = parts_for(ps, data.length()); k > 1) return send_split_direct(g, i, data, k);
+    if (data.length() <= kSparePayload && !ps.ks_busy &&
+        (ps.ks_token || (!ps.ks_buf && kept_sends < kKeptSends && make_kept_locked(ps)))) {
+      return send_kept_direct(g, i, data);
+    }
     auto m = eager_message(i, data);
     if (!m) return complete(i, m.status());
     Slice one[1] = {std::move(*m)};
     post_direct(g, i, one);
+  }
+
+  // send_eager_direct's message through its peer's kept send: the first
+  // one makes it (a spare becomes the buffer), later ones repost it with
+  // their length. Posted as post_direct posts, with the mutex released and
+  // the drain role held. A post that fails fails the op; the kept send
+  // stays for the next message (parked after a failed repost), unless it is
+  // gone: the first post's, or a repost the endpoint refuses because its
+  // peer was removed or failed, end it.
+  [[gnu::hot]] void send_kept_direct(std::unique_lock<platform::FutexMutex>& g, std::uint32_t i,
+                                     const Slice& data) noexcept {
+    const PeerId peer = ops[i].peer;
+    const std::uint32_t gen = ops[i].gen;
+    PeerState& ps = peers[peer];
+    const bool first = !ps.ks_token;
+    // The first post's reference to the buffer (the state keeps its own).
+    Slice whole = first ? *Slice::data(ps.ks_buf) : Slice{};
+    write_eager(i, data, ps.ks_buf.data().data());
+    ++st.eager_kept;
+    ps.ks_busy = true;
+    ps.ks_op = i;
+    ps.ks_gen = gen;
+    ps.announced = true;
+    const Token token = ps.ks_token;
+    const std::uint32_t id = ps.ks_id;
+    const std::uint64_t n = mw::kHeaderSize + data.length();
+    draining = true;
+    g.unlock();
+    Status s;
+    if (first) [[unlikely]] {
+      s = ep.send_kept(peer, whole, n,
+                       [self = shared_from_this(), peer, id](const Completion& c) { self->on_kept_sent(peer, id, c); })
+              .status();
+      whole = Slice{};
+    } else {
+      s = ep.repost(token, n);
+    }
+    g.lock();
+    draining = false;
+    if (s != Status::ok) [[unlikely]] {
+      PeerState& q = peers[peer];
+      if (q.ks_id == id) {
+        q.ks_busy = false;
+        q.ks_op = kNone;
+        if (first) {
+          forget_kept_locked(q);
+        } else if (s == Status::peer_unreachable || s == Status::invalid_argument || s == Status::closed) {
+          end_kept_locked(q);
+        }
+      }
+      changed();
+      Post p;
+      p.kind = PostKind::send;
+      p.peer = peer;
+      p.op = i;
+      p.gen = gen;
+      post_failed(p, s);
+    }
+    drain(g);
+  }
+
+  // A buffer for a peer's kept send, whose first post comes next (a spare
+  // if there is one: a one-off either way). False when the pool refuses.
+  [[gnu::cold]] bool make_kept_locked(PeerState& ps) noexcept {
+    if (!spares.empty()) {
+      ps.ks_buf = std::move(spares.back());
+      spares.pop_back();
+    } else {
+      auto m = alloc_message(mw::kHeaderSize + kSparePayload);
+      if (!m) return false;
+      ps.ks_buf = std::move(*m);
+    }
+    if (++kept_ids == 0) kept_ids = 1;
+    ps.ks_id = kept_ids;
+    ++kept_sends;
+    return true;
+  }
+
+  // The peer's kept send is not its any more: parked, it is ended after
+  // the mutex (drain); in flight, its completion finds the id changed and
+  // ends it (on_kept_sent).
+  void end_kept_locked(PeerState& ps) noexcept {
+    if (!ps.ks_buf) return;
+    if (!ps.ks_busy && ps.ks_token && kept_ended.size() < kept_ended.capacity()) kept_ended.push_back(ps.ks_token);
+    forget_kept_locked(ps);
+  }
+  void forget_kept_locked(PeerState& ps) noexcept {
+    if (!ps.ks_buf) return;
+    --kept_sends;
+    ps.ks_buf.reset();
+    ps.ks_token = Token{};
+    ps.ks_id = 0;
+  }
+
+  // A kept eager send's completion: the op whose message it carried
+  // completes, and the buffer is free for the next message. Any status but
+  // ok ended the kept send (Endpoint::send_kept); the next message makes a
+  // new one.
+  [[gnu::hot]] void on_kept_sent(PeerId peer, std::uint32_t id, const Completion& c) noexcept {
+    bool end = false;
+    {
+      std::unique_lock<platform::FutexMutex> g(mu);
+      if (closed) return;  // parked until the endpoint closes
+      PeerState& ps = peers[peer];
+      if (ps.ks_id != id) {
+        // Its peer failed since: parked now, so ended here (it never
+        // completes again).
+        end = c.status == Status::ok;
+      } else {
+        const std::uint32_t i = ps.ks_op;
+        const std::uint32_t gen = ps.ks_gen;
+        ps.ks_busy = false;
+        ps.ks_op = kNone;
+        if (c.status == Status::ok) {
+          ps.ks_token = c.token;
+        } else {
+          forget_kept_locked(ps);
+        }
+        if (i != kNone && ops[i].gen == gen && ops[i].state == State::active) {
+          ops[i].result.length = c.bytes >= mw::kHeaderSize ? c.bytes - mw::kHeaderSize : 0;
+          complete(i, c.status);
+        }
+        changed();
+        drain(g);
+      }
+    }
+    if (end) (void)ep.end_kept(c.token);
   }
 
   // send_eager_direct's split message: its k messages posted straight
@@ -1555,9 +1720,17 @@ struct MessengerCore {
   // go: the same lock round, not a second one (a small message's path
   // takes the mutex a handful of times; each round trip counts).
   [[gnu::hot]] void drain(std::unique_lock<platform::FutexMutex>& g) noexcept {
-    if (draining || (post_count == 0 && graveyard.empty())) return;
+    if (draining || (post_count == 0 && graveyard.empty() && kept_ended.empty())) return;
     draining = true;
-    while (post_count > 0 || !graveyard.empty()) {
+    while (post_count > 0 || !graveyard.empty() || !kept_ended.empty()) {
+      if (!kept_ended.empty()) [[unlikely]] {
+        const Token t = kept_ended.back();
+        kept_ended.pop_back();
+        g.unlock();
+        (void)ep.end_kept(t);
+        g.lock();
+        continue;
+      }
       if (!graveyard.empty()) {
         Exposure dead = std::move(graveyard.back());
         graveyard.pop_back();
@@ -1724,6 +1897,16 @@ struct MessengerCore {
       u = next;
     }
     if (peers[peer].heard) --peers_heard;
+    {
+      // Its kept send's message in flight: that op completes now (its bytes
+      // were copied into the kept buffer; the kept send's own completion
+      // will not find it once the state is reset).
+      PeerState& ps = peers[peer];
+      if (ps.ks_busy && ps.ks_op != kNone && ops[ps.ks_op].gen == ps.ks_gen && ops[ps.ks_op].state == State::active) {
+        complete(ps.ks_op, s);
+      }
+      end_kept_locked(ps);
+    }
     peers[peer] = PeerState{};
   }
 
@@ -1788,7 +1971,7 @@ struct MessengerCore {
       }
       // Whoever queues a post later drains it itself; the usual spin round
       // has nothing to post.
-      if (post_count != 0 || !graveyard.empty()) drain(g);
+      if (post_count != 0 || !graveyard.empty() || !kept_ended.empty()) drain(g);
       if (token) {
         Op* o = find(token);
         if (!o || o->has_cb) {
@@ -1801,7 +1984,7 @@ struct MessengerCore {
       }
       if (q) {
         q->quiet = lazy.empty() && (spares.size() == kSpares || spares_starved) && post_count == 0 &&
-                   graveyard.empty() && ready_count == 0 && !closed;
+                   graveyard.empty() && kept_ended.empty() && ready_count == 0 && !closed;
         q->seen = changes.load(std::memory_order_relaxed);
         q->scan_at = next_scan;
         if (read_clock) q->coarse = coarse;
@@ -1974,6 +2157,10 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
   c.posts.resize(cfg.max_operations * (2 + cfg.rendezvous_depth) + cfg.receive_buffers + cfg.max_peers);
   c.ready.resize(cfg.max_operations);
   c.graveyard.reserve(cfg.max_operations);
+  // Every kept send ended and not yet drained: at most one per peer that
+  // had one since the last drain, and a peer gets one only while fewer than
+  // kKeptSends exist; twice that covers a burst of failures and new peers.
+  c.kept_ended.reserve(2 * Core::kKeptSends);
   c.spares.reserve(Core::kSpares);
   c.bounces.resize(cfg.receive_buffers);
   c.bounce_tokens.resize(cfg.receive_buffers);
@@ -2021,6 +2208,10 @@ Messenger::~Messenger() {
       u = next;
     }
     for (PeerId p = 0; p < core_->peers_high; ++p) core_->peers[p].as_ldo.reset();
+    // Kept eager sends stay the endpoint's (parked, or in flight) until it
+    // closes; their buffers go with them. Any peer may have one, heard from
+    // or not: the whole table, once.
+    for (auto& ps : core_->peers) ps.ks_buf.reset();
     dead.swap(core_->graveyard);
   }
   dead.clear();

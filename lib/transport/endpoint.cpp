@@ -205,6 +205,7 @@ struct Endpoint::Slot {
   // The buffer a repost asked for by the callback moves to, once the
   // callback (which may still read the old one) has returned.
   Slice next_local;
+  std::uint64_t next_length = 0;  // and the length it asked for (0: the whole buffer)
   alignas(16) std::byte context[kBackendContextSize];
 };
 
@@ -1260,6 +1261,11 @@ Result<Token> Endpoint::send_kept(PeerId peer, const Slice& local, Callback cb) 
   return submit(OpKind::send, peer, &local, nullptr, 0, local.length(), 0, 0, std::move(cb), true);
 }
 
+Result<Token> Endpoint::send_kept(PeerId peer, const Slice& local, std::uint64_t length, Callback cb) noexcept {
+  if (length > local.length()) return reject(Status::invalid_argument);
+  return submit(OpKind::send, peer, &local, nullptr, 0, length, 0, 0, std::move(cb), true);
+}
+
 [[gnu::hot]] Status Endpoint::repost(Token token) noexcept { return repost_impl(token, nullptr); }
 
 Status Endpoint::repost(Token token, const Slice& local) noexcept {
@@ -1269,13 +1275,19 @@ Status Endpoint::repost(Token token, const Slice& local) noexcept {
   return repost_impl(token, &local);
 }
 
-[[gnu::hot]] Status Endpoint::repost_impl(Token token, const Slice* local) noexcept {
+[[gnu::hot]] Status Endpoint::repost(Token token, std::uint64_t length) noexcept {
+  if (length == 0) return Status::invalid_argument;
+  return repost_impl(token, nullptr, length);
+}
+
+[[gnu::hot]] Status Endpoint::repost_impl(Token token, const Slice* local, std::uint64_t length) noexcept {
   const auto [index, gen] = parts_of(token);
   if (!token || index >= config_.max_in_flight) return Status::invalid_argument;
   Slice old;  // the replaced buffer's reference: dropped after the unlock
   Lock g(*this);
   Slot& s = slots_[index];
   if (s.gen != gen || !s.kept || !(s.parked || s.delivering) || s.repost_asked) return Status::invalid_argument;
+  if (length > s.local.length()) return Status::invalid_argument;
   if (!usable() || stopping_.load(std::memory_order_relaxed)) return Status::closed;
   if (s.delivering) {
     // Its callback is running: settle_kept_locked posts once it returns,
@@ -1283,13 +1295,14 @@ Status Endpoint::repost(Token token, const Slice& local) noexcept {
     // buffer meanwhile).
     s.repost_asked = true;
     if (local != nullptr) s.next_local = *local;
+    s.next_length = length;
     return Status::ok;
   }
   if (local != nullptr) {
     old = std::move(s.local);
     s.local = *local;
   }
-  return post_kept_locked(index);
+  return post_kept_locked(index, length);
 }
 
 [[gnu::hot]] Status Endpoint::post_kept_desc_locked(Slot& s) noexcept {
@@ -1308,13 +1321,13 @@ Status Endpoint::repost(Token token, const Slice& local) noexcept {
   return do_post(s.desc);
 }
 
-[[gnu::hot]] Status Endpoint::post_kept_locked(std::uint32_t index) noexcept {
+[[gnu::hot]] Status Endpoint::post_kept_locked(std::uint32_t index, std::uint64_t length) noexcept {
   Slot& s = slots_[index];
   s.parked = false;
   s.repost_asked = false;
   s.completed = false;
   s.result = Completion{s.result.token, s.desc.kind, Status::in_progress, s.desc.peer, 0, 0};
-  s.desc.length = s.local.length();
+  s.desc.length = length != 0 ? length : s.local.length();
   // Reserved while posting, as a new op's slot is (claim_slot_locked).
   s.user_pending = true;
   // A send queues behind another kept send to its peer still waiting for
@@ -1444,6 +1457,7 @@ void Endpoint::settle_kept_locked(std::uint32_t index, Callback& cb, Slice& old)
     // used (its own buffer went to the release ring with the end).
     old = std::move(s.next_local);
     s.next_local = Slice{};
+    s.next_length = 0;
     cb = std::move(s.cb);
     s.has_callback = false;
     maybe_free_locked(index);
@@ -1459,7 +1473,9 @@ void Endpoint::settle_kept_locked(std::uint32_t index, Callback& cb, Slice& old)
     s.local = std::move(s.next_local);
     s.next_local = Slice{};
   }
-  const Status st = post_kept_locked(index);
+  const std::uint64_t length = s.next_length;
+  s.next_length = 0;
+  const Status st = post_kept_locked(index, length);
   // The callback was told ok: a failure comes as the receive's last
   // completion.
   if (st != Status::ok) fail_kept_locked(index, st);

@@ -343,11 +343,14 @@ TEST_CASE("kept sends: sent again from the same or a new buffer, by wait or call
           "[fabric]") {
   const std::string prov = GENERATE(from_range(rpt::backends()));
   INFO("backend " << prov);
-  constexpr std::uint64_t kKeptMessages = 9;
+  constexpr std::uint64_t kKeptMessages = 12;
   constexpr std::uint64_t kSize = 64;
   constexpr std::uint64_t kShort = 40;  // the second buffer's length
+  constexpr std::uint64_t kPrefix = 24;  // a repost of the first bytes only
   // Message i's length and first byte's pattern, as the sender below sends them.
-  auto length_of = [](std::uint64_t i) { return i == 2 || i == 5 || i == 6 ? kShort : kSize; };
+  auto length_of = [](std::uint64_t i) {
+    return i == 2 || i == 5 || i == 6 || i == 8 ? kShort : i == 10 ? kPrefix : kSize;
+  };
   auto boot = rpt::root_bootstrap();
   const auto port = boot->port();
   auto kid = rpt::spawn(
@@ -454,14 +457,35 @@ TEST_CASE("kept sends: sent again from the same or a new buffer, by wait or call
   CHECK(s.ep->repost(*u) == Status::invalid_argument);
   CHECK(buf.use_count() == base);
 
+  // Sent from the first bytes of its buffer (a buffer rewritten in place
+  // with a new length): kShort of it first, then all of it, then kPrefix;
+  // never more than the buffer, never nothing.
+  CHECK(s.ep->send_kept(peer, first, kSize + 1).status() == Status::invalid_argument);
+  CHECK(s.ep->send_kept(peer, first, 0).status() == Status::invalid_argument);
+  write(first, 8);
+  auto x = s.ep->send_kept(peer, first, kShort);
+  REQUIRE(x.ok());
+  for (std::uint64_t i = 8; i <= 10; ++i) {
+    const Completion c = s.ep->wait(*x, 30s);
+    REQUIRE(c.status == Status::ok);
+    CHECK(c.bytes == length_of(i));
+    if (i == 10) break;
+    CHECK(s.ep->repost(*x, std::uint64_t{0}) == Status::invalid_argument);
+    CHECK(s.ep->repost(*x, kSize + 1) == Status::invalid_argument);  // refused, still parked
+    write(first, i + 1);
+    CHECK(s.ep->repost(*x, length_of(i + 1)) == Status::ok);
+  }
+  CHECK(s.ep->end_kept(*x) == Status::ok);
+  CHECK(buf.use_count() == base);
+
   // Parked at the end: the peer is removed and another endpoint's name
   // takes its id. The kept send never goes there: peer_unreachable, and it
   // stays parked until ended (or the endpoint shuts down).
-  write(first, 8);
+  write(first, 11);
   auto w = s.ep->send_kept(peer, first);
   REQUIRE(w.ok());
   CHECK(s.ep->wait(*w, 30s).status == Status::ok);
-  boot->barrier(60s);  // the receiver has all nine messages
+  boot->barrier(60s);  // the receiver has all twelve messages
   CHECK(rpt::reap(kid, 30s) == 0);
   s.ep->remove_peer(peer);
   CHECK(s.ep->repost(*w) == Status::peer_unreachable);
