@@ -274,7 +274,7 @@ struct MessengerCore {
   static constexpr std::size_t kSpares = 4;
   static constexpr std::uint64_t kSparePayload = 192;
   // Kept eager sends: a peer sent small eager messages from send() itself
-  // (send_eager_direct) gets one message buffer (a spare) and one kept
+  // (send_eager_direct) gets one message buffer (make_kept_locked) and one kept
   // send (Endpoint::send_kept), reposted with each message's length
   // (Endpoint::repost(token, length)) instead of a new send of a new
   // message object: no endpoint slot claimed, no reference taken and
@@ -287,7 +287,9 @@ struct MessengerCore {
   std::uint32_t kept_sends = 0;  // peers with one
   std::uint32_t kept_ids = 0;    // the last ks_id handed out
   // Kept sends of failed peers, parked: ended by drain() (an endpoint call,
-  // made without the mutex). Reserved for every one that can be pending.
+  // made without the mutex), which runs right after every path that adds
+  // one. Reserved (2 * kKeptSends); one that finds it full stays parked
+  // until the endpoint closes, never an allocation here.
   std::vector<Token> kept_ended;
   std::vector<Post> posts;    // ring
   std::size_t post_head = 0, post_count = 0;
@@ -794,7 +796,7 @@ struct MessengerCore {
   }
 
   // send_eager_direct's message through its peer's kept send: the first
-  // one makes it (a spare becomes the buffer), later ones repost it with
+  // one makes it (in the buffer make_kept_locked gave), later ones repost it with
   // their length. Posted as post_direct posts, with the mutex released and
   // the drain role held. A post that fails fails the op; the kept send
   // stays for the next message (parked after a failed repost), unless it is
@@ -841,15 +843,21 @@ struct MessengerCore {
           end_kept_locked(q);
         }
       }
-      changed();
-      Post p;
-      p.kind = PostKind::send;
-      p.peer = peer;
-      p.op = i;
-      p.gen = gen;
-      post_failed(p, s);
+      send_post_failed_locked(peer, i, gen, s);
     }
     drain(g);
+  }
+
+  // Op i's (generation gen) message to `peer`, posted from send() itself,
+  // was refused with `s`: it fails as a refused post from the ring does.
+  [[gnu::cold]] void send_post_failed_locked(PeerId peer, std::uint32_t i, std::uint32_t gen, Status s) noexcept {
+    changed();
+    Post p;
+    p.kind = PostKind::send;
+    p.peer = peer;
+    p.op = i;
+    p.gen = gen;
+    post_failed(p, s);
   }
 
   // A buffer for a peer's kept send, whose first post comes next (a spare
@@ -955,15 +963,7 @@ struct MessengerCore {
     }
     g.lock();
     draining = false;
-    if (s != Status::ok) {
-      changed();
-      Post p;
-      p.kind = PostKind::send;
-      p.peer = peer;
-      p.op = i;
-      p.gen = gen;
-      post_failed(p, s);
-    }
+    if (s != Status::ok) send_post_failed_locked(peer, i, gen, s);
     drain(g);
   }
 
