@@ -278,7 +278,10 @@ TEST_CASE("kept receives: taken by wait or callback, reposted into the same or a
     CHECK(s.ep->wait(*t, 1s).status == Status::invalid_argument);  // taken: parked
     CHECK(buf.use_count() == base + 1);  // the parked receive's
     CHECK(s.ep->repost(*t, Slice{}) == Status::invalid_argument);  // refused, still parked
-    const Status st = i == 0 ? s.ep->repost(*t) : i == 1 ? s.ep->repost(*t, second) : s.ep->end_kept(*t);
+    CHECK(s.ep->repost(*t, kSize + 1) == Status::invalid_argument);  // past the buffer
+    CHECK(s.ep->repost(*t, std::uint64_t{0}) == Status::invalid_argument);
+    // Message 1 into the whole buffer by its length; message 2 into the new one.
+    const Status st = i == 0 ? s.ep->repost(*t, kSize) : i == 1 ? s.ep->repost(*t, second) : s.ep->end_kept(*t);
     CHECK(st == Status::ok);
   }
   // Ended while parked: its reference is gone, and it cannot come back.
