@@ -509,7 +509,9 @@ class REGPOOL_API Endpoint {
   // The same, sending only the first `length` bytes of `local` now; reposts
   // may send up to all of it (repost(token, length)). For a buffer whose
   // messages vary in length: `local` is the whole buffer. invalid_argument
-  // when `length` is 0 or above local's length.
+  // when `length` is 0 or above local's length. (A literal `{}` as third
+  // argument selects this overload with length 0: leave the callback out
+  // instead.)
   Result<Token> send_kept(PeerId peer, const Slice& local, std::uint64_t length, Callback cb = {}) noexcept;
   // Post a parked kept operation again: a receive into its buffer, a send
   // of its buffer to its peer; or with `local` as the new buffer (the old
