@@ -1890,8 +1890,8 @@ void FabricEndpoint::open_shm_watch(const std::vector<std::byte>& data_name) {
   if (!shm_) return;
   // shm without cross-memory attach for every peer: refused before the
   // first insert_peer (fabric_shm::cma_refusal says why).
-  if (const char* v = std::getenv("FI_SHM_DISABLE_CMA"); fabric_shm::env_flag_true(v)) {
-    throw Error(Status::unsupported, 0, "fabric endpoint: " + fabric_shm::cma_refusal(v, 0, 0));
+  if (std::string why = fabric_shm::cma_refusal(std::getenv("FI_SHM_DISABLE_CMA"), 0, 0); !why.empty()) {
+    throw Error(Status::unsupported, 0, "fabric endpoint: " + why);
   }
   // Small sends by fi_inject (do_send), on shm only: its inject copies the
   // message into the target's queue inside the call, as its fi_send of the
