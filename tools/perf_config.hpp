@@ -108,6 +108,11 @@ struct Config {
   // --sends: the send ping-pong's sends are one kept send reposted
   // (Endpoint::send_kept) or a new send per message.
   bool send_kept = true;
+  // --ahead: the send and tagged ping-pongs post each receive one message
+  // ahead (the client after its ping, the server after its pong, each into
+  // the second of two receives over the same bytes) or, off, right before
+  // the message it is for.
+  bool recv_ahead = true;
 
   std::uint64_t max_size() const { return sizes.empty() ? 8 : std::max<std::uint64_t>(sizes.back(), 8); }
   // Distinct buffers a bandwidth test of `size` rotates over (1: hot).
@@ -157,6 +162,7 @@ struct Config {
     line("loop_mean", loop_mean ? "1" : "0");
     line("recv", recv_kept ? "kept" : "fresh");
     line("sends", send_kept ? "kept" : "fresh");
+    line("ahead", recv_ahead ? "on" : "off");
     std::string sz;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       if (i) sz.push_back(',');
@@ -175,7 +181,7 @@ struct Config {
     static constexpr std::string_view kKeys[] = {
         "provider",     "wait",         "iters",       "window",       "ops",       "cold_bytes",
         "tagged_threshold", "tagged_split", "tagged_eager_split", "expose_mode", "perftest", "verbs_inline",
-        "verbs_signal", "loop_mean",    "recv",        "sends",        "sizes"};
+        "verbs_signal", "loop_mean",    "recv",        "sends",        "ahead",     "sizes"};
     std::size_t at = 0;
     for (const std::string_view key : kKeys) {
       const std::size_t nl = text.find('\n', at);
@@ -310,6 +316,7 @@ struct Config {
     if (key == "loop_mean") return flag(v, "1", "0", c.loop_mean);
     if (key == "recv") return flag(v, "kept", "fresh", c.recv_kept);
     if (key == "sends") return flag(v, "kept", "fresh", c.send_kept);
+    if (key == "ahead") return flag(v, "on", "off", c.recv_ahead);
     if (key == "sizes") {
       // Ascending and distinct, as the command line sorts them.
       c.sizes.clear();

@@ -193,6 +193,12 @@ void usage(std::FILE* to) {
       "  --sends S        the send ping-pong's sends, both sides: kept (default: one\n"
       "                   kept send reposted for each message, Endpoint::send_kept)\n"
       "                   or fresh (a send each)\n"
+      "  --ahead A        the send and tagged ping-pongs' receives, both sides: on\n"
+      "                   (default: each posted one message ahead, the client's\n"
+      "                   after its ping, the server's after its pong, into the\n"
+      "                   second of two receives) or off (each posted right before\n"
+      "                   the message it is for, on the path from one message to\n"
+      "                   the next)\n"
       "  --loop-mean      the send and tagged ping-pongs also run --iters iterations\n"
       "                   with no clock read inside the loop, timed as a whole: JSON\n"
       "                   latency_us loop_mean, half a round trip (fi_pingpong's\n"
@@ -408,6 +414,12 @@ Options parse_args(int argc, char** argv, bool& help) {
       const std::string v = option_value(argc, argv, i, "--sends");
       if (v != "kept" && v != "fresh") throw UsageError("--sends takes kept or fresh (got '" + v + "')");
       o.config.send_kept = v == "kept";
+      client_only_option = true;
+    } else if (is_option(a, "--ahead")) {
+      not_for_peers = a;
+      const std::string v = option_value(argc, argv, i, "--ahead");
+      if (v != "on" && v != "off") throw UsageError("--ahead takes on or off (got '" + v + "')");
+      o.config.recv_ahead = v == "on";
       client_only_option = true;
     } else if (a == "--perftest") {
       not_for_peers = a;
@@ -660,6 +672,37 @@ class PingSend {
   regpool::Token token_{};
 };
 
+// The client's side of a send ping-pong of `rounds` round trips (warm-up,
+// samples and --loop-mean's together, as many as the server serves). A
+// round: the ping, its completion, the pong. With --ahead on, the receive
+// for the next pong is posted right after this round's ping, while ping
+// and pong travel, into the second of two receives over the same bytes
+// (receives from one peer complete in posting order: pong k lands in
+// receive k mod 2); the last round posts none, so no receive outlives the
+// ping-pong to catch a later phase's message. With --ahead off, each round
+// posts its own pong's receive before its ping: on the path from the last
+// pong to this ping.
+class ClientPingPong {
+ public:
+  ClientPingPong(Side& s, regpool::PeerId peer, const Slice& in, const Slice& out, const Config& c,
+                 std::uint64_t rounds)
+      : s_(s),
+        rx_{PingReceive(s, in, c.recv_kept), PingReceive(s, in, c.recv_kept)},
+        tx_(s, peer, out, c.send_kept),
+        ahead_(c.recv_ahead),
+        rounds_(rounds) {}
+  void round();
+
+ private:
+  Side& s_;
+  PingReceive rx_[2];
+  PingSend tx_;
+  bool ahead_;
+  std::uint64_t rounds_;
+  std::uint64_t done_ = 0;
+  regpool::Token next_{};  // --ahead: the receive of the coming round's pong
+};
+
 // Loopback: the forked client, watched while the server progresses so a
 // client that died does not leave the server waiting for kPhaseTimeout.
 pid_t g_child = -1;
@@ -888,11 +931,27 @@ void serve_tagged(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpool
       if (!t) op_failed(t.status(), "tagged latency receive");
       return *t;
     };
-    regpool::MessageToken next = post_ping();
-    for (std::uint64_t i = 0; i < pings; ++i) {
-      (void)mwait(m, next, "tagged latency");
-      if (i + 1 < pings) next = post_ping();
-      (void)mwait(m, m.send(peer, 2, in), "tagged pong");
+    if (!c.recv_ahead) {
+      regpool::MessageToken next = post_ping();
+      for (std::uint64_t i = 0; i < pings; ++i) {
+        (void)mwait(m, next, "tagged latency");
+        if (i + 1 < pings) next = post_ping();
+        (void)mwait(m, m.send(peer, 2, in), "tagged pong");
+      }
+    } else {
+      // --ahead, as serve_send_pingpong: receives for two pings posted
+      // (same tag and peer: matched in posting order), the one just used
+      // posted again once the pong has left.
+      regpool::MessageToken got[2]{};
+      got[0] = post_ping();
+      if (pings > 1) got[1] = post_ping();
+      for (std::uint64_t i = 0; i < pings; ++i) {
+        (void)mwait(m, got[i % 2], "tagged latency");
+        const auto pong = m.send(peer, 2, in);
+        if (!pong) op_failed(pong.status(), "tagged pong");
+        if (i + 2 < pings) got[i % 2] = post_ping();
+        (void)mwait(m, pong, "tagged pong");
+      }
     }
     boot.barrier(kBootTimeout);
     const std::uint64_t n = c.bw_ops(size);
@@ -950,13 +1009,30 @@ std::string bad_payload(const std::string& op, std::uint64_t size, std::uint64_t
 // the median of a run that raced it was 8 ms). ib_send_lat does the same.
 void serve_send_pingpong(Side& s, regpool::PeerId peer, const Slice& in, const Slice& out, std::uint64_t n,
                          const Config& c) {
-  PingReceive rx(s, in, c.recv_kept);
+  PingReceive rx[2] = {PingReceive(s, in, c.recv_kept), PingReceive(s, in, c.recv_kept)};
   PingSend tx(s, peer, out, c.send_kept);
-  regpool::Token got = rx.post();
+  if (!c.recv_ahead) {
+    regpool::Token got = rx[0].post();
+    for (std::uint64_t i = 0; i < n; ++i) {
+      wait_serving(s, got, "send latency");
+      if (i + 1 < n) got = rx[0].post();
+      (void)wait_ok(s, tx.post(), "send reply");
+    }
+    return;
+  }
+  // --ahead: receives for two pings stay posted; ping i lands in receive
+  // i mod 2, which is posted again (for ping i + 2) once pong i has left,
+  // while it travels. Ping i + 1 always finds its receive posted a round
+  // before.
+  regpool::Token got[2]{};
+  got[0] = rx[0].post();
+  if (n > 1) got[1] = rx[1].post();
   for (std::uint64_t i = 0; i < n; ++i) {
-    wait_serving(s, got, "send latency");
-    if (i + 1 < n) got = rx.post();
-    (void)wait_ok(s, tx.post(), "send reply");
+    wait_serving(s, got[i % 2], "send latency");
+    auto pong = tx.post();
+    if (!pong) op_failed(pong.status(), "send reply");
+    if (i + 2 < n) got[i % 2] = rx[i % 2].post();
+    (void)wait_ok(s, *pong, "send reply");
   }
 }
 
@@ -1226,10 +1302,20 @@ regpool::Token token_or_throw(regpool::Result<regpool::Token> t, const char* wha
 // One iteration of the client's half of the send ping-pong: post the pong's
 // receive (into `in`), send `out` and wait for its completion, wait for the
 // pong.
-void send_round(Side& s, PingReceive& in, PingSend& out) {
-  auto rt = in.post();
-  (void)wait_ok(s, out.post(), "send");
-  auto back = wait_watching(s, rt, "send pong");
+void ClientPingPong::round() {
+  if (done_ >= rounds_) throw std::logic_error("send ping-pong: more rounds than the server serves");
+  const std::uint64_t k = done_++;
+  regpool::Token pong{};
+  if (ahead_) {
+    pong = k == 0 ? rx_[0].post() : next_;
+  } else {
+    pong = rx_[0].post();
+  }
+  auto ping = tx_.post();
+  if (!ping) op_failed(ping.status(), "send");
+  if (ahead_ && k + 1 < rounds_) next_ = rx_[(k + 1) % 2].post();
+  (void)wait_ok(s_, *ping, "send");
+  auto back = wait_watching(s_, pong, "send pong");
   if (back.status != Status::ok) op_failed(back.status, "send pong");
 }
 
@@ -1261,9 +1347,8 @@ double pingpong_loop_mean(std::uint64_t iters, Round round) {
   return us_since(t0) / static_cast<double>(iters) / 2;
 }
 
-std::vector<double> send_pingpong(Side& s, PingReceive& in, PingSend& out, std::uint64_t iters, ProgressLine& pl,
-                                  std::uint64_t size) {
-  return pingpong_samples(iters, [&] { send_round(s, in, out); }, pl, "send", size);
+std::vector<double> send_pingpong(ClientPingPong& pp, std::uint64_t iters, ProgressLine& pl, std::uint64_t size) {
+  return pingpong_samples(iters, [&] { pp.round(); }, pl, "send", size);
 }
 
 std::vector<Row> run_perftest_client(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpool::PeerId peer,
@@ -1470,10 +1555,9 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       // (fi_pingpong's usec/xfer), their median ucx_perftest's 50%ile.
       boot.barrier(kBootTimeout);
       {
-        PingReceive in(s, out, c.recv_kept);
-        PingSend ping(s, peer, out, c.send_kept);
-        set_latency(r, send_pingpong(s, in, ping, c.iters, pl, size));
-        if (c.loop_mean) r.loop_mean = pingpong_loop_mean(c.iters, [&] { send_round(s, in, ping); });
+        ClientPingPong pp(s, peer, out, out, c, c.iters + kWarmupOps + (c.loop_mean ? c.iters : 0));
+        set_latency(r, send_pingpong(pp, c.iters, pl, size));
+        if (c.loop_mean) r.loop_mean = pingpong_loop_mean(c.iters, [&] { pp.round(); });
       }
       // Bandwidth: a stream of the pattern (message k from slot k mod
       // slots, received into the server's slot of that number) closed by
@@ -1519,9 +1603,24 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       // unexpected), the ping and its completion, the pong. Timed back to
       // back, receive included, as the send ping-pong and ucx_perftest's
       // tag_lat are.
+      // --ahead: as the send ping-pong (ClientPingPong), the receive for
+      // the next pong posted after this round's ping, none after the last.
+      const std::uint64_t rounds = c.iters + kWarmupOps + (c.loop_mean ? c.iters : 0);
+      std::uint64_t rounds_done = 0;
+      regpool::MessageToken next{};
+      auto pong_receive = [&]() {
+        auto t = m.recv(peer, 2, 0, out);
+        if (!t) op_failed(t.status(), "tagged pong receive");
+        return *t;
+      };
       auto round = [&]() {
-        auto back = m.recv(peer, 2, 0, out);
-        (void)mwait(m, m.send(peer, 1, out), "tagged send");
+        if (rounds_done >= rounds) throw std::logic_error("tagged ping-pong: more rounds than the server serves");
+        const std::uint64_t k = rounds_done++;
+        const regpool::MessageToken back = !c.recv_ahead || k == 0 ? pong_receive() : next;
+        const auto sent = m.send(peer, 1, out);
+        if (!sent) op_failed(sent.status(), "tagged send");
+        if (c.recv_ahead && k + 1 < rounds) next = pong_receive();
+        (void)mwait(m, sent, "tagged send");
         (void)mwait(m, back, "tagged pong");
       };
       set_latency(r, pingpong_samples(c.iters, round, pl, "tagged", size));
@@ -1771,9 +1870,8 @@ std::vector<Row> run_perftest_client(Side& s, regpool::TcpBootstrap& boot, const
       const Slice in = must(in_all.select(0, size), "pong slice");
       boot.barrier(kBootTimeout);
       row("send", size, [&] {
-        PingReceive rx(s, in, c.recv_kept);
-        PingSend tx(s, peer, out, c.send_kept);
-        return send_pingpong(s, rx, tx, c.iters, pl, size);
+        ClientPingPong pp(s, peer, in, out, c, c.iters + kWarmupOps);
+        return send_pingpong(pp, c.iters, pl, size);
       });
       boot.barrier(kBootTimeout);
     }
@@ -2160,6 +2258,7 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     s += ",\"latency_definitions\":" + json_escape(c.perftest ? "perftest" : "regpool");
     s += ",\"receives\":" + json_escape(c.recv_kept ? "kept" : "fresh");
     s += ",\"sends\":" + json_escape(c.send_kept ? "kept" : "fresh");
+    s += ",\"receives_ahead\":" + std::string(c.recv_ahead ? "true" : "false");
     s += ",\"sample_ticks_per_us\":" + (g_ticks_per_us > 0 ? json_number(g_ticks_per_us) : std::string("null"));
     s += ",\"expose_mode\":" + json_escape(regpool::to_string(c.expose_mode));
     s += ",\"buffers\":" + json_escape(c.cold_bytes != 0 ? "cold" : "hot") +
@@ -2199,12 +2298,13 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
                 "get = one read and its completion, send = half round trip of a send ping-pong\n");
   }
   std::printf(
-      "regpool-perf: provider %s, %s, %llu iterations, window %llu, batch %llu, wait %s, buffers %s, receives %s, sends %s%s\n",
+      "regpool-perf: provider %s, %s, %llu iterations, window %llu, batch %llu, wait %s, buffers %s, receives %s%s, sends %s%s\n",
               provider.c_str(),
               o.mode == Mode::loopback ? "two processes on this host (loopback)" : ("server " + o.host).c_str(),
               static_cast<unsigned long long>(c.iters), static_cast<unsigned long long>(c.window),
               static_cast<unsigned long long>(c.batch),
-              regpool::to_string(c.wait), buffers.c_str(), c.recv_kept ? "kept" : "fresh", c.send_kept ? "kept" : "fresh",
+              regpool::to_string(c.wait), buffers.c_str(), c.recv_kept ? "kept" : "fresh",
+              c.recv_ahead ? " (one message ahead)" : "", c.send_kept ? "kept" : "fresh",
               emulated_atomics ? ", atomics emulated by the target's progress()" : "");
   std::printf("%-13s %10s %12s %12s %12s %12s %14s %12s\n", "op", "size", "lat med us", "lat min us", "lat p99 us",
               "lat max us", "bw MB/s", "rate Mops/s");

@@ -370,6 +370,26 @@ def mode_perf(tool, readme, provider):
                   f"(got {d.get('receives')}, {d.get('sends')})")
             check(len(r) == 1 and r[0]["error"] is None and r[0]["latency_us"]["iters"] == 20 and
                   positive(r[0]["latency_us"]["median"]), f"{label}: one send row")
+    # The ping-pongs' receives posted one message ahead (the default) and
+    # not: every pong arrives, --loop-mean's extra rounds included, and no
+    # receive is left posted to take a later phase's message (the bandwidth
+    # streams, their acks and verdicts, and the next size's ping-pong would
+    # fail or hang), in the plain and the perftest definitions.
+    for ahead in ("on", "off"):
+        for extra in (["--ops", "send,tagged", "--loop-mean"], ["--ops", "send", "--perftest"]):
+            label = f"perf {provider} --ahead {ahead} {' '.join(extra)}"
+            rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", "8,4K", "--iters", "20",
+                                "--window", "4", "--ahead", ahead, "--json"] + extra, timeout=240)
+            check(rc == 0, f"{label} exits 0 (got {rc}: {err})")
+            if rc == 0:
+                d = json.loads(out)
+                check(d.get("receives_ahead") == (ahead == "on"),
+                      f"{label} reports receives_ahead {ahead == 'on'} (got {d.get('receives_ahead')})")
+                ops = ["send", "tagged"] if "tagged" in extra[1] else ["send"]
+                check([(r["op"], r["size"]) for r in d["results"]] == [(o, n) for o in ops for n in (8, 4096)],
+                      f"{label}: rows")
+                check(all(r["error"] is None and r["latency_us"]["iters"] == 20 and
+                          positive(r["latency_us"]["median"]) for r in d["results"]), f"{label}: every row measured")
     # The Messenger's two splits, set and off, each one tagged row:
     # --tagged-split (the split rendezvous; passed to the server, which
     # receives and decides) at 1 MiB, a rendezvous either way;
@@ -743,6 +763,8 @@ BAD_ARGS = {
                      ["--peers", "2", "--recv", "fresh"],
                      ["--loopback", "--sends", "always"], ["--server", "--sends", "kept"],
                      ["--peers", "2", "--sends", "fresh"],
+                     ["--loopback", "--ahead", "maybe"], ["--server", "--ahead", "on"],
+                     ["--peers", "2", "--ahead", "off"],
                      ["--loopback", "--provider", "sh m"], ["--loopback", "--provider", ""],
                      ["--loopback", "--sizes", ",".join(str(n) for n in range(1, 66))]],
 }
