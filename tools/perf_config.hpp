@@ -113,6 +113,10 @@ struct Config {
   // the second of two receives over the same bytes) or, off, right before
   // the message it is for.
   bool recv_ahead = true;
+  // --rma: the --perftest put and get loops post one kept put or get
+  // reposted for each operation (Endpoint::put_kept, get_kept) or a new
+  // put()/get() each.
+  bool rma_kept = true;
 
   std::uint64_t max_size() const { return sizes.empty() ? 8 : std::max<std::uint64_t>(sizes.back(), 8); }
   // Distinct buffers a bandwidth test of `size` rotates over (1: hot).
@@ -163,6 +167,7 @@ struct Config {
     line("recv", recv_kept ? "kept" : "fresh");
     line("sends", send_kept ? "kept" : "fresh");
     line("ahead", recv_ahead ? "on" : "off");
+    line("rma", rma_kept ? "kept" : "fresh");
     std::string sz;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       if (i) sz.push_back(',');
@@ -181,7 +186,7 @@ struct Config {
     static constexpr std::string_view kKeys[] = {
         "provider",     "wait",         "iters",       "window",       "ops",       "cold_bytes",
         "tagged_threshold", "tagged_split", "tagged_eager_split", "expose_mode", "perftest", "verbs_inline",
-        "verbs_signal", "loop_mean",    "recv",        "sends",        "ahead",     "sizes"};
+        "verbs_signal", "loop_mean",    "recv",        "sends",        "ahead",     "rma",       "sizes"};
     std::size_t at = 0;
     for (const std::string_view key : kKeys) {
       const std::size_t nl = text.find('\n', at);
@@ -317,6 +322,7 @@ struct Config {
     if (key == "recv") return flag(v, "kept", "fresh", c.recv_kept);
     if (key == "sends") return flag(v, "kept", "fresh", c.send_kept);
     if (key == "ahead") return flag(v, "on", "off", c.recv_ahead);
+    if (key == "rma") return flag(v, "kept", "fresh", c.rma_kept);
     if (key == "sizes") {
       // Ascending and distinct, as the command line sorts them.
       c.sizes.clear();

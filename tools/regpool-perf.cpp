@@ -199,6 +199,10 @@ void usage(std::FILE* to) {
       "                   second of two receives) or off (each posted right before\n"
       "                   the message it is for, on the path from one message to\n"
       "                   the next)\n"
+      "  --rma R          --perftest's put and get loops: kept (default: one kept put\n"
+      "                   or get reposted for each operation, Endpoint::put_kept and\n"
+      "                   get_kept, as perftest posts one work request over and\n"
+      "                   over) or fresh (a put or get each)\n"
       "  --loop-mean      the send and tagged ping-pongs also run --iters iterations\n"
       "                   with no clock read inside the loop, timed as a whole: JSON\n"
       "                   latency_us loop_mean, half a round trip (fi_pingpong's\n"
@@ -420,6 +424,12 @@ Options parse_args(int argc, char** argv, bool& help) {
       const std::string v = option_value(argc, argv, i, "--ahead");
       if (v != "on" && v != "off") throw UsageError("--ahead takes on or off (got '" + v + "')");
       o.config.recv_ahead = v == "on";
+      client_only_option = true;
+    } else if (is_option(a, "--rma")) {
+      not_for_peers = a;
+      const std::string v = option_value(argc, argv, i, "--rma");
+      if (v != "kept" && v != "fresh") throw UsageError("--rma takes kept or fresh (got '" + v + "')");
+      o.config.rma_kept = v == "kept";
       client_only_option = true;
     } else if (a == "--perftest") {
       not_for_peers = a;
@@ -1729,10 +1739,42 @@ void poll_memory(Side& s, const std::byte* at, std::uint8_t want, bool progress,
   std::atomic_thread_fence(std::memory_order_acquire);  // the bytes before the last one
 }
 
+// The put or get of a --perftest loop: one kept put or get reposted for
+// each operation (--rma kept) or a new one each time (--rma fresh). post()
+// answers as put() and get() do; a kept one still parked at the end ends
+// with this object (one that failed has ended already).
+class PerfRma {
+ public:
+  PerfRma(Side& s, bool kept) : s_(s), kept_(kept) {}
+  PerfRma(const PerfRma&) = delete;
+  PerfRma& operator=(const PerfRma&) = delete;
+  ~PerfRma() {
+    if (token_) (void)s_.ep->end_kept(token_);
+  }
+  // `fresh` posts a new operation, `keep` the kept one (first time only).
+  template <class Fresh, class Keep>
+  regpool::Result<regpool::Token> post(Fresh fresh, Keep keep) {
+    if (!kept_) return fresh();
+    if (!token_) {
+      auto t = keep();
+      if (t) token_ = *t;
+      return t;
+    }
+    if (const Status st = s_.ep->repost(token_); st != Status::ok) return st;
+    return token_;
+  }
+
+ private:
+  Side& s_;
+  bool kept_;
+  regpool::Token token_{};
+};
+
 // One side of the write ping-pong. The client (first = true) writes first.
 std::vector<double> write_pingpong(Side& s, regpool::PeerId peer, const regpool::RemoteRef& ref, const Slice& out,
-                                   const Slice& in, bool first, std::uint64_t iters, bool progress,
+                                   const Slice& in, bool first, std::uint64_t iters, bool progress, bool kept,
                                    ProgressLine* pl) {
+  PerfRma op(s, kept);
   const std::uint64_t size = out.length();
   std::byte* const mark_out = out.bytes().data() + size - 1;
   const std::byte* const mark_in = in.bytes().data() + size - 1;
@@ -1741,7 +1783,8 @@ std::vector<double> write_pingpong(Side& s, regpool::PeerId peer, const regpool:
     if (!first) poll_memory(s, mark_in, pingpong_mark(i), progress, "write ping-pong");
     if (first && i == static_cast<std::uint64_t>(kWarmupOps)) timer.start();
     *mark_out = static_cast<std::byte>(pingpong_mark(i));
-    (void)wait_ok(s, s.ep->put(out, peer, ref, 0), "write ping-pong put");
+    (void)wait_ok(s, op.post([&] { return s.ep->put(out, peer, ref, 0); }, [&] { return s.ep->put_kept(out, peer, ref, 0); }),
+                  "write ping-pong put");
     if (!first) continue;
     poll_memory(s, mark_in, pingpong_mark(i), progress, "write ping-pong");
     if (i >= static_cast<std::uint64_t>(kWarmupOps)) timer.mark();
@@ -1774,7 +1817,7 @@ int serve_perftest(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpoo
       const Slice out = must(rx_all.select(0, size), "write ping-pong source");
       std::memset(in.bytes().data(), 0, size);
       boot.barrier(kBootTimeout);
-      (void)write_pingpong(s, peer, *client_ref, out, in, false, c.iters, progress, nullptr);
+      (void)write_pingpong(s, peer, *client_ref, out, in, false, c.iters, progress, c.rma_kept, nullptr);
       boot.barrier(kBootTimeout);
     }
   }
@@ -1840,7 +1883,7 @@ std::vector<Row> run_perftest_client(Side& s, regpool::TcpBootstrap& boot, const
       const Slice in = must(in_all.select(0, size), "write ping-pong target");
       std::memset(in.bytes().data(), 0, size);
       boot.barrier(kBootTimeout);
-      row("put", size, [&] { return write_pingpong(s, peer, ref, out, in, true, c.iters, progress, &pl); });
+      row("put", size, [&] { return write_pingpong(s, peer, ref, out, in, true, c.iters, progress, c.rma_kept, &pl); });
       boot.barrier(kBootTimeout);
     }
   }
@@ -1852,9 +1895,12 @@ std::vector<Row> run_perftest_client(Side& s, regpool::TcpBootstrap& boot, const
         // Back to back: the read, its completion and the loop's own cost,
         // as ib_read_lat's samples (one counter read per iteration).
         SampleTimer timer(c.iters);
+        PerfRma op(s, c.rma_kept);
         for (std::uint64_t i = 0; i < c.iters + kWarmupOps; ++i) {
           if (i == static_cast<std::uint64_t>(kWarmupOps)) timer.start();
-          (void)wait_ok(s, s.ep->get(peer, ref, 0, local), "get");
+          (void)wait_ok(s, op.post([&] { return s.ep->get(peer, ref, 0, local); },
+                                   [&] { return s.ep->get_kept(peer, ref, 0, local); }),
+                        "get");
           if (i >= static_cast<std::uint64_t>(kWarmupOps)) timer.mark();
           pl.show("get", size, "lat", i + 1, c.iters + kWarmupOps);
         }
@@ -2259,6 +2305,7 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     s += ",\"receives\":" + json_escape(c.recv_kept ? "kept" : "fresh");
     s += ",\"sends\":" + json_escape(c.send_kept ? "kept" : "fresh");
     s += ",\"receives_ahead\":" + std::string(c.recv_ahead ? "true" : "false");
+    s += ",\"rma\":" + json_escape(c.rma_kept ? "kept" : "fresh");
     s += ",\"sample_ticks_per_us\":" + (g_ticks_per_us > 0 ? json_number(g_ticks_per_us) : std::string("null"));
     s += ",\"expose_mode\":" + json_escape(regpool::to_string(c.expose_mode));
     s += ",\"buffers\":" + json_escape(c.cold_bytes != 0 ? "cold" : "hot") +

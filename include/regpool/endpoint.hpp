@@ -513,13 +513,32 @@ class REGPOOL_API Endpoint {
   // argument selects this overload with length 0: leave the callback out
   // instead.)
   Result<Token> send_kept(PeerId peer, const Slice& local, std::uint64_t length, Callback cb = {}) noexcept;
+  // A put or a get that is kept when it completes, to be posted again with
+  // repost(): the same peer, remote range, slot, buffer reference, callback
+  // and token, for a transfer repeated as it is (a remote status word read
+  // over and over, a record rewritten in place and put to the same remote
+  // place), as perftest reuses one work request. Checked and posted as
+  // put() and get() are: the remote reference and range are checked here,
+  // once, for local's length. Parked after a completion with status ok;
+  // any other status ends it (a revoked exposure's access_denied, a failed
+  // peer). A removed peer's id answers peer_unreachable, as for
+  // send_kept(). Each repost is an operation of its own, unordered against
+  // other puts and gets, as put() and get() are.
+  Result<Token> put_kept(const Slice& local, PeerId peer, const RemoteRef& remote, std::uint64_t remote_offset,
+                         Callback cb = {}) noexcept;
+  Result<Token> get_kept(PeerId peer, const RemoteRef& remote, std::uint64_t remote_offset, const Slice& local,
+                         Callback cb = {}) noexcept;
   // Post a parked kept operation again: a receive into its buffer, a send
-  // of its buffer to its peer; or with `local` as the new buffer (the old
-  // one's reference is then dropped; a send's length is local's).
+  // of its buffer to its peer, a put or get between its buffer and the
+  // same remote offset; or with `local` as the new buffer (the old one's
+  // reference is then dropped; a send's, put's or get's length is local's;
+  // a put's or get's new buffer may not be longer than its first, whose
+  // length the remote range was checked for: out_of_bounds).
   // invalid_argument when `token` is not a parked kept operation of this
   // endpoint (still posted, its completion not yet taken, ended, or already
-  // asked to repost); closed once the endpoint shuts down. A send's peer
-  // checks answer as send()'s do (peer_unreachable, message_too_large). Any
+  // asked to repost); closed once the endpoint shuts down. A send's, put's
+  // or get's peer checks answer as send()'s do (peer_unreachable; a send's
+  // message_too_large). Any
   // such failure, or a provider error, leaves the operation parked, with
   // `local`. A repost the provider cannot take yet (would_block: its queue
   // is full, shm's region is busy, a reconnected peer still settles) is
@@ -535,7 +554,8 @@ class REGPOOL_API Endpoint {
   Status repost(Token token) noexcept;
   Status repost(Token token, const Slice& local) noexcept;
   // Post a parked kept operation again over the first `length` bytes of its
-  // buffer: a send sends them, a receive takes at most that many. For a
+  // buffer: a send sends them, a receive takes at most that many, a put or
+  // get moves that many to or from the same remote offset. For a
   // buffer rewritten in place with a new length (a reply, a ping-pong of
   // varying sizes), with no new reference taken. invalid_argument also when
   // `length` is 0 or above the buffer's length. The other forms use the

@@ -201,7 +201,10 @@ struct Endpoint::Slot {
   bool delivering = false;
   bool repost_asked = false;
   bool repost_pending = false;  // in kept_retry_ (deadline: its post_timeout)
-  std::uint32_t peer_epoch = 0;  // a kept send's Peer::epoch when it was sent
+  std::uint32_t peer_epoch = 0;  // a kept op's Peer::epoch when it was posted first
+  // A kept put's or get's length when it was posted first: the remote
+  // range was checked for it, so no repost may move more.
+  std::uint64_t rma_room = 0;
   // The buffer a repost asked for by the callback moves to, once the
   // callback (which may still read the old one) has returned.
   Slice next_local;
@@ -1266,11 +1269,23 @@ Result<Token> Endpoint::send_kept(PeerId peer, const Slice& local, std::uint64_t
   return submit(OpKind::send, peer, &local, nullptr, 0, length, 0, 0, std::move(cb), true);
 }
 
+Result<Token> Endpoint::put_kept(const Slice& local, PeerId peer, const RemoteRef& remote,
+                                 std::uint64_t remote_offset, Callback cb) noexcept {
+  return submit(OpKind::put, peer, &local, &remote, remote_offset, local.length(), 0, 0, std::move(cb), true);
+}
+
+Result<Token> Endpoint::get_kept(PeerId peer, const RemoteRef& remote, std::uint64_t remote_offset,
+                                 const Slice& local, Callback cb) noexcept {
+  return submit(OpKind::get, peer, &local, &remote, remote_offset, local.length(), 0, 0, std::move(cb), true);
+}
+
 [[gnu::hot]] Status Endpoint::repost(Token token) noexcept { return repost_impl(token, nullptr); }
 
 Status Endpoint::repost(Token token, const Slice& local) noexcept {
-  // A send's and a receive's checks without a lock are the same; the
-  // send's peer checks come with the post (post_kept_desc_locked).
+  // A send's, a put's, a get's and a receive's checks of the new buffer
+  // without a lock are the same; the peer checks come with the post
+  // (post_kept_desc_locked), a put's or get's remote range with the lock
+  // (repost_impl: no longer than the first buffer).
   if (const Status c = check_op(OpKind::recv, &local, nullptr, 0, local.length()); c != Status::ok) return reject(c);
   return repost_impl(token, &local);
 }
@@ -1288,6 +1303,11 @@ Status Endpoint::repost(Token token, const Slice& local) noexcept {
   Slot& s = slots_[index];
   if (s.gen != gen || !s.kept || !(s.parked || s.delivering) || s.repost_asked) return Status::invalid_argument;
   if (length > s.local.length()) return Status::invalid_argument;
+  // A put's or get's new buffer: its remote range was checked for the first.
+  if (local != nullptr && (s.desc.kind == OpKind::put || s.desc.kind == OpKind::get) &&
+      local->length() > s.rma_room) [[unlikely]] {
+    return Status::out_of_bounds;
+  }
   if (!usable() || stopping_.load(std::memory_order_relaxed)) return Status::closed;
   if (s.delivering) {
     // Its callback is running: settle_kept_locked posts once it returns,
@@ -1306,13 +1326,13 @@ Status Endpoint::repost(Token token, const Slice& local) noexcept {
 }
 
 [[gnu::hot]] Status Endpoint::post_kept_desc_locked(Slot& s) noexcept {
-  if (s.desc.kind == OpKind::send) [[unlikely]] {
+  if (s.desc.kind != OpKind::recv) [[unlikely]] {
     const PeerId peer = s.desc.peer;
     // Removed since (its id may name another peer now), or failed.
     if (!peers_[peer].used || peers_[peer].epoch != s.peer_epoch || peers_[peer].broken) {
       return Status::peer_unreachable;
     }
-    if (s.desc.length > peers_[peer].message_limit) return Status::message_too_large;
+    if (s.desc.kind == OpKind::send && s.desc.length > peers_[peer].message_limit) return Status::message_too_large;
     if (peers_[peer].settling) {
       if (const Status st = peer_ready_locked(peer); st != Status::ok) return st;
     }
@@ -1659,6 +1679,8 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
   // A slot's callback is empty once delivered or given back: moving an
   // empty one in (wait()'s ops) would only clear it again.
   if (s.has_callback || s.cb) s.cb = std::move(cb);
+  // A kept put or get: the remote range was checked for this length.
+  s.rma_room = length;
 
   Status st = Status::ok;
   Clock::time_point retry_until{};

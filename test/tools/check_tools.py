@@ -390,6 +390,21 @@ def mode_perf(tool, readme, provider):
                       f"{label}: rows")
                 check(all(r["error"] is None and r["latency_us"]["iters"] == 20 and
                           positive(r["latency_us"]["median"]) for r in d["results"]), f"{label}: every row measured")
+    # --perftest's put and get loops with kept operations (the default) and
+    # fresh ones: every row measured, the output says which; a kept put or
+    # get left parked or failed would fail the next row or size.
+    for rma in ("kept", "fresh"):
+        label = f"perf {provider} --perftest --rma {rma}"
+        rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", "8,4K", "--iters", "20",
+                            "--ops", "put,get", "--perftest", "--rma", rma, "--json"], timeout=240)
+        check(rc == 0, f"{label} exits 0 (got {rc}: {err})")
+        if rc == 0:
+            d = json.loads(out)
+            check(d.get("rma") == rma, f"{label} reports rma {rma} (got {d.get('rma')})")
+            check([(r["op"], r["size"]) for r in d["results"]] == [("put", 8), ("put", 4096), ("get", 8), ("get", 4096)],
+                  f"{label}: rows")
+            check(all(r["error"] is None and r["latency_us"]["iters"] == 20 and positive(r["latency_us"]["median"])
+                      for r in d["results"]), f"{label}: every row measured")
     # The Messenger's two splits, set and off, each one tagged row:
     # --tagged-split (the split rendezvous; passed to the server, which
     # receives and decides) at 1 MiB, a rendezvous either way;
@@ -765,6 +780,8 @@ BAD_ARGS = {
                      ["--peers", "2", "--sends", "fresh"],
                      ["--loopback", "--ahead", "maybe"], ["--server", "--ahead", "on"],
                      ["--peers", "2", "--ahead", "off"],
+                     ["--loopback", "--rma", "sometimes"], ["--server", "--rma", "kept"],
+                     ["--peers", "2", "--rma", "fresh"],
                      ["--loopback", "--provider", "sh m"], ["--loopback", "--provider", ""],
                      ["--loopback", "--sizes", ",".join(str(n) for n in range(1, 66))]],
 }

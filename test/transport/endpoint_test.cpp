@@ -500,6 +500,125 @@ TEST_CASE("kept sends: sent again from the same or a new buffer, by wait or call
   CHECK(buf.use_count() == base);
 }
 
+TEST_CASE("kept puts and gets: the same transfer again, shorter, from a new buffer no longer than the first; never to a "
+          "removed peer",
+          "[fabric]") {
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  constexpr std::uint64_t kTarget = 128;
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  // The target: its object holds pattern 7 until the initiator's puts land
+  // in [64, 88); it progresses (thread) while blocked in the bootstrap.
+  auto kid = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        rpt::Stack s(prov, target_config());
+        auto target = s.alloc(kTarget);
+        rpt::fill(target.data(), 7);
+        auto exposure = s.ep->expose(rpt::slice_or_die(Slice::data(target)), RemoteAccess::read_write);
+        RPT_CHECK(exposure.ok());
+        (void)b->allgather(regpool::pack_blobs({s.ep->name(), rpt::encoded(*exposure)}), 20s);
+        b->barrier(120s);  // the initiator is done
+        return 0;
+      },
+      180);
+  rpt::Stack s(prov);
+  auto parts = regpool::unpack_blobs(boot->allgather({}, 20s)[1]);
+  const auto peer = s.ep->insert_peer(parts[0]);
+  const RemoteRef ref = rpt::decode_or_die(parts[1]);
+  std::vector<std::byte> theirs(kTarget);
+  rpt::fill(theirs, 7);  // what the target holds at first
+  auto buf = s.alloc(256);
+  rpt::fill(buf.data(), 1);
+  const Slice first = rpt::slice_or_die(Slice::data(buf, 0, 32));
+  const Slice shorter = rpt::slice_or_die(Slice::data(buf, 100, 8));
+  const Slice longer = rpt::slice_or_die(Slice::data(buf, 128, 33));
+  const Slice out = rpt::slice_or_die(Slice::data(buf, 40, 24));
+  const Slice back = rpt::slice_or_die(Slice::data(buf, 200, 24));
+  const auto base = buf.use_count();  // buf and the slices above
+  auto holds = [&](const Slice& where, std::uint64_t remote_offset, std::uint64_t n) {
+    return std::memcmp(where.address(), theirs.data() + remote_offset, n) == 0;
+  };
+
+  // A get of remote [8, 40), read again as it is, then only its first 16
+  // bytes, then into a new shorter buffer; a longer one is refused
+  // (out_of_bounds, still parked), as is a repost while posted.
+  auto g = s.ep->get_kept(peer, ref, 8, first);
+  REQUIRE(g.ok());
+  CHECK(s.ep->repost(*g) == Status::invalid_argument);  // posted (or not yet taken)
+  Completion c = s.ep->wait(*g, 30s);
+  REQUIRE(c.status == Status::ok);
+  CHECK(c.op == regpool::OpKind::get);
+  CHECK(c.bytes == 32);
+  CHECK(holds(first, 8, 32));
+  CHECK(buf.use_count() == base + 1);  // the parked get's reference
+  std::memset(first.address(), 0, 32);
+  REQUIRE(s.ep->repost(*g) == Status::ok);
+  c = s.ep->wait(*g, 30s);
+  REQUIRE(c.status == Status::ok);
+  CHECK(holds(first, 8, 32));
+  std::memset(first.address(), 0, 32);
+  REQUIRE(s.ep->repost(*g, std::uint64_t{16}) == Status::ok);
+  c = s.ep->wait(*g, 30s);
+  REQUIRE(c.status == Status::ok);
+  CHECK(c.bytes == 16);
+  CHECK(holds(first, 8, 16));
+  CHECK(std::all_of(first.bytes().begin() + 16, first.bytes().end(), [](std::byte b) { return b == std::byte{0}; }));
+  CHECK(s.ep->repost(*g, longer) == Status::out_of_bounds);  // remote [8, 41) was never checked
+  CHECK(s.ep->repost(*g, std::uint64_t{33}) == Status::invalid_argument);  // past its buffer
+  REQUIRE(s.ep->repost(*g, shorter) == Status::ok);
+  c = s.ep->wait(*g, 30s);
+  REQUIRE(c.status == Status::ok);
+  CHECK(c.bytes == 8);
+  CHECK(holds(shorter, 8, 8));
+  CHECK(s.ep->end_kept(*g) == Status::ok);
+  CHECK(buf.use_count() == base);
+
+  // Checked once, when kept, as put() is: a range past the exposure.
+  CHECK(s.ep->put_kept(first, peer, ref, kTarget - 31).status() == Status::out_of_bounds);
+  CHECK(buf.use_count() == base);
+
+  // A put of 24 bytes to remote [64, 88), rewritten in place and put
+  // again, then its first 8 bytes only, each read back by a kept get of
+  // the same range.
+  auto p = s.ep->put_kept(out, peer, ref, 64);
+  REQUIRE(p.ok());
+  auto r = s.ep->get_kept(peer, ref, 64, back);  // may pass the put: unordered
+  REQUIRE(r.ok());
+  REQUIRE(s.ep->wait(*p, 30s).status == Status::ok);
+  REQUIRE(s.ep->wait(*r, 30s).status == Status::ok);
+  std::memcpy(theirs.data() + 64, out.address(), 24);
+  for (std::uint64_t round = 0; round < 2; ++round) {
+    rpt::fill(out.bytes(), 20 + round);
+    std::memcpy(theirs.data() + 64, out.address(), round == 0 ? 24 : 8);
+    REQUIRE((round == 0 ? s.ep->repost(*p) : s.ep->repost(*p, std::uint64_t{8})) == Status::ok);
+    c = s.ep->wait(*p, 30s);
+    REQUIRE(c.status == Status::ok);
+    CHECK(c.op == regpool::OpKind::put);
+    CHECK(c.bytes == (round == 0 ? 24u : 8u));
+    std::memset(back.address(), 0, 24);
+    REQUIRE(s.ep->repost(*r) == Status::ok);  // after the put's completion: reads what it wrote
+    REQUIRE(s.ep->wait(*r, 30s).status == Status::ok);
+    CHECK(holds(back, 64, 24));
+  }
+
+  // The target goes and its peer is removed; another endpoint's name takes
+  // the id. The parked put and get never go there: peer_unreachable, and
+  // they stay parked (their references held) until ended.
+  boot->barrier(120s);
+  CHECK(rpt::reap(kid, 30s) == 0);
+  s.ep->remove_peer(peer);
+  CHECK(s.ep->repost(*p) == Status::peer_unreachable);
+  rpt::Stack other(prov);
+  CHECK(s.ep->insert_peer(other.ep->name()) == peer);
+  CHECK(s.ep->repost(*r) == Status::peer_unreachable);
+  CHECK(buf.use_count() == base + 2);
+  CHECK(s.ep->end_kept(*p) == Status::ok);
+  s.ep.reset();
+  CHECK(buf.use_count() == base);
+}
+
 TEST_CASE("atomics under contention from two processes", "[fabric]") {
   const std::string prov = GENERATE(from_range(rpt::backends()));
   INFO("backend " << prov);
