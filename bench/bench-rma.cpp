@@ -4,7 +4,8 @@
 // the same binary and run, alternating the two every repetition.
 //
 //   bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke]
-//   bench-rma --loop put|get|send|send-kept|kept-both|tagged --impl regpool|direct [--iters N] [--size B]
+//   bench-rma --loop put|get|put-kept|get-kept|send|send-kept|kept-both|tagged --impl regpool|direct
+//             [--iters N] [--size B]
 //
 // Forks its own target side. The target polls both stacks from one thread
 // (manual progress: shm and tcp;ofi_rxm need the target to progress), echoes
@@ -22,7 +23,8 @@
 //
 // --loop: no timing and no second process. Both sides live in this process
 // (each stack's own endpoints, as bench-sendpath does) and one stack runs
-// N operations one at a time: a put or get and its wait, or a send round
+// N operations one at a time: a put or get and its wait (or one kept put
+// or get reposted each time: put-kept, get-kept), or a send round
 // (post a receive on the target, send, wait for both), the send round with
 // one kept receive reposted instead (send-kept; its direct loop is send's),
 // with a kept send reposted too (kept-both; likewise),
@@ -379,6 +381,14 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
     if (op[0] == 'g') return s.ep->get(peer, *ref, 0, sl);
     return s.ep->send(peer, sl);
   };
+  // put-kept, get-kept: the first post of a kept put or get; later ones
+  // are reposts of its token (rp_again).
+  auto rp_kept = [&](const char* op, const Slice& sl) -> regpool::Result<regpool::Token> {
+    return op[0] == 'p' ? s.ep->put_kept(sl, peer, *ref, 0) : s.ep->get_kept(peer, *ref, 0, sl);
+  };
+  auto rp_again = [&](regpool::Token t) {
+    if (const Status st = s.ep->repost(t); st != Status::ok) die(std::string("repost: ") + regpool::to_string(st));
+  };
   auto rp_ping = [&](std::uint64_t size) {
     auto in = s.ep->post_recv(must(Slice::data(echo, 0, std::max<std::uint64_t>(size, 8))));
     src.data()[0] = kPing;
@@ -406,7 +416,9 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
   const int lat_iters = o.smoke ? 20 : 1000;
   const std::uint64_t bw_bytes = o.smoke ? (4u << 20) : (128u << 20);
   std::vector<Result> results;
-  for (const char* op : {"put", "get", "send"}) {
+  // put-kept and get-kept: regpool's kept puts and gets (one per window
+  // slot, reposted), against the same direct puts and gets.
+  for (const char* op : {"put", "get", "send", "put-kept", "get-kept"}) {
     for (std::uint64_t size : {8ull, 4096ull}) results.push_back({op, size, true, {}, {}});
     for (std::uint64_t size : {65536ull, 1ull << 20, 16ull << 20}) results.push_back({op, size, false, {}, {}});
   }
@@ -422,6 +434,7 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
   for (int rep = 0; rep < o.reps; ++rep) {
     for (Result& r : results) {
       const bool send = r.op[0] == 's';
+      const bool kept = std::strchr(r.op, '-') != nullptr;
       for (int impl = 0; impl < 2; ++impl) {
         const bool rp = (impl + rep) % 2 == 0;  // alternate who goes first
         double value = 0;
@@ -430,10 +443,20 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
           // Made once, as the direct path's buffer and descriptor are: the
           // loop times the operation, not the making of a Slice.
           const Slice slice = must(Slice::data(src, 0, r.size));
+          regpool::Token kept_op{};
           const auto t0 = Clock::now();
           for (int i = 0; i < lat_iters; ++i) {
             if (send) {
               rp ? rp_ping(r.size) : d_ping(r.size);
+            } else if (rp && kept) {
+              if (i == 0) {
+                auto t = rp_kept(r.op, slice);
+                if (!t) die(std::string(r.op) + " post");
+                kept_op = *t;
+              } else {
+                rp_again(kept_op);
+              }
+              if (s.ep->wait(kept_op, 30s).status != Status::ok) die(std::string(r.op));
             } else if (rp) {
               rp_wait(rp_op(r.op, slice));
             } else {
@@ -442,6 +465,7 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
             }
           }
           const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / lat_iters;
+          if (kept_op) (void)s.ep->end_kept(kept_op);
           value = send ? us / 2 : us;
         } else {
           const std::uint64_t n = std::max<std::uint64_t>(bw_bytes / r.size, 4);
@@ -454,12 +478,17 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
             for (std::uint64_t i = 0; i < n; ++i) {
               auto& t = ring[i % window];
               if (t && s.ep->wait(t, 30s).status != Status::ok) die("regpool bw op");
-              auto nt = rp_op(r.op, slice);
+              if (kept && t) {
+                rp_again(t);
+                continue;
+              }
+              auto nt = kept ? rp_kept(r.op, slice) : rp_op(r.op, slice);
               if (!nt) die("regpool bw post");
               t = *nt;
             }
             for (auto& t : ring) {
               if (t && s.ep->wait(t, 30s).status != Status::ok) die("regpool bw op");
+              if (kept && t) (void)s.ep->end_kept(t);
             }
             if (send) rp_ping(8);
           } else {
@@ -658,6 +687,24 @@ int run_loop(const Options& o) {
     }
     return 0;
   }
+  if (o.loop_op == "put-kept" || o.loop_op == "get-kept") {
+    // One kept put or get (put_kept, get_kept) reposted for each operation
+    // instead of a new one: what put()'s and get()'s checks, slot claim and
+    // buffer reference cost (their direct reference is the put or get row).
+    const bool is_put = op == 'p';
+    auto t = is_put ? a.ep->put_kept(local, peer, ref, 0) : a.ep->get_kept(peer, ref, 0, local);
+    if (!t) die(std::string(o.loop_op) + ": " + regpool::to_string(t.status()));
+    const regpool::Token kept = *t;
+    for (std::uint64_t i = 0; i < o.loop_iters; ++i) {
+      if (i > 0) {
+        if (const Status st = a.ep->repost(kept); st != Status::ok) die(std::string("repost: ") + regpool::to_string(st));
+      }
+      wait_ok(*a.ep, kept);
+      if (i % kLoopTargetEvery == 0) (void)b.ep->progress();
+    }
+    (void)a.ep->end_kept(kept);
+    return 0;
+  }
   for (std::uint64_t i = 0; i < o.loop_iters; ++i) {
     if (op == 'p') {
       wait_ok(*a.ep, a.ep->put(local, peer, ref, 0));
@@ -683,7 +730,8 @@ int main(int argc, char** argv) {
       std::printf(
           "usage: bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke]\n"
           "                 [--no-fork [--port P] | --target HOST:PORT]\n"
-          "       bench-rma [--provider shm|tcp] --loop put|get|send|send-kept|kept-both|tagged [--impl regpool|direct]\n"
+          "       bench-rma [--provider shm|tcp] --loop put|get|put-kept|get-kept|send|send-kept|kept-both|tagged\n"
+          "                 [--impl regpool|direct]\n"
           "                 [--iters N] [--size B]\n"
           "  By default the target side is forked. --no-fork waits on port P (0: any,\n"
           "  printed on stderr) for a target started as 'bench-rma --target HOST:PORT'\n"
@@ -720,9 +768,10 @@ int main(int argc, char** argv) {
       o.port = static_cast<std::uint16_t>(p);
     } else if (a == "--loop" && i + 1 < argc) {
       o.loop_op = argv[++i];
-      if (o.loop_op != "put" && o.loop_op != "get" && o.loop_op != "send" && o.loop_op != "send-kept" && o.loop_op != "kept-both" &&
+      if (o.loop_op != "put" && o.loop_op != "get" && o.loop_op != "put-kept" && o.loop_op != "get-kept" &&
+          o.loop_op != "send" && o.loop_op != "send-kept" && o.loop_op != "kept-both" &&
           o.loop_op != "tagged") {
-        std::fprintf(stderr, "bench-rma: --loop needs put, get, send, send-kept, kept-both or tagged\n");
+        std::fprintf(stderr, "bench-rma: --loop needs put, get, put-kept, get-kept, send, send-kept, kept-both or tagged\n");
         return 2;
       }
     } else if (a == "--impl" && i + 1 < argc) {
