@@ -931,10 +931,11 @@ void serve_tagged(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpool
   for (const auto size : c.sizes) {
     const Slice in = must(rx_all.select(0, size), "receive slice");
     boot.barrier(kBootTimeout);
-    // The receive for the next ping is posted before the pong goes out, as
-    // in the send ping-pong (serve_send_pingpong): a ping that arrived
-    // before its receive would be an unexpected message (held, then copied
-    // out when the receive comes), which the send row never measures.
+    // The receive for the next ping is posted before the pong goes out (a
+    // round before with --ahead), as in the send ping-pong
+    // (serve_send_pingpong): a ping that arrived before its receive would
+    // be an unexpected message (held, then copied out when the receive
+    // comes), which the send row never measures.
     const std::uint64_t pings = c.iters + kWarmupOps + (c.loop_mean ? c.iters : 0);
     auto post_ping = [&]() {
       auto t = m.recv(peer, 1, 0, in);
@@ -1013,10 +1014,11 @@ std::string bad_payload(const std::string& op, std::uint64_t size, std::uint64_t
 }
 
 // The server's half of the send ping-pong: `n` pings answered with pongs.
-// The receive for the next ping is posted before the pong goes out, so the
-// client's next ping never finds the receive queue empty (on RC that is an
-// RNR NAK and a retry after the RNR timer: on rxe one or more 4 ms ticks;
-// the median of a run that raced it was 8 ms). ib_send_lat does the same.
+// The client's next ping never finds the receive queue empty (on RC that is
+// an RNR NAK and a retry after the RNR timer: on rxe one or more 4 ms ticks;
+// the median of a run that raced it was 8 ms): with --ahead its receive was
+// posted a round before, with --ahead off right before the pong goes out.
+// ib_send_lat keeps receives posted ahead too.
 void serve_send_pingpong(Side& s, regpool::PeerId peer, const Slice& in, const Slice& out, std::uint64_t n,
                          const Config& c) {
   PingReceive rx[2] = {PingReceive(s, in, c.recv_kept), PingReceive(s, in, c.recv_kept)};
@@ -1309,9 +1311,9 @@ regpool::Token token_or_throw(regpool::Result<regpool::Token> t, const char* wha
   return *t;
 }
 
-// One iteration of the client's half of the send ping-pong: post the pong's
-// receive (into `in`), send `out` and wait for its completion, wait for the
-// pong.
+// One iteration of the client's half of the send ping-pong: send the ping,
+// post the receive for the next pong (--ahead; off: this pong's, before the
+// ping), wait for the ping's completion, wait for the pong.
 void ClientPingPong::round() {
   if (done_ >= rounds_) throw std::logic_error("send ping-pong: more rounds than the server serves");
   const std::uint64_t k = done_++;
@@ -1557,9 +1559,10 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       r.size = size;
       const Slice out = must(all.select(0, size), "send slice");
       const auto slots = slot_slices(all, size, c.used_slots(size));
-      // Latency: ping-pong; the receive for the pong is posted before the
-      // ping so it is never unexpected. Each sample is one whole iteration
-      // (post_recv, send and its completion, the pong), halved, and the
+      // Latency: ping-pong; the receive for a pong is posted before its ping
+      // (with --ahead in the round before, after that round's ping) so it
+      // is never unexpected. Each sample is one whole iteration (send, a
+      // receive posted, the send's completion, the pong), halved, and the
       // samples are back to back, as in fi_pingpong and ucx_perftest
       // tag_lat: their mean is the loop's time / 2 / iterations
       // (fi_pingpong's usec/xfer), their median ucx_perftest's 50%ile.
@@ -1609,10 +1612,11 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       r.size = size;
       const Slice out = must(all.select(0, size), "send slice");
       boot.barrier(kBootTimeout);
-      // One iteration: the pong's receive (posted before the ping: never
-      // unexpected), the ping and its completion, the pong. Timed back to
-      // back, receive included, as the send ping-pong and ucx_perftest's
-      // tag_lat are.
+      // One iteration: the ping, a pong's receive (this pong's, before the
+      // ping, with --ahead off), the ping's completion, the pong. A pong's
+      // receive is always posted before its ping: never unexpected. Timed
+      // back to back, receive included, as the send ping-pong and
+      // ucx_perftest's tag_lat are.
       // --ahead: as the send ping-pong (ClientPingPong), the receive for
       // the next pong posted after this round's ping, none after the last.
       const std::uint64_t rounds = c.iters + kWarmupOps + (c.loop_mean ? c.iters : 0);
@@ -1783,7 +1787,9 @@ std::vector<double> write_pingpong(Side& s, regpool::PeerId peer, const regpool:
     if (!first) poll_memory(s, mark_in, pingpong_mark(i), progress, "write ping-pong");
     if (first && i == static_cast<std::uint64_t>(kWarmupOps)) timer.start();
     *mark_out = static_cast<std::byte>(pingpong_mark(i));
-    (void)wait_ok(s, op.post([&] { return s.ep->put(out, peer, ref, 0); }, [&] { return s.ep->put_kept(out, peer, ref, 0); }),
+    (void)wait_ok(s,
+                  op.post([&] { return s.ep->put(out, peer, ref, 0); },
+                          [&] { return s.ep->put_kept(out, peer, ref, 0); }),
                   "write ping-pong put");
     if (!first) continue;
     poll_memory(s, mark_in, pingpong_mark(i), progress, "write ping-pong");
