@@ -267,6 +267,16 @@ std::uint64_t split_value(const std::string& v, const char* option) {
   return n;
 }
 
+// --recv, --sends, --ahead, --rma: the option's value, one of two words;
+// true for `yes`.
+bool one_of_two(int argc, char** argv, int& i, const char* option, const char* yes, const char* no) {
+  const std::string v = regpool_tools::option_value(argc, argv, i, option);
+  if (v != yes && v != no) {
+    throw UsageError(std::string(option) + " takes " + yes + " or " + no + " (got '" + v + "')");
+  }
+  return v == yes;
+}
+
 Options parse_args(int argc, char** argv, bool& help) {
   Options o;
   bool client_only_option = false;
@@ -408,28 +418,20 @@ Options parse_args(int argc, char** argv, bool& help) {
       o.config.loop_mean = true;
       client_only_option = true;
     } else if (is_option(a, "--recv")) {
+      o.config.recv_kept = one_of_two(argc, argv, i, "--recv", "kept", "fresh");
       not_for_peers = a;
-      const std::string v = option_value(argc, argv, i, "--recv");
-      if (v != "kept" && v != "fresh") throw UsageError("--recv takes kept or fresh (got '" + v + "')");
-      o.config.recv_kept = v == "kept";
       client_only_option = true;
     } else if (is_option(a, "--sends")) {
+      o.config.send_kept = one_of_two(argc, argv, i, "--sends", "kept", "fresh");
       not_for_peers = a;
-      const std::string v = option_value(argc, argv, i, "--sends");
-      if (v != "kept" && v != "fresh") throw UsageError("--sends takes kept or fresh (got '" + v + "')");
-      o.config.send_kept = v == "kept";
       client_only_option = true;
     } else if (is_option(a, "--ahead")) {
+      o.config.recv_ahead = one_of_two(argc, argv, i, "--ahead", "on", "off");
       not_for_peers = a;
-      const std::string v = option_value(argc, argv, i, "--ahead");
-      if (v != "on" && v != "off") throw UsageError("--ahead takes on or off (got '" + v + "')");
-      o.config.recv_ahead = v == "on";
       client_only_option = true;
     } else if (is_option(a, "--rma")) {
+      o.config.rma_kept = one_of_two(argc, argv, i, "--rma", "kept", "fresh");
       not_for_peers = a;
-      const std::string v = option_value(argc, argv, i, "--rma");
-      if (v != "kept" && v != "fresh") throw UsageError("--rma takes kept or fresh (got '" + v + "')");
-      o.config.rma_kept = v == "kept";
       client_only_option = true;
     } else if (a == "--perftest") {
       not_for_peers = a;
@@ -612,61 +614,25 @@ std::string to_string(const std::vector<std::byte>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size());
 }
 
-// The receive a send ping-pong posts before each message into `in`: one
-// kept receive reposted (--recv kept) or a new one each time (--recv
-// fresh). A kept one still posted when the ping-pong ends (it failed) ends
-// at its next completion or with the endpoint.
-class PingReceive {
+// An operation a loop repeats: one kept operation reposted each time
+// (kept) or a new one each time (fresh): the ping-pongs' sends (--sends),
+// --perftest's puts and gets (--rma). post() answers as the operation's
+// call does; a kept one still parked at the end ends with this object (one
+// that failed has ended already).
+class RepeatedOp {
  public:
-  PingReceive(Side& s, const Slice& in, bool kept) : s_(s), in_(in), kept_(kept) {}
-  PingReceive(const PingReceive&) = delete;
-  PingReceive& operator=(const PingReceive&) = delete;
-  ~PingReceive() {
+  RepeatedOp(Side& s, bool kept) : s_(s), kept_(kept) {}
+  RepeatedOp(const RepeatedOp&) = delete;
+  RepeatedOp& operator=(const RepeatedOp&) = delete;
+  ~RepeatedOp() {
     if (token_) (void)s_.ep->end_kept(token_);
   }
-  regpool::Token post();
-
- private:
-  Side& s_;
-  const Slice& in_;
-  bool kept_;
-  regpool::Token token_{};
-};
-
-regpool::Token post_recv_or_throw(Side& s, const Slice& slice) {
-  auto t = s.ep->post_recv(slice);
-  if (!t) throw regpool::Error(t.status(), 0, std::string("post_recv: ") + regpool::to_string(t.status()));
-  return *t;
-}
-
-regpool::Token PingReceive::post() {
-  if (!kept_) return post_recv_or_throw(s_, in_);
-  if (!token_) {
-    auto t = s_.ep->post_recv_kept(in_);
-    if (!t) throw regpool::Error(t.status(), 0, std::string("post_recv_kept: ") + regpool::to_string(t.status()));
-    token_ = *t;
-  } else if (const Status st = s_.ep->repost(token_); st != Status::ok) {
-    throw regpool::Error(st, 0, std::string("repost: ") + regpool::to_string(st));
-  }
-  return token_;
-}
-
-// The send of a send ping-pong: one kept send of `out` to `peer` reposted
-// for each message (--sends kept) or a new send each time (--sends fresh).
-// post() answers the send's status (the caller waits for it with its own
-// label); the token comes through `token`.
-class PingSend {
- public:
-  PingSend(Side& s, regpool::PeerId peer, const Slice& out, bool kept) : s_(s), peer_(peer), out_(out), kept_(kept) {}
-  PingSend(const PingSend&) = delete;
-  PingSend& operator=(const PingSend&) = delete;
-  ~PingSend() {
-    if (token_) (void)s_.ep->end_kept(token_);
-  }
-  regpool::Result<regpool::Token> post() {
-    if (!kept_) return s_.ep->send(peer_, out_);
+  // `fresh` posts a new operation, `keep` the kept one (first time only).
+  template <class Fresh, class Keep>
+  regpool::Result<regpool::Token> post(Fresh fresh, Keep keep) {
+    if (!kept_) return fresh();
     if (!token_) {
-      auto t = s_.ep->send_kept(peer_, out_);
+      auto t = keep();
       if (t) token_ = *t;
       return t;
     }
@@ -676,10 +642,53 @@ class PingSend {
 
  private:
   Side& s_;
-  regpool::PeerId peer_;
-  const Slice& out_;
   bool kept_;
   regpool::Token token_{};
+};
+
+// A receive of a send ping-pong into `in`: one kept receive reposted for
+// each message (--recv kept) or a new one each time (--recv fresh). A kept
+// one still posted when the ping-pong ends (it failed) ends at its next
+// completion or with the endpoint.
+class PingReceive {
+ public:
+  PingReceive(Side& s, const Slice& in, bool kept) : s_(s), in_(in), op_(s, kept) {}
+  regpool::Token post();
+
+ private:
+  Side& s_;
+  const Slice& in_;
+  RepeatedOp op_;
+};
+
+regpool::Token post_recv_or_throw(Side& s, const Slice& slice) {
+  auto t = s.ep->post_recv(slice);
+  if (!t) throw regpool::Error(t.status(), 0, std::string("post_recv: ") + regpool::to_string(t.status()));
+  return *t;
+}
+
+regpool::Token PingReceive::post() {
+  auto t = op_.post([&] { return s_.ep->post_recv(in_); }, [&] { return s_.ep->post_recv_kept(in_); });
+  if (!t) throw regpool::Error(t.status(), 0, std::string("ping-pong receive: ") + regpool::to_string(t.status()));
+  return *t;
+}
+
+// The send of a send ping-pong: one kept send of `out` to `peer` reposted
+// for each message (--sends kept) or a new send each time (--sends fresh).
+// post() answers the send's status (the caller waits for it with its own
+// label); the token comes through `token`.
+class PingSend {
+ public:
+  PingSend(Side& s, regpool::PeerId peer, const Slice& out, bool kept) : s_(s), peer_(peer), out_(out), op_(s, kept) {}
+  regpool::Result<regpool::Token> post() {
+    return op_.post([&] { return s_.ep->send(peer_, out_); }, [&] { return s_.ep->send_kept(peer_, out_); });
+  }
+
+ private:
+  Side& s_;
+  regpool::PeerId peer_;
+  const Slice& out_;
+  RepeatedOp op_;
 };
 
 // The client's side of a send ping-pong of `rounds` round trips (warm-up,
@@ -1743,42 +1752,11 @@ void poll_memory(Side& s, const std::byte* at, std::uint8_t want, bool progress,
   std::atomic_thread_fence(std::memory_order_acquire);  // the bytes before the last one
 }
 
-// The put or get of a --perftest loop: one kept put or get reposted for
-// each operation (--rma kept) or a new one each time (--rma fresh). post()
-// answers as put() and get() do; a kept one still parked at the end ends
-// with this object (one that failed has ended already).
-class PerfRma {
- public:
-  PerfRma(Side& s, bool kept) : s_(s), kept_(kept) {}
-  PerfRma(const PerfRma&) = delete;
-  PerfRma& operator=(const PerfRma&) = delete;
-  ~PerfRma() {
-    if (token_) (void)s_.ep->end_kept(token_);
-  }
-  // `fresh` posts a new operation, `keep` the kept one (first time only).
-  template <class Fresh, class Keep>
-  regpool::Result<regpool::Token> post(Fresh fresh, Keep keep) {
-    if (!kept_) return fresh();
-    if (!token_) {
-      auto t = keep();
-      if (t) token_ = *t;
-      return t;
-    }
-    if (const Status st = s_.ep->repost(token_); st != Status::ok) return st;
-    return token_;
-  }
-
- private:
-  Side& s_;
-  bool kept_;
-  regpool::Token token_{};
-};
-
 // One side of the write ping-pong. The client (first = true) writes first.
 std::vector<double> write_pingpong(Side& s, regpool::PeerId peer, const regpool::RemoteRef& ref, const Slice& out,
                                    const Slice& in, bool first, std::uint64_t iters, bool progress, bool kept,
                                    ProgressLine* pl) {
-  PerfRma op(s, kept);
+  RepeatedOp op(s, kept);
   const std::uint64_t size = out.length();
   std::byte* const mark_out = out.bytes().data() + size - 1;
   const std::byte* const mark_in = in.bytes().data() + size - 1;
@@ -1901,7 +1879,7 @@ std::vector<Row> run_perftest_client(Side& s, regpool::TcpBootstrap& boot, const
         // Back to back: the read, its completion and the loop's own cost,
         // as ib_read_lat's samples (one counter read per iteration).
         SampleTimer timer(c.iters);
-        PerfRma op(s, c.rma_kept);
+        RepeatedOp op(s, c.rma_kept);
         for (std::uint64_t i = 0; i < c.iters + kWarmupOps; ++i) {
           if (i == static_cast<std::uint64_t>(kWarmupOps)) timer.start();
           (void)wait_ok(s, op.post([&] { return s.ep->get(peer, ref, 0, local); },
