@@ -520,7 +520,7 @@ class REGPOOL_API Endpoint {
   // place), as perftest reuses one work request. Checked and posted as
   // put() and get() are: the remote reference and range are checked here,
   // once, for local's length. Parked after a completion with status ok;
-  // any other status ends it (a revoked exposure's access_denied, a failed
+  // any other status ends it (an access the target refused, a failed
   // peer). A removed peer's id answers peer_unreachable, as for
   // send_kept(). Each repost is an operation of its own, unordered against
   // other puts and gets, as put() and get() are.
