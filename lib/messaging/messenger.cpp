@@ -893,6 +893,12 @@ struct MessengerCore {
     ps.ks_id = 0;
   }
 
+  // The op whose message the peer's kept send carries still waits for it
+  // (not completed or reused since).
+  bool kept_op_waiting(const PeerState& ps) const noexcept {
+    return ps.ks_op != kNone && ops[ps.ks_op].gen == ps.ks_gen && ops[ps.ks_op].state == State::active;
+  }
+
   // A kept eager send's completion: the op whose message it carried
   // completes, and the buffer is free for the next message. Any status but
   // ok ended the kept send (Endpoint::send_kept); the next message makes a
@@ -909,7 +915,7 @@ struct MessengerCore {
         end = c.status == Status::ok;
       } else {
         const std::uint32_t i = ps.ks_op;
-        const std::uint32_t gen = ps.ks_gen;
+        const bool waiting = kept_op_waiting(ps);
         ps.ks_busy = false;
         ps.ks_op = kNone;
         if (c.status == Status::ok) {
@@ -917,7 +923,7 @@ struct MessengerCore {
         } else {
           forget_kept_locked(ps);
         }
-        if (i != kNone && ops[i].gen == gen && ops[i].state == State::active) {
+        if (waiting) {
           ops[i].result.length = c.bytes >= mw::kHeaderSize ? c.bytes - mw::kHeaderSize : 0;
           complete(i, c.status);
         }
@@ -1902,9 +1908,7 @@ struct MessengerCore {
       // were copied into the kept buffer; the kept send's own completion
       // will not find it once the state is reset).
       PeerState& ps = peers[peer];
-      if (ps.ks_busy && ps.ks_op != kNone && ops[ps.ks_op].gen == ps.ks_gen && ops[ps.ks_op].state == State::active) {
-        complete(ps.ks_op, s);
-      }
+      if (ps.ks_busy && kept_op_waiting(ps)) complete(ps.ks_op, s);
       end_kept_locked(ps);
     }
     peers[peer] = PeerState{};

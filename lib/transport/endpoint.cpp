@@ -1672,15 +1672,16 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
   const std::uint32_t index = *claimed;
   Slot& s = slots_[index];
   s.kept = kept;
-  if (kept && needs_peer(kind)) s.peer_epoch = peers_[peer].epoch;
+  if (kept && needs_peer(kind)) {
+    s.peer_epoch = peers_[peer].epoch;
+    s.rma_room = length;  // a put's or get's: its remote range was checked for this length
+  }
   // The callback goes in before the post: a completion may be reaped by the
   // first retry's poll.
   s.has_callback = static_cast<bool>(cb);
   // A slot's callback is empty once delivered or given back: moving an
   // empty one in (wait()'s ops) would only clear it again.
   if (s.has_callback || s.cb) s.cb = std::move(cb);
-  // A kept put or get: the remote range was checked for this length.
-  s.rma_room = length;
 
   Status st = Status::ok;
   Clock::time_point retry_until{};
