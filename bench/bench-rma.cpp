@@ -14,7 +14,12 @@
 // Metrics: latency_us = one put/get completing at the initiator with one op
 // in flight (send: half a ping-pong round trip); bandwidth_gbps = gigabits
 // per second with a window of operations in flight (send: the window is
-// closed by a ping-pong so every byte has arrived). Medians over --reps.
+// closed by a ping-pong so every byte has arrived). Medians over --reps,
+// and the median of the per-repetition ratios (paired: regpool's and the
+// direct path's runs of one repetition are back to back, so a host that
+// changes speed between repetitions, as this VM's does every few minutes,
+// moves both figures of a pair together; medians taken apart can each
+// come from a different speed).
 // Writes use FI_DELIVERY_COMPLETE in both stacks when the regpool endpoint
 // does (tcp;ofi_rxm by default), so the two do the same work. The text
 // output has the regpool initiator's post retries and shm lock skips per
@@ -347,6 +352,8 @@ struct Result {
   std::uint64_t size;
   bool latency;
   std::vector<double> rp, direct;
+  // Per repetition: regpool / direct (as the medians' ratio in the table).
+  std::vector<double> paired;
   // The regpool initiator's post retries and shm lock skips in this row,
   // all repetitions: where they are many, the row waited on a region lock.
   std::uint64_t retries = 0, skips = 0;
@@ -419,8 +426,8 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
   // put-kept and get-kept: regpool's kept puts and gets (one per window
   // slot, reposted), against the same direct puts and gets.
   for (const char* op : {"put", "get", "send", "put-kept", "get-kept"}) {
-    for (std::uint64_t size : {8ull, 4096ull}) results.push_back({op, size, true, {}, {}});
-    for (std::uint64_t size : {65536ull, 1ull << 20, 16ull << 20}) results.push_back({op, size, false, {}, {}});
+    for (std::uint64_t size : {8ull, 4096ull}) results.push_back({op, size, true, {}, {}, {}});
+    for (std::uint64_t size : {65536ull, 1ull << 20, 16ull << 20}) results.push_back({op, size, false, {}, {}, {}});
   }
   // Warm both stacks (connections, first-touch).
   for (const char* op : {"put", "get"}) {
@@ -507,6 +514,8 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
         r.retries += s.ep->stats().post_retries - retries0;
         r.skips += s.ep->shm_stats().lock_skips - skips0;
       }
+      const double a = r.rp.back(), b = r.direct.back();
+      if (a > 0 && b > 0) r.paired.push_back(a / b);
     }
   }
   // Tell both target stacks to stop.
@@ -521,21 +530,26 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
     std::printf("{\"provider\": \"%s\", \"results\": [", s.domain->provider_name().c_str());
     for (std::size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
-      std::printf("%s{\"op\": \"%s\", \"size\": %llu, \"metric\": \"%s\", \"regpool\": %.4f, \"direct\": %.4f}",
+      std::printf("%s{\"op\": \"%s\", \"size\": %llu, \"metric\": \"%s\", \"regpool\": %.4f, \"direct\": %.4f, "
+                  "\"paired_ratio\": %.4f}",
                   i ? ", " : "", r.op, static_cast<unsigned long long>(r.size),
-                  r.latency ? "latency_us" : "bandwidth_gbps", median(r.rp), median(r.direct));
+                  r.latency ? "latency_us" : "bandwidth_gbps", median(r.rp), median(r.direct), median(r.paired));
     }
     std::printf("]}\n");
   } else {
     std::printf("provider %s, %d repetitions (medians), delivery complete %s\n", s.domain->provider_name().c_str(),
                 o.reps, s.ep->uses_delivery_complete() ? "on" : "off");
-    std::printf("%-5s %10s %-15s %12s %12s %10s %8s %8s\n", "op", "size", "metric", "regpool", "direct", "ratio",
-                "retries", "skips");
+    // ratio: regpool / direct of the two medians; paired: the median of the
+    // per-repetition regpool / direct (latency: > 1 is slower; bandwidth:
+    // < 1 is slower).
+    std::printf("%-5s %10s %-15s %12s %12s %10s %8s %8s %8s\n", "op", "size", "metric", "regpool", "direct", "ratio",
+                "paired", "retries", "skips");
     for (const Result& r : results) {
       const double a = median(r.rp), b = median(r.direct);
-      std::printf("%-5s %10llu %-15s %12.3f %12.3f %10.3f %8llu %8llu\n", r.op, static_cast<unsigned long long>(r.size),
-                  r.latency ? "latency_us" : "bandwidth_gbps", a, b, b > 0 ? a / b : 0.0,
-                  static_cast<unsigned long long>(r.retries), static_cast<unsigned long long>(r.skips));
+      const double ratio = b > 0 ? a / b : 0.0;
+      std::printf("%-5s %10llu %-15s %12.3f %12.3f %10.3f %8.3f %8llu %8llu\n", r.op,
+                  static_cast<unsigned long long>(r.size), r.latency ? "latency_us" : "bandwidth_gbps", a, b, ratio,
+                  median(r.paired), static_cast<unsigned long long>(r.retries), static_cast<unsigned long long>(r.skips));
     }
     // Why a ratio may be off: posts the regpool endpoint refused for now and
     // retried (a peer's shm region lock seen held), and polls it skipped.
