@@ -21,6 +21,7 @@
 // the report is the median and mean of the halves, and the whole loop's
 // time / iterations / 2 (loop_mean: fi_pingpong's definition, no clock read
 // inside the loop, from a second untimed pass).
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -92,30 +93,39 @@ void copy_out(const Ring& r, std::uint64_t pos, void* dst, std::uint64_t n) {
   if (first < n) std::memcpy(static_cast<unsigned char*>(dst) + first, r.data, n - first);
 }
 
-// While spinning, the parent looks every 2^16 rounds whether the child
-// still runs (a child that died would leave it spinning for ever); the
-// child dies with its parent (PR_SET_PDEATHSIG).
-void check_child(pid_t child, std::uint64_t& spins) {
-  if (child == 0 || (++spins & 0xffff) != 0) return;
-  int status = 0;
-  if (::waitpid(child, &status, WNOHANG) == child) {
-    std::fprintf(stderr, "bench-shm-floor: the child ended while the parent waited for it\n");
-    std::exit(1);
-  }
+// Every 2^16 rounds of a spin (far longer than any message takes when the
+// two run on two CPUs), the spinning side yields its CPU, so that on one
+// CPU the other side gets to run within a time slice instead of at its end;
+// and the parent looks whether the child has ended (without reaping it):
+// true when it has, and the caller then looks at the ring once more before
+// giving up (the child's last message may be there). The child dies with
+// its parent (PR_SET_PDEATHSIG).
+bool spin_round(pid_t child, std::uint64_t& spins) {
+  if ((++spins & 0xffff) != 0) return false;
+  ::sched_yield();
+  if (child == 0) return false;
+  siginfo_t info{};
+  return ::waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == child;
+}
+
+[[noreturn]] void child_gone() {
+  std::fprintf(stderr, "bench-shm-floor: the child ended while the parent waited for it\n");
+  std::exit(1);
 }
 
 // Each side's own view of a ring (no state shared but the ring).
 struct Sender {
   Ring* r = nullptr;
-  pid_t child = 0;  // the parent's: see check_child
+  pid_t child = 0;  // the parent's: see spin_round
   std::uint64_t head = 0;
   std::uint64_t tail_seen = 0;
   void send(const unsigned char* src, std::uint64_t n) {
     const std::uint64_t need = record_size(n);
     std::uint64_t spins = 0;
-    while (head + need - tail_seen > r->cap) {
-      tail_seen = r->tail.load(std::memory_order_acquire);
-      check_child(child, spins);
+    bool gone = false;
+    while (head + need - (tail_seen = r->tail.load(std::memory_order_acquire)) > r->cap) {
+      if (gone) child_gone();
+      gone = spin_round(child, spins);
     }
     copy_in(*r, head + 8, &n, sizeof n);
     copy_in(*r, head + kHeader, src, n);
@@ -129,7 +139,11 @@ struct Receiver {
   std::uint64_t tail = 0;
   std::uint64_t recv(unsigned char* dst) {
     std::uint64_t spins = 0;
-    while (seq_at(*r, tail).load(std::memory_order_acquire) != tail + 1) check_child(child, spins);
+    bool gone = false;
+    while (seq_at(*r, tail).load(std::memory_order_acquire) != tail + 1) {
+      if (gone) child_gone();
+      gone = spin_round(child, spins);
+    }
     std::uint64_t n = 0;
     copy_out(*r, tail + 8, &n, sizeof n);
     copy_out(*r, tail + kHeader, dst, n);
