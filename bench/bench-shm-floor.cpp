@@ -1,7 +1,8 @@
 // bench-shm-floor: the half round trip of a ping-pong between two processes
 // through nothing but shared memory, on this machine: the floor under every
 // shm transport's send latency (regpool's, fi_pingpong's, UCX's), which
-// bench/compare-peers prints beside them (--peers floor).
+// bench/compare-peers prints beside them (its --floor) and also runs, at
+// 8 B, as a probe of the machine's state around every other tool.
 //
 // What it measures: a parent and a forked child share two byte rings (one
 // per direction, MAP_SHARED anonymous memory). A message is a 16-byte
