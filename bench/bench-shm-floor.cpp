@@ -4,18 +4,20 @@
 // bench/compare-peers prints beside them (its --floor) and also runs, at
 // 8 B, as a probe of the machine's state around every other tool.
 //
-// What it measures: a parent and a forked child share two byte rings (one
-// per direction, MAP_SHARED anonymous memory). A message is a 16-byte
-// record header (length) and its payload, padded to a cache line, copied
-// by the sender from its own buffer into the ring, published by a release
-// store of the ring's head, found by the receiver spinning on that head
-// (acquire) and copied out into its own buffer; the receiver then frees
-// the room (tail) and answers with a message of the same size. So each
-// message costs two copies and the cache-line transfers of the record and
-// of the head, as a bounce-buffer transport does (shm's inject, UCX's mm
-// transport), and nothing else: no matching, no completion queue, no
-// locks, no checks of what the peer wrote. It is a reference, not a
-// transport: both sides trust each other (one program, forked).
+// What it measures: a parent and a forked child share two rings per
+// message size (one per direction, MAP_SHARED anonymous memory). A message
+// is a record on a cache-line boundary: a 16-byte header (sequence word,
+// length) and the payload, padded to whole lines. The sender copies it in
+// from its own buffer and publishes it with one release store of the
+// sequence word; the receiver spins on that word (acquire), copies the
+// payload out into its own buffer, frees the room (tail, read by the
+// sender only when its last reading leaves no room) and answers with a
+// message of the same size. So each message costs two copies and the
+// cache-line transfers they need (an 8-byte message is one line), as a
+// bounce-buffer transport's do (shm's inject, UCX's mm FIFO), and nothing
+// else: no matching, no completion queue, no locks, no checks of what the
+// peer wrote. It is a reference, not a transport: both sides trust each
+// other (one program, forked).
 //
 // Each round trip is timed with the time-stamp counter (calibrated against
 // steady_clock over the run), after 8 untimed ones, as regpool-perf does;
