@@ -629,6 +629,23 @@ int run_loop(const Options& o) {
     // thread: its spinning would be counted, as much as the scheduler
     // lets it run, and differ between runs).
     auto warm_in = b.alloc(8), warm_out = a.alloc(8);
+    // A put first: with regpool's shm message rings no send goes through
+    // the provider, and shm's first operation toward a peer (the address
+    // exchange) needs the target's progress.
+    for (;;) {
+      auto t = a.ep->put(must(Slice::data(warm_out)), peer, ref, 0);
+      if (t) {
+        for (;;) {
+          const auto c = a.ep->wait(*t, 1ms);
+          if (c.status == Status::ok) break;
+          if (c.status != Status::in_progress) die(std::string("warm-up put: ") + regpool::to_string(c.status));
+          (void)b.ep->progress();
+        }
+        break;
+      }
+      if (t.status() != Status::would_block) die(std::string("warm-up put: ") + regpool::to_string(t.status()));
+      (void)b.ep->progress();
+    }
     auto in = b.ep->post_recv(must(Slice::data(warm_in)));
     for (;;) {
       auto t = a.ep->send(peer, must(Slice::data(warm_out)));

@@ -139,6 +139,11 @@ class DeathWatch;
 class LockRescuer;
 class RegionLock;
 }  // namespace fabric_shm
+namespace shm_rings {
+class Link;
+class Outbox;
+struct Knock;
+}  // namespace shm_rings
 namespace tcp {
 class StallProbe;
 }  // namespace tcp
@@ -252,6 +257,22 @@ struct FabricEndpointOptions {
   // process is gone (the target died in its own progress, holding it).
   // Off: no thread, and such a call may never return.
   bool rescue_stuck_calls = true;
+  // shm only. Messages (send, send_kept, post_recv and every receive) go
+  // through regpool's own rings instead of the provider's queues
+  // (docs/architecture.md, "shm message rings"): each endpoint owns a file
+  // /dev/shm/regpool-rings.<its region> in which it writes its messages to
+  // each peer, and which its peers map read-only. A message up to 64 KiB is
+  // copied in by the sender and out by the receiver; a longer one is read
+  // by the receiver straight from the sender's buffer (cross-memory
+  // attach), and its send completes when the receiver has read it. Puts,
+  // gets and atomics stay on the provider. What changes for users: the
+  // latency (bench/RESULTS.md), and a receive no longer takes a message
+  // from a sender this endpoint has not inserted: such messages wait in
+  // the sender's ring until insert_peer (or fill it, and the sender's
+  // posts answer would_block, then time out). Both ends of a pair must
+  // agree (insert_peer refuses a peer that differs, naming the option).
+  // Off: the provider's fi_send/fi_recv, as before.
+  bool shm_rings = true;
   // The largest message peers may send to this endpoint, where a longer one
   // would harm the connection instead of failing its own receive (net: a
   // message longer than its receive plus the overflow area behind every
@@ -289,6 +310,20 @@ struct FabricShmStats {
   bool doorbell = false;
   std::uint64_t bell_peers = 0;
   std::uint64_t bell_rings = 0;
+  // Message rings (FabricEndpointOptions::shm_rings): whether this endpoint
+  // uses them; messages sent through them, of which longer than 64 KiB
+  // (read by the receiver from the sender's memory); messages received;
+  // sends that found the ring full (posted again after progress); and what
+  // peers wrote into their rings or directories that could not be believed
+  // (records of unknown kind or impossible length, consumed positions
+  // outside what was sent): such a peer's ring is read no further, and the
+  // peer is marked broken.
+  bool rings = false;
+  std::uint64_t ring_sends = 0;
+  std::uint64_t ring_large_sends = 0;
+  std::uint64_t ring_receives = 0;
+  std::uint64_t ring_full = 0;
+  std::uint64_t ring_corrupt = 0;
 };
 
 // Emulated-atomics traffic seen by a target (relaxed snapshot).
@@ -386,6 +421,10 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
     // Its doorbell, when it sleeps on one and the file passed the checks:
     // rung after every post to it.
     std::unique_ptr<fabric_shm::Bell> bell;
+    // Its message rings' file, mapped read-only, and our slot for it
+    // (FabricEndpointOptions::shm_rings).
+    std::unique_ptr<shm_rings::Link> link;
+    bool ring_broken = false;  // it corrupted its ring: read no further
     // net: where its endpoint listens, probed while it keeps us waiting
     // (posts refused for now, an emulated atomic's reply owed); null where
     // the provider reports dead peers itself or the address cannot be
@@ -486,6 +525,7 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   void* data_context(const BackendOp& op) const noexcept;
   std::uint32_t data_index(void* context) noexcept;
   inline Status shm_peer_gate(std::uint64_t handle, bool ctrl) noexcept;
+  inline bool shm_peer_dead(PeerAddr& p, std::uint64_t handle) noexcept;
   bool shm_region_blocked(OwnRegion& r) noexcept;
   void shm_try_recover(OwnRegion& r, std::chrono::steady_clock::time_point now) noexcept;
   void* local_desc(const BackendOp& op) noexcept;
@@ -505,6 +545,22 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   inline bool rings_target(const BackendOp& op) const noexcept;
   Status do_recv(const BackendOp& op) noexcept;
   Status do_atomic(const BackendOp& op) noexcept;
+  // Message rings (shm_rings): open our file (setup), a peer's (insert),
+  // a send, receives matched to what peers' rings hold, large sends the
+  // receivers have read, a receive taken back.
+  void open_rings(const std::vector<std::byte>& data_name);
+  void ring_peer_insert(PeerAddr& p, std::span<const std::byte> data, bool peer_rings);
+  void ring_peer_remove(PeerAddr& p) noexcept;
+  Status ring_send(const BackendOp& op) noexcept;
+  std::size_t poll_rings(std::size_t max) noexcept;
+  std::size_t ring_acks() noexcept;
+  bool ring_cancel(const BackendOp& op) noexcept;
+  void ring_corrupt(std::uint64_t handle) noexcept;
+  void accept_knocks() noexcept;
+  // Messages from one peer's ring into waiting receives (peer: its id, or
+  // kAnyPeer for a knocking sender). Returns how many; `corrupt` when the
+  // ring cannot be read on.
+  std::size_t drain_ring(shm_rings::Link& link, PeerId peer, std::size_t max, bool& corrupt) noexcept;
 
   std::shared_ptr<FabricDomain> domain_;
   FabricEndpointOptions options_;
@@ -614,6 +670,33 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   std::chrono::steady_clock::time_point deaths_swept_{};
   std::atomic<std::uint64_t> bell_peers_{0};
   std::atomic<std::uint64_t> bell_rings_{0};
+  // Message rings (shm_rings): our file; receives waiting for a message, in
+  // posting order (a circular queue of slot indices, max_in_flight long);
+  // large sends waiting for their receiver to have read them; links of
+  // removed peers that such sends still wait on; where the next poll
+  // starts looking among peers.
+  std::unique_ptr<shm_rings::Outbox> outbox_;
+  std::vector<std::uint32_t> ring_recvs_;
+  std::size_t ring_recv_head_ = 0;
+  std::size_t ring_recv_count_ = 0;
+  struct LargeSend {
+    shm_rings::Link* link = nullptr;
+    std::uint64_t end = 0;  // the receiver's consumed position that completes it
+    std::uint64_t tag = 0;
+  };
+  std::vector<LargeSend> large_sends_;
+  std::vector<std::unique_ptr<shm_rings::Link>> retired_links_;
+  // Senders we have not inserted that knocked (shm_rings.hpp, "Knocks"):
+  // their rings are read too, their messages completing with kAnyPeer,
+  // until they die or are inserted (the link then becomes the peer's).
+  std::vector<std::unique_ptr<shm_rings::Link>> anon_links_;
+  std::vector<shm_rings::Knock> knocks_;  // reserved: taken without allocating
+  std::size_t ring_next_peer_ = 0;
+  std::atomic<std::uint64_t> ring_sends_{0};
+  std::atomic<std::uint64_t> ring_large_sends_{0};
+  std::atomic<std::uint64_t> ring_receives_{0};
+  std::atomic<std::uint64_t> ring_full_{0};
+  std::atomic<std::uint64_t> ring_corrupt_{0};
   // After a post to the peer behind `handle`: ring its bell (shm).
   void ring_peer(std::uint64_t handle) noexcept;
 

@@ -5,6 +5,7 @@
 #include "transport/fabric_provider.hpp"
 #include "transport/fabric_shm.hpp"
 #include "transport/fabric_wire.hpp"
+#include "transport/shm_rings.hpp"
 #include "transport/stall_probe.hpp"
 #include "transport/wire_le.hpp"
 
@@ -19,6 +20,7 @@
 
 #include <sys/epoll.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -371,6 +373,7 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   }
   // Native atomics use the base's registered atomic words (start()).
   open_shm_watch(data_name);
+  open_rings(data_name);
   // Serving atomics: the control address must be in the name peers get, so
   // it opens now. Otherwise it opens when a serving peer is inserted.
   serving_ = emulated_atomics_ && options.emulated_atomics == FabricEndpointOptions::EmulatedAtomics::serve;
@@ -378,7 +381,7 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   if (message_limit_ != 0) transfer_traits_.incoming_message_limit = message_limit_;
   name_ = fabric_wire::encode_name(data_name, serving_ ? std::span<const std::byte>(ctrl_name_)
                                                        : std::span<const std::byte>(),
-                                   emulated_atomics_, message_limit_);
+                                   emulated_atomics_, message_limit_, outbox_ != nullptr);
 }
 
 void FabricEndpoint::open_triplet(fid_av** av, fid_cq** cq, fid_ep** ep, const char* what) {
@@ -532,6 +535,12 @@ void FabricEndpoint::close_resources() noexcept {
   // sleepers): unmap it and remove its file. Peers' bells go with peers_.
   bell_.reset();
   deaths_.reset();  // closes the peers' pidfds
+  // Our rings' file goes (peers that still map it keep reading what is
+  // there); the links to peers' files go with peers_.
+  large_sends_.clear();
+  retired_links_.clear();
+  anon_links_.clear();
+  outbox_.reset();
 }
 
 void FabricEndpoint::close_control() noexcept {
@@ -610,6 +619,15 @@ std::uint64_t FabricEndpoint::do_insert_peer(std::span<const std::byte> name) {
   // shm: a peer this process cannot reach by cross-memory attach is refused
   // here, before any provider call (fabric_shm::cma_refusal).
   if (shm_) shm_peer_check(p, parsed.data);
+  if (shm_ || parsed.rings) ring_peer_insert(p, parsed.data, parsed.rings);
+  // From here on a failure gives the ring slot back (ring_peer_remove).
+  struct RingUndo {
+    FabricEndpoint* self;
+    PeerAddr* p;
+    ~RingUndo() {
+      if (p) self->ring_peer_remove(*p);
+    }
+  } ring_undo{this, &p};
   if (probe_stalls_ || probe_connections_) {
     // Its address (validated above: a sockaddr of our own format) is where
     // its endpoint listens. Made before any provider call, so nothing needs
@@ -681,6 +699,7 @@ std::uint64_t FabricEndpoint::do_insert_peer(std::span<const std::byte> name) {
     return true;
   });
   p.message_limit = parsed.message_limit != 0 ? parsed.message_limit : ~std::uint64_t{0};
+  ring_undo.p = nullptr;
   peers_[handle] = std::move(p);
   if (deaths_ && peers_[handle].pid != 0 && !peers_[handle].dead) {
     // From now on its death is seen by the epoll set (shm_sweep_deaths);
@@ -743,6 +762,7 @@ void FabricEndpoint::do_remove_peer(std::uint64_t handle) noexcept {
   if (!retired) (void)fi_av_remove(av_, &a, 1, 0);
   if (a < handle_by_addr_.size()) handle_by_addr_[a] = kNoEntry;
   if (p.bell) bell_peers_.fetch_sub(1, std::memory_order_relaxed);
+  ring_peer_remove(p);
   if (ctrl_av_ && !p.ctrl_name.empty()) {
     // Only a peer that serves atomics has a control address (p.ctrl).
     fi_addr_t c = p.ctrl;
@@ -842,8 +862,17 @@ void* FabricEndpoint::local_desc(const BackendOp& op) noexcept {
   switch (op.kind) {
     case OpKind::put: return do_put(op, more);
     case OpKind::get: return do_get(op, more);
-    case OpKind::send: return do_send(op, more);
-    case OpKind::recv: return do_recv(op);
+    case OpKind::send:
+      if (op.peer_handle < peers_.size() && peers_[op.peer_handle].link) return ring_send(op);
+      return do_send(op, more);
+    case OpKind::recv:
+      if (outbox_) {
+        // Matched by poll_rings, in posting order (the queue holds
+        // max_in_flight: every receive has a slot).
+        ring_recvs_[(ring_recv_head_ + ring_recv_count_++) % ring_recvs_.size()] = op.index;
+        return Status::ok;
+      }
+      return do_recv(op);
     case OpKind::fetch_add:
     case OpKind::compare_swap: return do_atomic(op);
   }
@@ -1568,7 +1597,11 @@ std::size_t FabricEndpoint::complete_injected(std::size_t max) noexcept {
     // is held (a killed peer may be holding it for ever; the peer check
     // below is what recovers it).
     std::size_t found = 0;
-    if (!shm_region_blocked(own_data_)) found += poll_data(max);
+    if (outbox_) {
+      found += poll_rings(max);
+      if (found >= max) return events + found;
+    }
+    if (!shm_region_blocked(own_data_)) found += poll_data(max - found);
     if (ctrl_cq_ && !shm_region_blocked(own_ctrl_)) found += poll_ctrl_paced();
     events += found;
     // The poll asks whether the peer check is due, on the coarse clock
@@ -1783,6 +1816,10 @@ void FabricEndpoint::do_cancel(const BackendOp& op) noexcept {
     finish_emulated(op.index);
     return;
   }
+  if (op.kind == OpKind::recv && outbox_) {
+    (void)ring_cancel(op);
+    return;
+  }
   (void)fi_cancel(&ep_->fid, data_context(op));
 }
 
@@ -1992,6 +2029,16 @@ void FabricEndpoint::shm_sweep_deaths(std::chrono::steady_clock::time_point now)
 
 void FabricEndpoint::shm_check_peers(std::chrono::steady_clock::time_point now) noexcept {
   shm_sweep_deaths(now);
+  // Knocking senders whose process is gone: their rings are read no
+  // further (what they left unread goes with them) and their slots are
+  // free for others.
+  if (!anon_links_.empty()) {
+    std::erase_if(anon_links_, [this](const std::unique_ptr<shm_rings::Link>& l) {
+      if (fabric_shm::process_alive(l->pid())) return false;
+      outbox_->retire(l->slot());
+      return true;
+    });
+  }
   for (std::size_t h = 0; h < peers_.size(); ++h) {
     PeerAddr& p = peers_[h];
     if (!p.used || p.pid == 0) continue;
@@ -2038,18 +2085,24 @@ bool FabricEndpoint::shm_peer_gone(std::uint64_t handle) noexcept {
   return p.dead;
 }
 
+// A post's check of its target (rate-limited, shm_peer_gone): a peer
+// found dead has its ops failed once, and the post answers
+// peer_unreachable.
+[[gnu::always_inline]] inline bool FabricEndpoint::shm_peer_dead(PeerAddr& p, std::uint64_t handle) noexcept {
+  if (!shm_peer_gone(p, handle)) return false;
+  if (!p.reported) {
+    p.reported = true;
+    dead_peers_.fetch_add(1, std::memory_order_relaxed);
+    const PeerId peer = peer_for_handle(handle);
+    if (peer != kAnyPeer) fail_peer_ops(peer, Status::peer_unreachable);
+  }
+  return true;
+}
+
 [[gnu::always_inline]] inline Status FabricEndpoint::shm_peer_gate(std::uint64_t handle, bool ctrl) noexcept {
   if (handle >= peers_.size()) return Status::ok;
   PeerAddr& p = peers_[handle];
-  if (shm_peer_gone(p, handle)) {
-    if (!p.reported) {
-      p.reported = true;
-      dead_peers_.fetch_add(1, std::memory_order_relaxed);
-      const PeerId peer = peer_for_handle(handle);
-      if (peer != kAnyPeer) fail_peer_ops(peer, Status::peer_unreachable);
-    }
-    return Status::peer_unreachable;
-  }
+  if (shm_peer_dead(p, handle)) return Status::peer_unreachable;
   fabric_shm::RegionLock* lock = ctrl ? p.ctrl_lock.get() : p.lock.get();
   if (lock && lock->held_for(kRegionLockPatience)) {
     // The post would spin on it. Held by the peer itself (busy, or killed
@@ -2131,7 +2184,321 @@ FabricShmStats FabricEndpoint::shm_stats() const noexcept {
   st.doorbell = bell_ != nullptr;
   st.bell_peers = bell_peers_.load(std::memory_order_relaxed);
   st.bell_rings = bell_rings_.load(std::memory_order_relaxed);
+  st.rings = outbox_ != nullptr;
+  st.ring_sends = ring_sends_.load(std::memory_order_relaxed);
+  st.ring_large_sends = ring_large_sends_.load(std::memory_order_relaxed);
+  st.ring_receives = ring_receives_.load(std::memory_order_relaxed);
+  st.ring_full = ring_full_.load(std::memory_order_relaxed);
+  st.ring_corrupt = ring_corrupt_.load(std::memory_order_relaxed);
   return st;
+}
+
+// ------------------------------------------------------------ shm message rings
+//
+// transport/shm_rings.hpp has the layout and the protocol; here is how the
+// endpoint uses it. Every send to a peer with a link goes into our ring for
+// it (ring_send); every receive waits in ring_recvs_ until poll_rings finds
+// a message in some peer's ring for us (peers in turn, from a different one
+// each poll, so a busy sender cannot starve the others). The provider still
+// carries puts, gets and atomics.
+
+void FabricEndpoint::open_rings(const std::vector<std::byte>& data_name) {
+  if (!shm_ || !options_.shm_rings) return;
+  auto box = std::make_unique<shm_rings::Outbox>();
+  if (std::string why = box->create(fabric_shm::region_name(data_name, addr_scheme_)); !why.empty()) {
+    throw Error(Status::transport_error, 0,
+                "fabric endpoint: shm message rings: " + why +
+                    " (FabricEndpointOptions::shm_rings = false sends through the provider's queues instead)");
+  }
+  // Preallocated: posting a receive or a large send never allocates.
+  ring_recvs_.assign(config().max_in_flight, 0);
+  large_sends_.reserve(config().max_in_flight);
+  knocks_.reserve(shm_rings::kKnockSlots);
+  outbox_ = std::move(box);
+  // Every message up to kEagerMax is one record: no step at the provider's
+  // inject size any more, and nothing gained by splitting a message.
+  transfer_traits_.fast_message_limit = shm_rings::kEagerMax;
+  transfer_traits_.split_crossover = 0;
+}
+
+void FabricEndpoint::ring_peer_insert(PeerAddr& p, std::span<const std::byte> data, bool peer_rings) {
+  if (!shm_) {
+    throw Error(Status::malformed, 0,
+                "fabric endpoint: insert_peer: the peer's name says it uses shm message rings, on provider '" +
+                    domain_->provider_name() + "'");
+  }
+  if (peer_rings != (outbox_ != nullptr)) {
+    throw Error(Status::unsupported, 0,
+                std::string("fabric endpoint: insert_peer: the peer ") + (peer_rings ? "sends" : "does not send") +
+                    " its messages through regpool's shm rings and this endpoint " +
+                    (outbox_ ? "does" : "does not") +
+                    ": open both with the same FabricEndpointOptions::shm_rings");
+  }
+  if (!outbox_ || p.pid == 0) return;
+  auto link = std::make_unique<shm_rings::Link>();
+  // Its ring may already be read (it knocked): that link, with its slot
+  // and position, becomes the peer's, so nothing is read twice or lost.
+  for (auto it = anon_links_.begin(); it != anon_links_.end(); ++it) {
+    if ((*it)->pid() != p.pid || !link->open(fabric_shm::region_name(data, addr_scheme_), p.pid).empty() ||
+        link->peer_nonce() != (*it)->peer_nonce()) {
+      continue;
+    }
+    p.link = std::move(*it);
+    anon_links_.erase(it);
+    return;
+  }
+  if (std::string why = link->open(fabric_shm::region_name(data, addr_scheme_), p.pid); !why.empty()) {
+    // A process that is already gone is inserted as a dead peer (its posts
+    // answer peer_unreachable), as the provider's path does.
+    if (!fabric_shm::process_alive(p.pid)) return;
+    throw Error(Status::transport_error, 0, "fabric endpoint: insert_peer: the peer's shm message rings: " + why);
+  }
+  const int slot = outbox_->claim(link->peer_nonce(), p.pid);
+  if (slot < 0) {
+    throw Error(Status::out_of_memory, 0,
+                "fabric endpoint: insert_peer: all " + std::to_string(shm_rings::kSlots) +
+                    " shm message ring slots belong to live peers (remove some first)");
+  }
+  link->bind(slot);
+  p.link = std::move(link);
+}
+
+void FabricEndpoint::ring_peer_remove(PeerAddr& p) noexcept {
+  if (!p.link) return;
+  outbox_->retire(p.link->slot());
+  // Large sends to it still wait for it to read them (it may, or die):
+  // their link stays until they are done (ring_acks).
+  const bool waited_on = std::any_of(large_sends_.begin(), large_sends_.end(),
+                                     [&](const LargeSend& l) { return l.link == p.link.get(); });
+  if (waited_on) {
+    try {
+      retired_links_.push_back(std::move(p.link));
+      outbox_->hold(retired_links_.back()->slot(), true);
+      return;
+    } catch (...) {
+      // No room: those sends are not waited for any more; their slots
+      // stay held until the base gives them up (do_abandon) or closes.
+      std::erase_if(large_sends_, [&](const LargeSend& l) { return l.link == p.link.get(); });
+    }
+  }
+  p.link.reset();
+}
+
+Status FabricEndpoint::ring_send(const BackendOp& op) noexcept {
+  PeerAddr& p = peers_[op.peer_handle];
+  if (shm_peer_dead(p, op.peer_handle)) return Status::peer_unreachable;
+  if (p.ring_broken) return Status::peer_unreachable;
+  if (op.length <= shm_rings::kEagerMax) {
+    if (!p.link->send_data(*outbox_, op.local->address(), op.length)) {
+      ring_full_.fetch_add(1, std::memory_order_relaxed);
+      return Status::would_block;
+    }
+    ring_sends_.fetch_add(1, std::memory_order_relaxed);
+    // A receiver that has not inserted us does not read our ring: tell it
+    // we are here (once, until it knows us).
+    if (!p.link->known(*outbox_)) (void)p.link->knock(*outbox_);
+    // Copied: complete now (do_post) or at the next poll (a batch), as an
+    // inject is; complete_send then checks the target as for an inject.
+    injected_now_ = true;
+    return Status::ok;
+  }
+  std::uint64_t end = 0;
+  if (!p.link->send_large(*outbox_, op.local->address(), op.length, end)) {
+    ring_full_.fetch_add(1, std::memory_order_relaxed);
+    return Status::would_block;
+  }
+  large_sends_.push_back(LargeSend{p.link.get(), end, op.tag});  // reserved: max_in_flight
+  if (!p.link->known(*outbox_)) (void)p.link->knock(*outbox_);
+  ring_sends_.fetch_add(1, std::memory_order_relaxed);
+  ring_large_sends_.fetch_add(1, std::memory_order_relaxed);
+  return Status::ok;
+}
+
+// A large send is done once its receiver's consumed position has passed
+// its record: the receiver has copied the message out of our memory. One
+// that the base has taken back meanwhile (its receiver died and is
+// finished: do_abandon) is dropped.
+std::size_t FabricEndpoint::ring_acks() noexcept {
+  std::size_t events = 0;
+  const shm_rings::Link* link = nullptr;
+  std::uint64_t acked = 0;
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < large_sends_.size(); ++i) {
+    const LargeSend l = large_sends_[i];
+    if (l.link != link) {
+      link = l.link;
+      acked = l.link->acked(*outbox_);
+    }
+    const std::uint32_t index = index_of_tag(l.tag);
+    if (index == kNoIndex) continue;
+    if (acked >= l.end) {
+      complete_send(index, op_at(index));
+      ++events;
+      continue;
+    }
+    large_sends_[kept++] = l;
+  }
+  large_sends_.resize(kept);
+  if (!retired_links_.empty()) {
+    std::erase_if(retired_links_, [this](const std::unique_ptr<shm_rings::Link>& r) {
+      if (std::any_of(large_sends_.begin(), large_sends_.end(), [&](const LargeSend& l) { return l.link == r.get(); })) {
+        return false;
+      }
+      outbox_->hold(r->slot(), false);
+      return true;
+    });
+  }
+  return events;
+}
+
+void FabricEndpoint::ring_corrupt(std::uint64_t handle) noexcept {
+  // What it wrote cannot be read on: nothing more is taken from its ring,
+  // and it is broken for the user (reconnect() finds its ring anew).
+  PeerAddr& p = peers_[handle];
+  if (p.ring_broken) return;
+  p.ring_broken = true;
+  ring_corrupt_.fetch_add(1, std::memory_order_relaxed);
+  const PeerId peer = peer_for_handle(handle);
+  if (peer != kAnyPeer) fail_peer_ops(peer, Status::transport_error);
+}
+
+namespace {
+
+// Copies a large message out of its sender's memory: the bytes moved, and
+// the status of a read that stopped short (the sender gone, or an address
+// that is not its memory).
+std::uint64_t read_large(std::int64_t pid, std::uint64_t address, std::byte* dest, std::uint64_t length,
+                         Status& st) noexcept {
+  std::uint64_t done = 0;
+  while (done < length) {
+    iovec local{dest + done, static_cast<std::size_t>(length - done)};
+    iovec remote{reinterpret_cast<void*>(static_cast<std::uintptr_t>(address + done)),
+                 static_cast<std::size_t>(length - done)};
+    const ssize_t n = ::process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
+    if (n > 0) {
+      done += static_cast<std::uint64_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    st = n < 0 && errno == ESRCH ? Status::peer_unreachable : Status::transport_error;
+    break;
+  }
+  return done;
+}
+
+}  // namespace
+
+[[gnu::hot]] std::size_t FabricEndpoint::drain_ring(shm_rings::Link& link, PeerId peer, std::size_t max,
+                                                      bool& corrupt) noexcept {
+  std::size_t events = 0;
+  while (ring_recv_count_ > 0 && events < max) {
+    shm_rings::Incoming in;
+    const shm_rings::Read r = link.peek(*outbox_, in);
+    if (r == shm_rings::Read::none) break;
+    if (r == shm_rings::Read::corrupt) {
+      corrupt = true;
+      break;
+    }
+    const std::uint32_t index = ring_recvs_[ring_recv_head_];
+    if (++ring_recv_head_ == ring_recvs_.size()) ring_recv_head_ = 0;
+    --ring_recv_count_;
+    const BackendOp& op = op_at(index);
+    const std::uint64_t bytes = std::min(in.length, op.length);
+    auto* dest = static_cast<std::byte*>(op.local->address());
+    Status st = in.length > op.length ? Status::out_of_bounds : Status::ok;
+    std::uint64_t moved = bytes;
+    if (in.kind == shm_rings::RecordKind::data) {
+      std::memcpy(dest, in.data, bytes);
+    } else {
+      Status failed = Status::ok;
+      moved = read_large(link.pid(), in.address, dest, bytes, failed);
+      if (failed != Status::ok) st = failed;
+    }
+    link.consume(*outbox_, in);
+    ring_receives_.fetch_add(1, std::memory_order_relaxed);
+    complete(index, st, moved, peer);
+    ++events;
+  }
+  return events;
+}
+
+[[gnu::hot]] std::size_t FabricEndpoint::poll_rings(std::size_t max) noexcept {
+  std::size_t events = 0;
+  if (!large_sends_.empty()) events += ring_acks();
+  if (ring_recv_count_ == 0) return events;
+  if (outbox_->knocked()) accept_knocks();
+  const std::size_t n = peers_.size();
+  if (n > 0) {
+    const std::size_t first = ring_next_peer_ < n ? ring_next_peer_ : 0;
+    ring_next_peer_ = first + 1;
+    for (std::size_t k = 0; k < n && ring_recv_count_ > 0 && events < max; ++k) {
+      const std::size_t h = first + k < n ? first + k : first + k - n;
+      PeerAddr& p = peers_[h];
+      if (!p.link || p.ring_broken) continue;
+      bool corrupt = false;
+      const std::size_t took = drain_ring(*p.link, peer_for_handle(h), max - events, corrupt);
+      events += took;
+      if (corrupt) ring_corrupt(h);
+      // Room in its ring, or a large send of its read: it may be asleep
+      // waiting for either.
+      if (took > 0) ring_peer(h);
+    }
+  }
+  for (std::size_t i = 0; i < anon_links_.size() && ring_recv_count_ > 0 && events < max;) {
+    bool corrupt = false;
+    events += drain_ring(*anon_links_[i], kAnyPeer, max - events, corrupt);
+    if (corrupt) {
+      // An uninserted sender's garbage: its ring is read no further.
+      ring_corrupt_.fetch_add(1, std::memory_order_relaxed);
+      outbox_->retire(anon_links_[i]->slot());
+      anon_links_.erase(anon_links_.begin() + static_cast<std::ptrdiff_t>(i));
+      continue;
+    }
+    ++i;
+  }
+  return events;
+}
+
+// Senders that knocked: each one's ring is read from now on, unless it is
+// a peer we already read (inserted, or knocked before) or its file fails
+// the checks an inserted peer's would. Bounded by our ring slots: a knock
+// that finds them all taken by live peers is dropped (the sender's
+// messages then wait in its ring until we insert it).
+void FabricEndpoint::accept_knocks() noexcept {
+  knocks_.clear();
+  outbox_->take_knocks(knocks_);
+  for (const shm_rings::Knock& k : knocks_) {
+    const auto same = [&](const shm_rings::Link* l) { return l && l->peer_nonce() == k.nonce; };
+    if (std::any_of(peers_.begin(), peers_.end(), [&](const PeerAddr& p) { return same(p.link.get()); }) ||
+        std::any_of(anon_links_.begin(), anon_links_.end(), [&](const auto& l) { return same(l.get()); })) {
+      continue;
+    }
+    try {
+      auto link = std::make_unique<shm_rings::Link>();
+      if (!link->open(k.region, k.pid).empty() || link->peer_nonce() != k.nonce) continue;
+      const int slot = outbox_->claim(k.nonce, k.pid);
+      if (slot < 0) continue;
+      link->bind(slot);
+      anon_links_.push_back(std::move(link));
+    } catch (...) {
+      // Out of memory: this knock is dropped, as when the slots are full.
+    }
+  }
+}
+
+bool FabricEndpoint::ring_cancel(const BackendOp& op) noexcept {
+  const std::size_t size = ring_recvs_.size();
+  for (std::size_t i = 0; i < ring_recv_count_; ++i) {
+    if (ring_recvs_[(ring_recv_head_ + i) % size] != op.index) continue;
+    // Close the gap: later receives keep their order.
+    for (std::size_t j = i; j + 1 < ring_recv_count_; ++j) {
+      ring_recvs_[(ring_recv_head_ + j) % size] = ring_recvs_[(ring_recv_head_ + j + 1) % size];
+    }
+    --ring_recv_count_;
+    complete(op.index, Status::canceled, 0);
+    return true;
+  }
+  return false;
 }
 
 // ------------------------------------------------------------ exposures

@@ -595,16 +595,16 @@ std::atomic<std::uint32_t>* bell_word(std::byte* base, std::size_t offset) noexc
 
 Bell::~Bell() { close(); }
 
-std::size_t sweep_dead_bells(const char* dir) noexcept {
+std::size_t sweep_dead_files(const char* dir, std::string_view prefix) noexcept {
   DIR* d = ::opendir(dir);
   if (!d) return 0;
   const int dfd = ::dirfd(d);
   std::size_t removed = 0;
   while (const dirent* e = ::readdir(d)) {
     const std::string_view name(e->d_name);
-    if (name.substr(0, kBellPrefix.size()) != kBellPrefix) continue;
+    if (name.substr(0, prefix.size()) != prefix) continue;
     const std::int64_t pid =
-        pid_from_address(std::as_bytes(std::span<const char>(name.data(), name.size())), kBellPrefix);
+        pid_from_address(std::as_bytes(std::span<const char>(name.data(), name.size())), prefix);
     if (pid <= 0 || pid == ::getpid() || process_alive(pid)) continue;
     struct stat st {};
     if (::fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
@@ -614,6 +614,8 @@ std::size_t sweep_dead_bells(const char* dir) noexcept {
   ::closedir(d);
   return removed;
 }
+
+std::size_t sweep_dead_bells(const char* dir) noexcept { return sweep_dead_files(dir, kBellPrefix); }
 
 bool Bell::create(std::string_view region) noexcept {
   close();

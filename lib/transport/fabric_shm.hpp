@@ -362,6 +362,9 @@ bool bell_layout_ok(std::span<const std::byte> head) noexcept;
 // peers does not collect them. A peer still mapping such a file keeps its
 // mapping (unlink leaves it valid) and rings nobody.
 std::size_t sweep_dead_bells(const char* dir) noexcept;
+// The same for any file named <prefix><pid>:... (the message rings' files,
+// transport/shm_rings.hpp, use it too).
+std::size_t sweep_dead_files(const char* dir, std::string_view prefix) noexcept;
 
 // One mapped bell: this endpoint's own (create) or a peer's (open). Not
 // thread-safe for open/close; ring() may race with anything (atomics).

@@ -114,6 +114,9 @@ inline const char* check_address(std::span<const std::byte> a, const AddrRules& 
 //    rendezvous-size message dies before it is matched): senders refuse
 //    such a send locally (Status::message_too_large). Without the bit the
 //    endpoint takes any length the provider carries.
+//  - bit 3 (kNameRings): shm only: the endpoint sends and receives its
+//    messages through regpool's own rings (transport/shm_rings.hpp), in a
+//    file named after its address. Both ends of a pair must agree.
 // Version 1 (regpool before the control endpoint became optional) had bit
 // 0 only, meaning "emulates and serves"; its names are refused ("name
 // version"): peers must run the same name version, nothing is negotiated.
@@ -122,6 +125,7 @@ constexpr std::size_t kNameHeader = 8;
 constexpr std::uint8_t kNameHasCtrl = 1;
 constexpr std::uint8_t kNameEmulates = 2;
 constexpr std::uint8_t kNameLimit = 4;
+constexpr std::uint8_t kNameRings = 8;
 constexpr std::size_t kNameLimitField = 4;
 // Smallest message limit a name may carry (and an endpoint may be opened
 // with): below it no control message or small payload would pass.
@@ -136,6 +140,7 @@ struct ParsedName {
   bool has_ctrl = false;            // serves emulated atomics (ctrl is its control address)
   bool emulates = false;            // its atomics are emulated
   std::uint64_t message_limit = 0;  // largest message it accepts; 0: no limit
+  bool rings = false;               // shm: its messages go through regpool's rings
 };
 
 inline const char* parse_name(std::span<const std::byte> name, const AddrRules& rules, ParsedName& out) noexcept {
@@ -147,7 +152,7 @@ inline const char* parse_name(std::span<const std::byte> name, const AddrRules& 
                                    : "name version (unknown)";
   }
   const auto flags = static_cast<std::uint8_t>(name[3]);
-  if ((flags & ~(kNameHasCtrl | kNameEmulates | kNameLimit)) != 0) return "name flags (unknown bits)";
+  if ((flags & ~(kNameHasCtrl | kNameEmulates | kNameLimit | kNameRings)) != 0) return "name flags (unknown bits)";
   const bool has_ctrl = (flags & kNameHasCtrl) != 0;
   const bool emulates = (flags & kNameEmulates) != 0;
   const std::size_t head = kNameHeader + ((flags & kNameLimit) != 0 ? kNameLimitField : 0);
@@ -171,6 +176,7 @@ inline const char* parse_name(std::span<const std::byte> name, const AddrRules& 
   out.has_ctrl = has_ctrl;
   out.emulates = emulates;
   out.message_limit = limit;
+  out.rings = (flags & kNameRings) != 0;
   return nullptr;
 }
 
@@ -178,7 +184,7 @@ inline const char* parse_name(std::span<const std::byte> name, const AddrRules& 
 // input; ctrl empty unless `serves`; message_limit 0 for none, else within
 // kMinMessageLimit..kMaxMessageLimit, which the caller checked).
 inline std::vector<std::byte> encode_name(std::span<const std::byte> data, std::span<const std::byte> ctrl,
-                                          bool emulates, std::uint64_t message_limit) {
+                                          bool emulates, std::uint64_t message_limit, bool rings = false) {
   std::vector<std::byte> name(kNameHeader + (message_limit != 0 ? kNameLimitField : 0));
   name[0] = std::byte{'R'};
   name[1] = std::byte{'P'};
@@ -186,6 +192,7 @@ inline std::vector<std::byte> encode_name(std::span<const std::byte> data, std::
   std::uint8_t flags = emulates ? kNameEmulates : 0;
   if (!ctrl.empty()) flags |= kNameHasCtrl;
   if (message_limit != 0) flags |= kNameLimit;
+  if (rings) flags |= kNameRings;
   name[3] = std::byte{flags};
   le::put_u16(&name[4], static_cast<std::uint16_t>(data.size()));
   le::put_u16(&name[6], static_cast<std::uint16_t>(ctrl.size()));

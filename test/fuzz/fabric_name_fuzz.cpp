@@ -194,13 +194,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (name[2] != std::byte{fw::kNameVersion}) std::abort();
   const auto flags = static_cast<std::uint8_t>(name[3]);
   if (flags != ((p.has_ctrl ? fw::kNameHasCtrl : 0) | (p.emulates ? fw::kNameEmulates : 0) |
-                (p.message_limit != 0 ? fw::kNameLimit : 0))) {
+                (p.message_limit != 0 ? fw::kNameLimit : 0) | (p.rings ? fw::kNameRings : 0))) {
     std::abort();
   }
   check_address_invariants(p.data, rules);
   if (p.has_ctrl) check_address_invariants(p.ctrl, rules);
   // Re-encode as FabricEndpoint::name() does.
-  const std::vector<std::byte> again = fw::encode_name(p.data, p.ctrl, p.emulates, p.message_limit);
+  const std::vector<std::byte> again = fw::encode_name(p.data, p.ctrl, p.emulates, p.message_limit, p.rings);
   if (again.size() != name.size() || std::memcmp(again.data(), name.data(), again.size()) != 0) std::abort();
   return 0;
 }

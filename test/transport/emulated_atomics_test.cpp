@@ -197,9 +197,10 @@ TEST_CASE("the name says whether a control address is present", "[fabric]") {
   const std::string prov = GENERATE(from_range(rpt::backends()));
   INFO("provider " << prov);
   Pair p(prov, Mode::serve, Mode::on_demand);
-  // The atomics bits; a message limit (net) is another matter (hostile).
+  // The atomics bits; a message limit (net) and shm's message rings are
+  // other matters (hostile, shm-rings).
   auto flags_of = [](const std::vector<std::byte>& n) {
-    return static_cast<std::uint8_t>(static_cast<std::uint8_t>(n[3]) & ~fw::kNameLimit);
+    return static_cast<std::uint8_t>(static_cast<std::uint8_t>(n[3]) & ~(fw::kNameLimit | fw::kNameRings));
   };
   auto ctrl_len = [](const std::vector<std::byte>& n) {
     return static_cast<std::size_t>(n[6]) | (static_cast<std::size_t>(n[7]) << 8);

@@ -120,24 +120,29 @@ TEST_CASE("put and get move exact bytes, 1 B to 64 MiB, at unaligned offsets", "
 
 TEST_CASE("send and recv deliver many messages in order and intact", "[fabric]") {
   const std::string prov = GENERATE(from_range(rpt::backends()));
-  // Every message here (8 B to 4 KiB) is within shm's inject size: shm
-  // sends them by fi_inject unless FabricEndpointOptions::inject_sends is
-  // off, and both ways must deliver the same. Other backends have one way.
-  const bool inject = GENERATE(true, false);
-  if (!inject && prov != "shm") return;
+  // shm has three message paths, which must all deliver the same: regpool's
+  // own rings (the default), and with FabricEndpointOptions::shm_rings off
+  // the provider's, where every message here (8 B to 4 KiB) is within its
+  // inject size and goes by fi_inject unless inject_sends is off. Other
+  // backends have one way.
+  const int path = GENERATE(0, 1, 2);
+  if (path != 0 && prov != "shm") return;
+  const bool rings = path == 0;
+  const bool inject = path != 2;
   // Fresh receives, each posted again from its callback, and fresh sends;
   // or kept receives (post_recv_kept) that their callbacks repost, and kept
   // sends (send_kept), one per window slot, reposted from a new slice of
   // the slot's bytes for each message (lengths change every time).
   const bool kept = GENERATE(false, true);
-  INFO("backend " << prov << (inject ? "" : ", inject_sends off") << (kept ? ", kept receives and sends" : ""));
+  INFO("backend " << prov << (rings ? "" : inject ? ", provider's message path" : ", provider's message path, inject_sends off")
+                   << (kept ? ", kept receives and sends" : ""));
   auto boot = rpt::root_bootstrap();
   const auto port = boot->port();
 
   auto kid = rpt::spawn(
       [&]() -> int {
         auto b = rpt::child_bootstrap(port);
-        rpt::Stack s(prov, {}, std::size_t{16} << 20, 0, inject);
+        rpt::Stack s(prov, {}, std::size_t{16} << 20, 0, inject, rings);
         auto all = b->allgather(s.ep->name(), 20s);
         const auto peer = s.ep->insert_peer(all[0]);
         auto buf = s.alloc(kWindow * kMaxMsg);
@@ -172,7 +177,7 @@ TEST_CASE("send and recv deliver many messages in order and intact", "[fabric]")
       },
       120);
 
-  rpt::Stack s(prov);
+  rpt::Stack s(prov, {}, std::size_t{16} << 20, 0, true, rings);
   auto all = boot->allgather(s.ep->name(), 20s);
   auto buf = s.alloc(kRecvs * kMaxMsg);
   std::uint64_t received = 0, in_order = 0, intact = 0;

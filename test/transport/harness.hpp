@@ -241,7 +241,8 @@ inline regpool::FabricConfig fabric_config(const std::string& provider) {
 inline std::unique_ptr<regpool::Endpoint> open_endpoint(const std::shared_ptr<regpool::Domain>& domain,
                                                         const std::string& backend,
                                                         const regpool::EndpointConfig& ec,
-                                                        std::uint64_t max_incoming = 0, bool inject_sends = true) {
+                                                        std::uint64_t max_incoming = 0, bool inject_sends = true,
+                                                        bool shm_rings = true) {
 #if REGPOOL_HAVE_VERBS
   if (backend == "verbs") return regpool::VerbsEndpoint::open(std::static_pointer_cast<regpool::VerbsDomain>(domain), ec);
 #endif
@@ -251,12 +252,15 @@ inline std::unique_ptr<regpool::Endpoint> open_endpoint(const std::shared_ptr<re
     fo.emulated_atomics = regpool::FabricEndpointOptions::EmulatedAtomics::serve;
     if (max_incoming != 0) fo.max_incoming_message = max_incoming;
     fo.inject_sends = inject_sends;
+    fo.shm_rings = shm_rings;
     return regpool::FabricEndpoint::open(std::static_pointer_cast<regpool::FabricDomain>(domain), ec, fo);
   }
 #endif
   (void)domain;
   (void)ec;
   (void)max_incoming;
+  (void)inject_sends;
+  (void)shm_rings;
   throw regpool::Error(regpool::Status::unsupported, 0, "test: backend " + backend + " not built");
 }
 
@@ -268,14 +272,14 @@ struct Stack {
 
   explicit Stack(const std::string& backend, regpool::EndpointConfig ec = {},
                  std::size_t arena = std::size_t{16} << 20, std::uint64_t max_incoming = 0,
-                 bool inject_sends = true) {
+                 bool inject_sends = true, bool shm_rings = true) {
 #if REGPOOL_HAVE_VERBS
     if (backend == "verbs") domain = regpool::VerbsDomain::open();
 #endif
 #if REGPOOL_HAVE_FABRIC
     if (backend != "verbs") domain = regpool::FabricDomain::open(fabric_config(backend));
 #endif
-    if (domain) ep = open_endpoint(domain, backend, ec, max_incoming, inject_sends);
+    if (domain) ep = open_endpoint(domain, backend, ec, max_incoming, inject_sends, shm_rings);
     if (!ep) throw regpool::Error(regpool::Status::unsupported, 0, "test: backend " + backend + " not built");
     regpool::PoolConfig pc;
     pc.arena_size = arena;

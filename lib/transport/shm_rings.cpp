@@ -1,0 +1,543 @@
+#include "transport/shm_rings.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <new>
+
+#include "transport/fabric_shm.hpp"
+
+namespace regpool::shm_rings {
+
+namespace {
+
+std::uint64_t load_u64(const std::byte* p) noexcept {
+  std::uint64_t v = 0;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+std::uint32_t load_u32(const std::byte* p) noexcept {
+  std::uint32_t v = 0;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// An aligned word of a shared mapping, read or written as an atomic. The
+// peer's mapping is read-only: only loads go through it.
+std::atomic_ref<std::uint64_t> shared_word(const std::byte* p) noexcept {
+  return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(const_cast<std::byte*>(p)));
+}
+
+std::string errno_text(const char* what, const std::string& path, int e) {
+  return std::string(what) + " " + path + ": " + std::strerror(e);
+}
+
+}  // namespace
+
+std::string file_name(std::string_view region) {
+  // NAME_MAX: a longer name cannot be a file.
+  if (region.empty() || region.find('/') != std::string_view::npos || region.find('\0') != std::string_view::npos ||
+      kFilePrefix.size() + region.size() > 255) {
+    return {};
+  }
+  std::string out(kFilePrefix);
+  out.append(region);
+  return out;
+}
+
+bool header_ok(std::span<const std::byte> head, std::int64_t pid) noexcept {
+  if (head.size() < kHeaderChecked) return false;
+  return load_u64(head.data() + kMagicOffset) == kMagic && load_u32(head.data() + kVersionOffset) == kVersion &&
+         load_u32(head.data() + kSlotsOffset) == kSlots && load_u64(head.data() + kRingOffset) == kRingBytes &&
+         load_u64(head.data() + kNonceOffset) != 0 &&
+         static_cast<std::int64_t>(load_u64(head.data() + kPidOffset)) == pid;
+}
+
+bool parse_record(std::uint32_t kind, std::uint32_t length, std::uint64_t offset, Record& out) noexcept {
+  // The offset is ours (a position we advanced), but a pure check takes
+  // nothing for granted.
+  if (offset % kRecordAlign != 0 || offset >= kRingBytes) return false;
+  switch (static_cast<RecordKind>(kind)) {
+    case RecordKind::data:
+      if (length > kEagerMax || offset + kRecordHeader + length > kRingBytes) return false;
+      out = Record{RecordKind::data, length, align_record(kRecordHeader + length)};
+      return true;
+    case RecordKind::pad:
+      if (length != 0) return false;
+      out = Record{RecordKind::pad, 0, kRingBytes - offset};
+      return true;
+    case RecordKind::large:
+      if (length != 16 || offset + kRecordHeader + 16 > kRingBytes) return false;
+      out = Record{RecordKind::large, 16, align_record(kRecordHeader + 16)};
+      return true;
+  }
+  return false;
+}
+
+bool large_ok(std::uint64_t address, std::uint64_t length) noexcept {
+  // Above kEagerMax (a shorter message is never sent this way), below
+  // kLargeMax, and an address range that does not wrap.
+  return length > kEagerMax && length <= kLargeMax && address != 0 && address + length > address;
+}
+
+bool parse_knock(std::span<const std::byte> slot, Knock& out) {
+  if (slot.size() < kKnockSlotBytes) return false;
+  const std::uint64_t nonce = load_u64(slot.data() + kKnockNonce);
+  if (nonce == 0 || load_u64(slot.data() + kKnockReady) != nonce) return false;
+  const std::uint64_t length = load_u64(slot.data() + kKnockLength);
+  if (length == 0 || length > kKnockRegionMax) return false;
+  const std::string_view region(reinterpret_cast<const char*>(slot.data() + kKnockRegion), length);
+  const std::int64_t pid = fabric_shm::region_file_pid(region);
+  if (pid == 0 || static_cast<std::int64_t>(load_u64(slot.data() + kKnockPid)) != pid) return false;
+  out.nonce = nonce;
+  out.pid = pid;
+  out.region.assign(region);
+  return true;
+}
+
+int find_entry(const std::byte* entries, std::uint64_t nonce, std::uint64_t& state) noexcept {
+  if (nonce == 0) return -1;
+  for (std::uint32_t i = 0; i < kSlots; ++i) {
+    const std::byte* e = entries + static_cast<std::size_t>(i) * kEntryBytes;
+    const std::uint64_t before = shared_word(e + kEntryState).load(std::memory_order_acquire);
+    const auto st = static_cast<EntryState>(before & 0xff);
+    if (st != EntryState::live && st != EntryState::retired) continue;
+    const std::uint64_t n = shared_word(e + kEntryNonce).load(std::memory_order_acquire);
+    // The owner clears the state before it rewrites an entry: the same
+    // state word on both sides of the nonce means the nonce belongs to it.
+    if (n != nonce || shared_word(e + kEntryState).load(std::memory_order_acquire) != before) continue;
+    state = before;
+    return static_cast<int>(i);
+  }
+  return -1;
+}
+
+// ------------------------------------------------------------------ Outbox
+
+Outbox::~Outbox() {
+  if (base_) ::munmap(base_, kFileBytes);
+  if (!path_.empty()) (void)::unlink(path_.c_str());
+  if (knocks_) ::munmap(knocks_, kKnockBytes);
+  if (!knock_path_.empty()) (void)::unlink(knock_path_.c_str());
+}
+
+namespace {
+
+// Creates /dev/shm/<name> of `bytes` (replacing a dead namesake: our pid is
+// in the name) and maps it read-write. Empty string, or why not.
+std::string create_file(const std::string& path, std::uint64_t bytes, std::byte*& base) {
+  (void)::unlink(path.c_str());
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return errno_text("cannot create", path, errno);
+  // Sparse: tmpfs gives a page only when it is first written, so a ring
+  // costs what its traffic has touched.
+  void* p = MAP_FAILED;
+  int e = 0;
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    e = errno;
+  } else {
+    p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) e = errno;
+  }
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    (void)::unlink(path.c_str());
+    return errno_text("cannot size or map", path, e);
+  }
+  base = static_cast<std::byte*>(p);
+  return {};
+}
+
+}  // namespace
+
+std::atomic<std::uint64_t>* Outbox::word(std::size_t offset) const noexcept {
+  // The mapping is page-aligned and every offset a multiple of 8.
+  return std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(base_ + offset));
+}
+
+std::string Outbox::create(std::string_view region) {
+  (void)fabric_shm::sweep_dead_files("/dev/shm", kFilePrefix);
+  const std::string name = file_name(region);
+  if (name.empty()) return "the region name '" + std::string(region) + "' is not a file name";
+  std::string path = "/dev/shm/" + name;
+  std::string knock_path = "/dev/shm/" + std::string(kKnockPrefix) + std::string(region);
+  std::uint64_t nonce = 0;
+  while (nonce == 0) {
+    if (::getrandom(&nonce, sizeof nonce, 0) != static_cast<ssize_t>(sizeof nonce)) {
+      if (errno == EINTR) continue;
+      return std::string("getrandom for the file's nonce: ") + std::strerror(errno);
+    }
+  }
+  (void)fabric_shm::sweep_dead_files("/dev/shm", kKnockPrefix);
+  try {
+    slots_.resize(kSlots);
+    region_.assign(region);
+  } catch (...) {
+    return "out of memory";
+  }
+  std::byte* base = nullptr;
+  if (std::string why = create_file(path, kFileBytes, base); !why.empty()) return why;
+  std::byte* knocks = nullptr;
+  if (std::string why = create_file(knock_path, kKnockBytes, knocks); !why.empty()) {
+    ::munmap(base, kFileBytes);
+    (void)::unlink(path.c_str());
+    return why;
+  }
+  knocks_ = knocks;
+  knock_path_ = std::move(knock_path);
+  std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(knocks_)).store(kKnockMagic,
+                                                                                    std::memory_order_release);
+  base_ = base;
+  path_ = std::move(path);
+  nonce_ = nonce;
+  const auto pid = static_cast<std::uint64_t>(::getpid());
+  const std::uint64_t version_slots = kVersion | (static_cast<std::uint64_t>(kSlots) << 32);
+  std::memcpy(base_ + kVersionOffset, &version_slots, sizeof version_slots);
+  std::memcpy(base_ + kRingOffset, &kRingBytes, sizeof kRingBytes);
+  std::memcpy(base_ + kNonceOffset, &nonce_, sizeof nonce_);
+  std::memcpy(base_ + kPidOffset, &pid, sizeof pid);
+  // The magic last: a peer that maps the file early sees no header rather
+  // than half of one.
+  word(kMagicOffset)->store(kMagic, std::memory_order_release);
+  return {};
+}
+
+void Outbox::publish(int slot) noexcept {
+  const Slot& s = slots_[static_cast<std::size_t>(slot)];
+  // Cleared first (find_entry reads the state on both sides of the nonce).
+  entry_word(slot, kEntryState)->store(0, std::memory_order_release);
+  entry_word(slot, kEntryNonce)->store(s.peer_nonce, std::memory_order_release);
+  entry_word(slot, kEntryRing)->store(0, std::memory_order_release);
+  entry_word(slot, kEntryConsumed)->store(s.pos, std::memory_order_release);
+  entry_word(slot, kEntryRing)->store(s.ring, std::memory_order_release);
+  entry_word(slot, kEntryState)->store((s.generation << 8) | static_cast<std::uint64_t>(s.state),
+                                       std::memory_order_release);
+  word(kDirGenOffset)->fetch_add(1, std::memory_order_acq_rel);
+}
+
+int Outbox::claim(std::uint64_t peer_nonce, std::int64_t peer_pid) noexcept {
+  if (!base_) return -1;
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    if (s.state == EntryState::retired && s.peer_nonce == peer_nonce) {
+      s.state = EntryState::live;
+      s.peer_pid = peer_pid;
+      publish(static_cast<int>(i));
+      return static_cast<int>(i);
+    }
+  }
+  auto take = [&](std::size_t i) {
+    Slot& s = slots_[i];
+    const std::uint64_t generation = s.generation + 1;
+    s = Slot{};
+    s.generation = generation;
+    s.peer_nonce = peer_nonce;
+    s.peer_pid = peer_pid;
+    s.state = EntryState::live;
+    publish(static_cast<int>(i));
+    return static_cast<int>(i);
+  };
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].state == EntryState::free) return take(i);
+  }
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].state == EntryState::retired && !slots_[i].held && !fabric_shm::process_alive(slots_[i].peer_pid)) {
+      return take(i);
+    }
+  }
+  return -1;
+}
+
+void Outbox::retire(int slot) noexcept {
+  if (slot < 0 || static_cast<std::size_t>(slot) >= slots_.size()) return;
+  slots_[static_cast<std::size_t>(slot)].state = EntryState::retired;
+  publish(slot);
+}
+
+bool Outbox::knocked() const noexcept {
+  return knocks_ && shared_word(knocks_ + kKnockSeqOffset).load(std::memory_order_acquire) != knock_seq_;
+}
+
+void Outbox::take_knocks(std::vector<Knock>& out) noexcept {
+  if (!knocks_) return;
+  knock_seq_ = shared_word(knocks_ + kKnockSeqOffset).load(std::memory_order_acquire);
+  for (std::size_t i = 1; i <= kKnockSlots && out.size() < out.capacity(); ++i) {
+    std::byte* slot = knocks_ + i * kKnockSlotBytes;
+    const std::uint64_t ready = shared_word(slot + kKnockReady).load(std::memory_order_acquire);
+    if (ready == 0) continue;
+    std::byte copy[kKnockSlotBytes];
+    std::memcpy(copy, slot, sizeof copy);
+    Knock k;
+    bool ok = false;
+    try {
+      ok = parse_knock(copy, k);
+    } catch (...) {
+      ok = false;  // out of memory for the region string: dropped
+    }
+    // Given back either way: ready first, so a sender that claims the slot
+    // next finds it wholly free once the nonce is 0.
+    shared_word(slot + kKnockReady).store(0, std::memory_order_release);
+    shared_word(slot + kKnockNonce).store(0, std::memory_order_release);
+    if (ok) out.push_back(std::move(k));  // within capacity: no allocation
+  }
+}
+
+void Outbox::hold(int slot, bool held) noexcept {
+  if (slot >= 0 && static_cast<std::size_t>(slot) < slots_.size()) slots_[static_cast<std::size_t>(slot)].held = held;
+}
+
+std::uint32_t Outbox::live_slots() const noexcept {
+  std::uint32_t n = 0;
+  for (const Slot& s : slots_) n += s.state == EntryState::live ? 1 : 0;
+  return n;
+}
+
+// -------------------------------------------------------------------- Link
+
+Link::~Link() {
+  if (base_) ::munmap(const_cast<std::byte*>(base_), kFileBytes);
+  if (knocks_) ::munmap(knocks_, kKnockBytes);
+}
+
+std::string Link::open(std::string_view region, std::int64_t pid) {
+  const std::string name = file_name(region);
+  if (name.empty()) return "the region name '" + std::string(region) + "' is not a file name";
+  const std::string path = "/dev/shm/" + name;
+  // O_NONBLOCK: a FIFO planted under the name must not block the open.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return errno_text("cannot open", path, errno);
+  struct stat st {};
+  void* p = MAP_FAILED;
+  std::string why;
+  if (::fstat(fd, &st) != 0) {
+    why = errno_text("cannot stat", path, errno);
+  } else if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
+    why = path + " is not a regular file of this user";
+  } else if (static_cast<std::uint64_t>(st.st_size) != kFileBytes) {
+    why = path + " has " + std::to_string(st.st_size) + " bytes, not " + std::to_string(kFileBytes) +
+          " (another regpool version?)";
+  } else {
+    p = ::mmap(nullptr, kFileBytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) why = errno_text("cannot map", path, errno);
+  }
+  ::close(fd);
+  if (p == MAP_FAILED) return why;
+  const auto* base = static_cast<const std::byte*>(p);
+  std::byte head[kHeaderChecked];
+  const std::uint64_t magic = shared_word(base + kMagicOffset).load(std::memory_order_acquire);
+  std::memcpy(head, base, sizeof head);
+  std::memcpy(head + kMagicOffset, &magic, sizeof magic);
+  if (!header_ok(head, pid)) {
+    ::munmap(p, kFileBytes);
+    return path + ": not a message-ring file of process " + std::to_string(pid) + " in this layout (version " +
+           std::to_string(kVersion) + ")";
+  }
+  if (base_) ::munmap(const_cast<std::byte*>(base_), kFileBytes);
+  try {
+    region_.assign(region);
+  } catch (...) {
+    ::munmap(p, kFileBytes);
+    return "out of memory";
+  }
+  base_ = base;
+  pid_ = pid;
+  peer_nonce_ = load_u64(head + kNonceOffset);
+  return {};
+}
+
+std::uint64_t Link::peer_word(std::size_t offset) const noexcept {
+  return shared_word(base_ + offset).load(std::memory_order_acquire);
+}
+
+bool Link::resolve(Outbox& own) noexcept {
+  const std::uint64_t gen = peer_word(kDirGenOffset);
+  if (gen == dir_gen_) return peer_slot_ >= 0;
+  dir_gen_ = gen;
+  std::uint64_t state = 0;
+  const int e = find_entry(base_ + kHeaderBytes, own.nonce(), state);
+  if (e < 0) {
+    // Not (or no longer) in its directory. What we had read of its last
+    // ring stays in our slot: the same ring found again goes on from there.
+    peer_slot_ = -1;
+    return false;
+  }
+  peer_slot_ = e;
+  peer_state_ = state;
+  Outbox::Slot& s = own.slots_[static_cast<std::size_t>(slot_)];
+  const std::uint64_t ring = ring_id(static_cast<std::uint32_t>(e), state >> 8);
+  if (s.ring != ring) {
+    // A ring we have not read before (the peer's first for us, or a slot it
+    // gave us anew): from its start.
+    s.ring = ring;
+    s.pos = 0;
+    s.next_seq = 1;
+    own.entry_word(slot_, kEntryRing)->store(0, std::memory_order_release);
+    own.entry_word(slot_, kEntryConsumed)->store(0, std::memory_order_release);
+    own.entry_word(slot_, kEntryRing)->store(ring, std::memory_order_release);
+  }
+  return true;
+}
+
+bool Link::known(Outbox& own) noexcept {
+  if (!resolve(own)) return false;
+  // Every change of an entry's state bumps the directory generation: while
+  // it stays, the answer does, and the entry's line (which the peer writes
+  // at every message it reads) is not touched on the send path.
+  if (known_gen_ == dir_gen_) return true;
+  // A peer that removed us retires our entry and reads our ring no more.
+  if (static_cast<EntryState>(peer_entry_word(kEntryState) & 0xff) != EntryState::live) return false;
+  known_gen_ = dir_gen_;
+  knocked_ = false;
+  return true;
+}
+
+bool Link::knock(Outbox& own) noexcept {
+  if (knocked_ || own.region_.size() > kKnockRegionMax) return false;
+  if (!knocks_) {
+    // A fixed buffer: no allocation on the send path (the region name
+    // passed file_name's checks at open).
+    char path[320];
+    std::snprintf(path, sizeof path, "/dev/shm/%.*s%s", static_cast<int>(kKnockPrefix.size()), kKnockPrefix.data(),
+                  region_.c_str());
+    const int fd = ::open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return false;
+    struct stat st {};
+    void* p = MAP_FAILED;
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
+        static_cast<std::uint64_t>(st.st_size) == kKnockBytes) {
+      p = ::mmap(nullptr, kKnockBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
+    ::close(fd);
+    if (p == MAP_FAILED) return false;
+    if (shared_word(static_cast<std::byte*>(p)).load(std::memory_order_acquire) != kKnockMagic) {
+      ::munmap(p, kKnockBytes);
+      return false;
+    }
+    knocks_ = static_cast<std::byte*>(p);
+  }
+  for (std::size_t i = 1; i <= kKnockSlots; ++i) {
+    std::byte* slot = knocks_ + i * kKnockSlotBytes;
+    std::uint64_t expected = 0;
+    if (!shared_word(slot + kKnockNonce).compare_exchange_strong(expected, own.nonce_, std::memory_order_acq_rel)) {
+      continue;
+    }
+    const auto pid = static_cast<std::uint64_t>(::getpid());
+    const std::uint64_t length = own.region_.size();
+    std::memcpy(slot + kKnockPid, &pid, sizeof pid);
+    std::memcpy(slot + kKnockLength, &length, sizeof length);
+    std::memcpy(slot + kKnockRegion, own.region_.data(), length);
+    shared_word(slot + kKnockReady).store(own.nonce_, std::memory_order_release);
+    shared_word(knocks_ + kKnockSeqOffset).fetch_add(1, std::memory_order_acq_rel);
+    knocked_ = true;
+    return true;
+  }
+  return false;
+}
+
+std::uint64_t Link::acked(Outbox& own) noexcept {
+  Outbox::Slot& s = own.slots_[static_cast<std::size_t>(slot_)];
+  if (!resolve(own)) return s.acked;
+  const std::uint64_t mine = ring_id(static_cast<std::uint32_t>(slot_), s.generation);
+  if (peer_entry_word(kEntryRing) != mine) return s.acked;
+  const std::uint64_t c = peer_entry_word(kEntryConsumed);
+  // The ring word again: a consumed position read while the peer switched
+  // rings belongs to the other one.
+  if (peer_entry_word(kEntryRing) != mine) return s.acked;
+  if (!consumed_ok(c, s.acked, s.head)) {
+    ++corrupt_;
+    return s.acked;
+  }
+  s.acked = c;
+  return c;
+}
+
+bool Link::write(Outbox& own, RecordKind kind, const void* payload, std::uint64_t length, const void* extra,
+                 std::uint64_t extra_length) noexcept {
+  Outbox::Slot& s = own.slots_[static_cast<std::size_t>(slot_)];
+  const std::uint64_t bytes = length + extra_length;
+  const std::uint64_t need = align_record(kRecordHeader + bytes);
+  std::uint64_t offset = s.head % kRingBytes;
+  const std::uint64_t pad = kRingBytes - offset < need ? kRingBytes - offset : 0;
+  if (s.head + pad + need - s.acked > kRingBytes && s.head + pad + need - acked(own) > kRingBytes) return false;
+  std::byte* ring = own.ring(slot_);
+  auto head = [&](std::uint64_t at, RecordKind k, std::uint64_t len) {
+    const std::uint64_t kind_len = static_cast<std::uint64_t>(k) | (len << 32);
+    std::memcpy(ring + at + 8, &kind_len, sizeof kind_len);
+    shared_word(ring + at).store(++s.seq, std::memory_order_release);
+  };
+  if (pad != 0) {
+    head(offset, RecordKind::pad, 0);
+    s.head += pad;
+    offset = 0;
+  }
+  if (length != 0) std::memcpy(ring + offset + kRecordHeader, payload, length);
+  if (extra_length != 0) std::memcpy(ring + offset + kRecordHeader + length, extra, extra_length);
+  head(offset, kind, bytes);
+  s.head += need;
+  return true;
+}
+
+bool Link::send_data(Outbox& own, const void* bytes, std::uint64_t length) noexcept {
+  if (length > kEagerMax) return false;
+  return write(own, RecordKind::data, bytes, length, nullptr, 0);
+}
+
+bool Link::send_large(Outbox& own, const void* address, std::uint64_t length, std::uint64_t& end) noexcept {
+  const auto a = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(address));
+  if (!write(own, RecordKind::large, &a, sizeof a, &length, sizeof length)) return false;
+  end = own.slots_[static_cast<std::size_t>(slot_)].head;
+  return true;
+}
+
+Read read_record(const std::byte* ring, std::uint64_t offset, std::uint64_t expected, Incoming& in) noexcept {
+  if (offset % kRecordAlign != 0 || offset >= kRingBytes) return Read::corrupt;
+  if (shared_word(ring + offset).load(std::memory_order_acquire) != expected) return Read::none;
+  const std::uint64_t kind_len = load_u64(ring + offset + 8);
+  Record r;
+  if (!parse_record(static_cast<std::uint32_t>(kind_len), static_cast<std::uint32_t>(kind_len >> 32), offset, r)) {
+    return Read::corrupt;
+  }
+  in = Incoming{};
+  in.kind = r.kind;
+  in.advance = r.advance;
+  if (r.kind == RecordKind::data) {
+    in.data = ring + offset + kRecordHeader;
+    in.length = r.length;
+  } else if (r.kind == RecordKind::large) {
+    in.address = load_u64(ring + offset + kRecordHeader);
+    in.length = load_u64(ring + offset + kRecordHeader + 8);
+    if (!large_ok(in.address, in.length)) return Read::corrupt;
+  }
+  return Read::ready;
+}
+
+Read Link::peek(Outbox& own, Incoming& in) noexcept {
+  if (!resolve(own)) return Read::none;
+  const Outbox::Slot& s = own.slots_[static_cast<std::size_t>(slot_)];
+  const std::byte* ring = base_ + kRingsOffset + static_cast<std::size_t>(peer_slot_) * kRingBytes;
+  // At most a pad and then a message.
+  for (int i = 0; i < 2; ++i) {
+    const Read r = read_record(ring, s.pos % kRingBytes, s.next_seq, in);
+    if (r == Read::corrupt) ++corrupt_;
+    if (r != Read::ready || in.kind != RecordKind::pad) return r;
+    consume(own, in);
+  }
+  // Two pads in a row: a sender that only pads. Nothing to read now.
+  return Read::none;
+}
+
+void Link::consume(Outbox& own, const Incoming& in) noexcept {
+  Outbox::Slot& s = own.slots_[static_cast<std::size_t>(slot_)];
+  s.pos += in.advance;
+  ++s.next_seq;
+  own.entry_word(slot_, kEntryConsumed)->store(s.pos, std::memory_order_release);
+}
+
+}  // namespace regpool::shm_rings

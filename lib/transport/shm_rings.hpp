@@ -1,0 +1,327 @@
+#pragma once
+// regpool's own message path between shm peers (docs/architecture.md,
+// "shm message rings").
+//
+// Why: libfabric 1.17's shm send path costs about 1,800 instructions per
+// message round and takes a spin lock in the target's region; UCX's whole
+// tag exchange is 1.1-1.3x the bare two-copy floor of this machine
+// (bench-shm-floor), libfabric shm's about 3.5x (bench/RESULTS.md). A
+// message that is one record in a ring the sender owns costs two copies and
+// a few loads and stores, and no lock that a killed peer could leave held.
+//
+// Layout: every shm endpoint owns one file, /dev/shm/regpool-rings.<region>
+// (its libfabric region's name, which carries its pid), mapped read-write
+// by the owner and read-only by its peers, so no peer can write a byte of
+// it:
+//  - a header: magic, version, slot count, ring size, the file's random
+//    nonce (who it is), the owner's pid, and a directory generation bumped
+//    at every change of the directory;
+//  - kSlots directory entries, one per peer the owner has inserted: state
+//    and generation, the peer's nonce, and what the owner has consumed of
+//    that peer's ring for it (position, and which ring incarnation);
+//  - kSlots rings of kRingBytes, one per entry: the owner's messages to
+//    that peer.
+// A sender writes records into its ring for the receiver; the receiver
+// finds that ring by looking for its own nonce in the sender's directory,
+// reads records in order and publishes how far it has read in its own
+// entry for the sender, which is how the sender knows what room it has.
+// A record is 16 bytes of header (sequence number, kind, length) and its
+// payload, 64-byte aligned, never wrapping (a pad record skips to the
+// ring's start). The sequence number is written last with release: a
+// receiver that sees the one it expects sees the whole record.
+//
+// A message longer than kEagerMax goes as a `large` record naming the
+// sender's buffer; the receiver copies it straight from the sender's
+// memory (process_vm_readv, which regpool's shm already requires), and the
+// sender's send completes when the receiver's consumed position passes
+// that record. Order is kept: one ring per pair carries every message.
+//
+// Everything read from a peer's file is checked before use (pure
+// functions below, fuzzed in test/fuzz/shm_rings_fuzz.cpp): a record of
+// unknown kind, with a length past the ring's end or above kEagerMax, or
+// a consumed position outside what was sent, is the peer's corruption,
+// never ours. A peer's file could change under us at any time: header
+// fields are read once into locals, lengths are checked before copying,
+// and the payload is copied out of the mapping as bytes (a peer that
+// rewrites it meanwhile garbles only its own message).
+//
+// Not thread-safe: used under the owning endpoint's mutex.
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace regpool::shm_rings {
+
+inline constexpr std::string_view kFilePrefix = "regpool-rings.";
+inline constexpr std::uint64_t kMagic = 0x31474e4952505252ULL;  // "RRPRING1" little endian
+inline constexpr std::uint32_t kVersion = 1;
+inline constexpr std::uint32_t kSlots = 256;
+inline constexpr std::uint64_t kRingBytes = 256 * 1024;
+inline constexpr std::uint64_t kRecordAlign = 64;
+inline constexpr std::uint64_t kRecordHeader = 16;
+// The largest message copied through a ring. Above it the receiver reads
+// the sender's buffer itself: at 64 KiB the two copies still beat one
+// cross-memory read here (bench-shm-floor against CMA, bench/RESULTS.md).
+inline constexpr std::uint64_t kEagerMax = 64 * 1024;
+inline constexpr std::uint64_t kHeaderBytes = 4096;
+inline constexpr std::uint64_t kEntryBytes = 64;
+inline constexpr std::uint64_t kRingsOffset = kHeaderBytes + kSlots * kEntryBytes;
+inline constexpr std::uint64_t kFileBytes = kRingsOffset + kSlots * kRingBytes;
+// The largest message a large record may name (the receiver checks it
+// before reading).
+inline constexpr std::uint64_t kLargeMax = std::uint64_t{1} << 48;
+
+// Header offsets.
+inline constexpr std::size_t kMagicOffset = 0;
+inline constexpr std::size_t kVersionOffset = 8;   // u32
+inline constexpr std::size_t kSlotsOffset = 12;    // u32
+inline constexpr std::size_t kRingOffset = 16;     // u64 ring bytes
+inline constexpr std::size_t kNonceOffset = 24;    // u64
+inline constexpr std::size_t kPidOffset = 32;      // i64
+inline constexpr std::size_t kDirGenOffset = 40;   // u64, atomic
+inline constexpr std::size_t kHeaderChecked = 48;  // bytes header_ok reads
+// Entry offsets (all u64, atomic).
+inline constexpr std::size_t kEntryState = 0;     // generation << 8 | EntryState
+inline constexpr std::size_t kEntryNonce = 8;     // the peer this entry is for
+inline constexpr std::size_t kEntryConsumed = 16; // bytes consumed of that peer's ring for us
+inline constexpr std::size_t kEntryRing = 24;     // which ring: ring_id(peer's slot, its generation); 0 none
+
+// Knocks. A receiver reads the rings of the peers it has inserted; a sender
+// it has not inserted (a client it has not met yet: receives take messages
+// from anyone) announces itself in the receiver's knock file,
+// /dev/shm/regpool-knock.<region>, the one file peers may write: a slot
+// per knock with the sender's nonce, pid and region name. The receiver
+// then reads that sender's ring too, its messages completing without a
+// peer id as the provider's do for an unknown source. Every knock is
+// checked (parse_knock, fuzzed) and the file it names opened with the same
+// checks as an inserted peer's.
+inline constexpr std::string_view kKnockPrefix = "regpool-knock.";
+inline constexpr std::uint64_t kKnockMagic = 0x314b434f4e4b5252ULL;  // "RRKNOCK1"
+inline constexpr std::uint64_t kKnockBytes = 4096;
+inline constexpr std::size_t kKnockSlotBytes = 64;
+inline constexpr std::size_t kKnockSlots = kKnockBytes / kKnockSlotBytes - 1;  // the first is the header
+inline constexpr std::size_t kKnockSeqOffset = 8;  // header: magic, then a counter bumped by every knock
+// Slot offsets: nonce (claimed by compare-exchange from 0), ready (the
+// nonce again, stored last), pid, region length, region.
+inline constexpr std::size_t kKnockNonce = 0;
+inline constexpr std::size_t kKnockReady = 8;
+inline constexpr std::size_t kKnockPid = 16;
+inline constexpr std::size_t kKnockLength = 24;
+inline constexpr std::size_t kKnockRegion = 32;
+inline constexpr std::size_t kKnockRegionMax = kKnockSlotBytes - kKnockRegion;
+
+struct Knock {
+  std::uint64_t nonce = 0;
+  std::int64_t pid = 0;
+  std::string region;
+};
+// A knock slot's bytes (kKnockSlotBytes, as copied out of the file): false
+// unless it is complete (ready equal to a non-zero nonce) and names a
+// region of libfabric shm's exact shape whose pid is the knock's.
+bool parse_knock(std::span<const std::byte> slot, Knock& out);
+
+enum class EntryState : std::uint8_t { free = 0, live = 1, retired = 2 };
+enum class RecordKind : std::uint32_t { data = 1, pad = 2, large = 3 };
+
+// A ring's identity as a receiver publishes it: the sender's slot and that
+// slot's generation (which changes whenever the slot is given to another
+// peer). Never 0.
+constexpr std::uint64_t ring_id(std::uint32_t slot, std::uint64_t generation) noexcept {
+  return (static_cast<std::uint64_t>(slot) + 1) | (generation << 32);
+}
+
+constexpr std::uint64_t align_record(std::uint64_t n) noexcept { return (n + kRecordAlign - 1) & ~(kRecordAlign - 1); }
+
+// The file's name for libfabric region `region` ("<pid>:<n>:<n>"); empty
+// when the region name is not a plain file name.
+std::string file_name(std::string_view region);
+
+// Whether a header (at least kHeaderChecked bytes) is one of ours, of this
+// version and layout, and names `pid` as its owner.
+bool header_ok(std::span<const std::byte> head, std::int64_t pid) noexcept;
+
+// A record as the receiver sees it, from its kind and length (read once,
+// after its sequence number matched) and its offset in the ring. Pure:
+// false means the sender corrupted its ring.
+struct Record {
+  RecordKind kind = RecordKind::data;
+  std::uint32_t length = 0;   // data: payload bytes
+  std::uint64_t advance = 0;  // bytes the record takes, pad included
+};
+bool parse_record(std::uint32_t kind, std::uint32_t length, std::uint64_t offset, Record& out) noexcept;
+// A large record's payload (the sender's address and the message length).
+bool large_ok(std::uint64_t address, std::uint64_t length) noexcept;
+
+// The entry of `entries` (kSlots entries of a peer's directory) that is
+// live or retired and names `nonce`: its index, and its state word in
+// `state`. -1 when none. Reads each word once.
+int find_entry(const std::byte* entries, std::uint64_t nonce, std::uint64_t& state) noexcept;
+
+// Whether a consumed position a receiver published may be believed: never
+// behind what it published before, never past what was written.
+constexpr bool consumed_ok(std::uint64_t consumed, std::uint64_t previous, std::uint64_t head) noexcept {
+  return consumed >= previous && consumed <= head;
+}
+
+// What a receiver found at the head of a peer's ring.
+enum class Read : std::uint8_t { none, ready, corrupt };
+struct Incoming {
+  RecordKind kind = RecordKind::data;
+  const std::byte* data = nullptr;  // data: the payload, in the peer's mapping
+  std::uint64_t length = 0;         // data or large: the message's length
+  std::uint64_t address = 0;        // large: where it is in the sender
+  std::uint64_t advance = 0;        // bytes the record takes
+};
+// The record at `offset` of `ring` (a peer's ring of kRingBytes) if its
+// sequence number is `expected`: none when it is not there yet, corrupt
+// when it cannot be believed; a pad comes back ready, as itself. Reads
+// each header word once; `in.data` points into `ring`.
+Read read_record(const std::byte* ring, std::uint64_t offset, std::uint64_t expected, Incoming& in) noexcept;
+
+class Link;
+
+// This endpoint's own file. Owns the per-slot state that never needs to be
+// shared (producer position, what was read of the peer's ring), kept across
+// a peer's removal while its entry is retired: a peer inserted again finds
+// its ring where it left it.
+class Outbox {
+ public:
+  Outbox() = default;
+  Outbox(const Outbox&) = delete;
+  Outbox& operator=(const Outbox&) = delete;
+  ~Outbox();
+
+  // Makes the file for libfabric region `region` (our pid is in its name:
+  // a file of that name is a dead process's and is replaced). Returns an
+  // empty string, or why it could not (the errno's text and the path).
+  std::string create(std::string_view region);
+  bool valid() const noexcept { return base_ != nullptr; }
+  std::uint64_t nonce() const noexcept { return nonce_; }
+  const std::string& region() const noexcept { return region_; }
+
+  // Whether anyone knocked since the last take_knocks (one load).
+  bool knocked() const noexcept;
+  // The complete knocks now in our knock file, each slot cleared as it is
+  // read; slots that do not parse are cleared too. At most out's capacity.
+  void take_knocks(std::vector<Knock>& out) noexcept;
+
+  // The entry for a peer (its file's nonce, its pid): its retired entry when
+  // it had one (same slot, same positions), else a free one, else a retired
+  // one whose peer process is gone. -1 when every entry belongs to a live
+  // peer.
+  int claim(std::uint64_t peer_nonce, std::int64_t peer_pid) noexcept;
+  // The peer was removed: its entry is kept (retired) for a return.
+  void retire(int slot) noexcept;
+  // A retired entry still in use (large sends waiting for the removed peer
+  // to read them): never given to another peer while held.
+  void hold(int slot, bool held) noexcept;
+  // Stats.
+  std::uint32_t live_slots() const noexcept;
+
+ private:
+  friend class Link;
+  struct Slot {
+    std::uint64_t generation = 0;
+    std::uint64_t peer_nonce = 0;
+    std::int64_t peer_pid = 0;
+    EntryState state = EntryState::free;
+    bool held = false;
+    // Producer: our ring for the peer.
+    std::uint64_t head = 0;  // bytes written
+    std::uint64_t seq = 0;   // records written
+    std::uint64_t acked = 0; // the peer's consumed position, as last believed
+    // Consumer: the peer's ring for us.
+    std::uint64_t ring = 0;  // ring_id we read, 0 none yet
+    std::uint64_t pos = 0;
+    std::uint64_t next_seq = 1;
+  };
+  std::atomic<std::uint64_t>* word(std::size_t offset) const noexcept;
+  std::atomic<std::uint64_t>* entry_word(int slot, std::size_t offset) const noexcept {
+    return word(kHeaderBytes + static_cast<std::size_t>(slot) * kEntryBytes + offset);
+  }
+  void publish(int slot) noexcept;
+  std::byte* ring(int slot) const noexcept { return base_ + kRingsOffset + static_cast<std::size_t>(slot) * kRingBytes; }
+
+  std::byte* base_ = nullptr;
+  std::string path_;
+  std::uint64_t nonce_ = 0;
+  std::string region_;
+  std::vector<Slot> slots_;
+  std::byte* knocks_ = nullptr;
+  std::string knock_path_;
+  std::uint64_t knock_seq_ = 0;  // the counter when last taken
+};
+
+// One peer's file, mapped read-only, and this endpoint's conversation with
+// it through its slot of our Outbox.
+class Link {
+ public:
+  Link() = default;
+  Link(const Link&) = delete;
+  Link& operator=(const Link&) = delete;
+  ~Link();
+
+  // Maps the peer's file (named after its region; owned by our euid, of the
+  // exact size, header checked, owner `pid`). Empty string, or why not.
+  std::string open(std::string_view region, std::int64_t pid);
+  std::uint64_t peer_nonce() const noexcept { return peer_nonce_; }
+  std::int64_t pid() const noexcept { return pid_; }
+  void bind(int slot) noexcept { slot_ = slot; }
+  int slot() const noexcept { return slot_; }
+
+  // Producer. A message of up to kEagerMax bytes copied into the ring:
+  // false when the ring has no room now (the receiver has not read enough).
+  bool send_data(Outbox& own, const void* bytes, std::uint64_t length) noexcept;
+  // A large record for the sender's buffer; `end` is the position the
+  // receiver's consumed position must reach for the message to be read.
+  bool send_large(Outbox& own, const void* address, std::uint64_t length, std::uint64_t& end) noexcept;
+  // The receiver's consumed position of our ring, checked. False when what
+  // the peer published cannot be believed (corrupt_ counts it).
+  std::uint64_t acked(Outbox& own) noexcept;
+
+  // Whether the peer reads our ring: its entry for us is there and live.
+  bool known(Outbox& own) noexcept;
+  // Announces us in the peer's knock file, once until it knows us (a full
+  // file: not now, tried again at a later send). Returns whether a knock
+  // was left.
+  bool knock(Outbox& own) noexcept;
+
+  // Consumer.
+  Read peek(Outbox& own, Incoming& in) noexcept;
+  void consume(Outbox& own, const Incoming& in) noexcept;
+
+  std::uint64_t corrupt() const noexcept { return corrupt_; }
+
+ private:
+  // Finds the peer's entry for us (re-read when its directory changed):
+  // false when the peer has not inserted us (yet).
+  bool resolve(Outbox& own) noexcept;
+  std::uint64_t peer_word(std::size_t offset) const noexcept;
+  std::uint64_t peer_entry_word(std::size_t offset) const noexcept {
+    return peer_word(kHeaderBytes + static_cast<std::size_t>(peer_slot_) * kEntryBytes + offset);
+  }
+  bool write(Outbox& own, RecordKind kind, const void* payload, std::uint64_t length, const void* extra,
+             std::uint64_t extra_length) noexcept;
+
+  const std::byte* base_ = nullptr;
+  std::string region_;         // the peer's
+  std::byte* knocks_ = nullptr;  // its knock file, mapped at our first knock
+  bool knocked_ = false;
+  std::int64_t pid_ = 0;
+  std::uint64_t peer_nonce_ = 0;
+  int slot_ = -1;                   // our entry for the peer
+  int peer_slot_ = -1;              // its entry for us, once found
+  std::uint64_t peer_state_ = 0;    // that entry's state word when found
+  std::uint64_t dir_gen_ = ~std::uint64_t{0};  // its directory generation when last searched
+  std::uint64_t known_gen_ = ~std::uint64_t{0};  // ... when our entry there was last seen live
+  std::uint64_t corrupt_ = 0;
+};
+
+}  // namespace regpool::shm_rings

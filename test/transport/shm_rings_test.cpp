@@ -1,0 +1,405 @@
+// regpool's own shm message path (lib/transport/shm_rings.hpp): first the
+// rings themselves, two files in this process, each side driven by hand;
+// then two shm endpoints in this process sending through them. The
+// two-process cases (order, kept operations, dead peers, hostile peers)
+// are the rest of the fabric suite, which runs shm with rings on.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "regpool/fabric_endpoint.hpp"
+#include "transport/harness.hpp"
+#include "transport/shm_rings.hpp"
+
+namespace sr = regpool::shm_rings;
+using namespace std::chrono_literals;
+using regpool::Slice;
+using regpool::Status;
+
+namespace {
+
+// A region name of libfabric shm's shape with our pid, unique per use.
+std::string region(int n) {
+  static int serial = 0;
+  return std::to_string(::getpid()) + ":9" + std::to_string(++serial) + ":" + std::to_string(n);
+}
+
+// Two outboxes and the links between them, slots claimed on request.
+struct Pair {
+  sr::Outbox a, b;
+  std::string ra = region(1), rb = region(2);
+  sr::Link a_to_b, b_to_a;
+  Pair() {
+    REQUIRE(a.create(ra).empty());
+    REQUIRE(b.create(rb).empty());
+    REQUIRE(a_to_b.open(rb, ::getpid()).empty());
+    REQUIRE(b_to_a.open(ra, ::getpid()).empty());
+  }
+  void claim_a() {
+    const int s = a.claim(a_to_b.peer_nonce(), ::getpid());
+    REQUIRE(s >= 0);
+    a_to_b.bind(s);
+  }
+  void claim_b() {
+    const int s = b.claim(b_to_a.peer_nonce(), ::getpid());
+    REQUIRE(s >= 0);
+    b_to_a.bind(s);
+  }
+};
+
+std::vector<std::byte> message(std::uint64_t i, std::size_t len) {
+  std::vector<std::byte> m(len);
+  for (std::size_t k = 0; k < len; ++k) m[k] = static_cast<std::byte>((i * 31 + k * 7) & 0xff);
+  if (len >= 8) std::memcpy(m.data(), &i, 8);
+  return m;
+}
+
+// Reads one message b has from a, if any: its bytes.
+bool take(Pair& p, std::vector<std::byte>& out) {
+  sr::Incoming in;
+  const sr::Read r = p.b_to_a.peek(p.b, in);
+  REQUIRE(r != sr::Read::corrupt);
+  if (r == sr::Read::none) return false;
+  REQUIRE(in.kind == sr::RecordKind::data);
+  out.assign(in.data, in.data + in.length);
+  p.b_to_a.consume(p.b, in);
+  return true;
+}
+
+// A file under /dev/shm mapped read-write, as a hostile peer of the same
+// user could.
+struct Scribbler {
+  void* base = MAP_FAILED;
+  std::size_t bytes = 0;
+  Scribbler(const std::string& name, std::size_t n) : bytes(n) {
+    const int fd = ::open(("/dev/shm/" + name).c_str(), O_RDWR);
+    REQUIRE(fd >= 0);
+    base = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    REQUIRE(base != MAP_FAILED);
+  }
+  ~Scribbler() {
+    if (base != MAP_FAILED) ::munmap(base, bytes);
+  }
+  std::byte* at(std::size_t off) const { return static_cast<std::byte*>(base) + off; }
+};
+
+}  // namespace
+
+TEST_CASE("rings carry messages of every eager size in order over many laps", "[unit]") {
+  Pair p;
+  p.claim_a();
+  p.claim_b();
+  constexpr std::uint64_t kMessages = 20000;
+  std::uint64_t sent = 0, got = 0, bytes = 0, full = 0;
+  std::vector<std::byte> out;
+  while (got < kMessages) {
+    if (sent < kMessages) {
+      // Lengths from 0 to the eager maximum, most of them small.
+      const std::size_t len = sent % 97 == 0 ? static_cast<std::size_t>(sr::kEagerMax - sent % 64)
+                                             : static_cast<std::size_t>((sent * 7919) % 3000);
+      const auto m = message(sent, len);
+      if (p.a_to_b.send_data(p.a, m.data(), m.size())) {
+        ++sent;
+        bytes += len;
+        continue;
+      }
+      ++full;
+    }
+    REQUIRE(take(p, out));
+    const std::size_t len = got % 97 == 0 ? static_cast<std::size_t>(sr::kEagerMax - got % 64)
+                                          : static_cast<std::size_t>((got * 7919) % 3000);
+    REQUIRE(out == message(got, len));
+    ++got;
+  }
+  CHECK_FALSE(take(p, out));
+  CHECK(full > 0);                   // the ring filled, and went on once read
+  CHECK(bytes > 20 * sr::kRingBytes);  // many laps
+  CHECK(p.a_to_b.corrupt() == 0);
+  CHECK(p.b_to_a.corrupt() == 0);
+}
+
+TEST_CASE("a full ring refuses a message until the receiver has read", "[unit]") {
+  Pair p;
+  p.claim_a();
+  p.claim_b();
+  const std::uint64_t v = 42;
+  std::uint64_t n = 0;
+  while (p.a_to_b.send_data(p.a, &v, sizeof v)) ++n;
+  // A 16-byte header and 8 bytes: one 64-byte record each.
+  CHECK(n == sr::kRingBytes / sr::kRecordAlign);
+  CHECK_FALSE(p.a_to_b.send_data(p.a, &v, sizeof v));
+  std::vector<std::byte> out;
+  REQUIRE(take(p, out));
+  CHECK(p.a_to_b.send_data(p.a, &v, sizeof v));
+  CHECK_FALSE(p.a_to_b.send_data(p.a, &v, sizeof v));
+  CHECK_FALSE(p.a_to_b.send_data(p.a, &v, sr::kEagerMax + 1));  // never eager
+}
+
+TEST_CASE("a receiver reads what was sent before it took the sender in, and knocks tell it", "[unit]") {
+  Pair p;
+  p.claim_a();
+  for (std::uint64_t i = 0; i < 10; ++i) {
+    const auto m = message(i, 100);
+    REQUIRE(p.a_to_b.send_data(p.a, m.data(), m.size()));
+  }
+  // b has no entry for a: a is not known there, and knocks once.
+  CHECK_FALSE(p.a_to_b.known(p.a));
+  CHECK_FALSE(p.b.knocked());
+  CHECK(p.a_to_b.knock(p.a));
+  CHECK_FALSE(p.a_to_b.knock(p.a));  // once, until known
+  REQUIRE(p.b.knocked());
+  std::vector<sr::Knock> knocks;
+  knocks.reserve(sr::kKnockSlots);
+  p.b.take_knocks(knocks);
+  REQUIRE(knocks.size() == 1);
+  CHECK(knocks[0].nonce == p.a.nonce());
+  CHECK(knocks[0].pid == ::getpid());
+  CHECK(knocks[0].region == p.ra);
+  CHECK_FALSE(p.b.knocked());
+  p.claim_b();
+  CHECK(p.a_to_b.known(p.a));
+  std::vector<std::byte> out;
+  for (std::uint64_t i = 0; i < 10; ++i) {
+    REQUIRE(take(p, out));
+    CHECK(out == message(i, 100));
+  }
+  CHECK_FALSE(take(p, out));
+}
+
+TEST_CASE("a peer removed and inserted again goes on where it was, nothing read twice", "[unit]") {
+  Pair p;
+  p.claim_a();
+  p.claim_b();
+  for (std::uint64_t i = 0; i < 10; ++i) {
+    const auto m = message(i, 40);
+    REQUIRE(p.a_to_b.send_data(p.a, m.data(), m.size()));
+  }
+  std::vector<std::byte> out;
+  for (std::uint64_t i = 0; i < 5; ++i) REQUIRE(take(p, out));
+  const int slot = p.b_to_a.slot();
+  p.b.retire(slot);
+  CHECK_FALSE(p.a_to_b.known(p.a));  // retired: a would knock
+  // A new link, as a new insert_peer makes.
+  sr::Link again;
+  REQUIRE(again.open(p.ra, ::getpid()).empty());
+  const int s2 = p.b.claim(again.peer_nonce(), ::getpid());
+  CHECK(s2 == slot);
+  again.bind(s2);
+  for (std::uint64_t i = 5; i < 10; ++i) {
+    sr::Incoming in;
+    REQUIRE(again.peek(p.b, in) == sr::Read::ready);
+    CHECK(std::vector<std::byte>(in.data, in.data + in.length) == message(i, 40));
+    again.consume(p.b, in);
+  }
+  sr::Incoming in;
+  CHECK(again.peek(p.b, in) == sr::Read::none);
+}
+
+TEST_CASE("a large record names the sender's buffer and is acknowledged once read", "[unit]") {
+  Pair p;
+  p.claim_a();
+  p.claim_b();
+  std::vector<std::byte> big(sr::kEagerMax + 1);
+  std::uint64_t end = 0;
+  REQUIRE(p.a_to_b.send_large(p.a, big.data(), big.size(), end));
+  CHECK(p.a_to_b.acked(p.a) < end);
+  sr::Incoming in;
+  REQUIRE(p.b_to_a.peek(p.b, in) == sr::Read::ready);
+  CHECK(in.kind == sr::RecordKind::large);
+  CHECK(in.address == reinterpret_cast<std::uintptr_t>(big.data()));
+  CHECK(in.length == big.size());
+  p.b_to_a.consume(p.b, in);
+  CHECK(p.a_to_b.acked(p.a) == end);
+}
+
+TEST_CASE("what a hostile peer writes into its files is refused, never believed", "[unit]") {
+  Pair p;
+  p.claim_a();
+  p.claim_b();
+  const std::uint64_t v = 7;
+  REQUIRE(p.a_to_b.send_data(p.a, &v, sizeof v));
+  SECTION("a record of unknown kind stops the ring") {
+    Scribbler w(sr::file_name(p.ra), sr::kFileBytes);
+    std::byte* rec = w.at(sr::kRingsOffset + static_cast<std::size_t>(p.a_to_b.slot()) * sr::kRingBytes);
+    const std::uint64_t bad = 9 | (std::uint64_t{8} << 32);
+    std::memcpy(rec + 8, &bad, 8);
+    sr::Incoming in;
+    CHECK(p.b_to_a.peek(p.b, in) == sr::Read::corrupt);
+    CHECK(p.b_to_a.corrupt() == 1);
+  }
+  SECTION("a data record longer than the ring's end") {
+    Scribbler w(sr::file_name(p.ra), sr::kFileBytes);
+    std::byte* rec = w.at(sr::kRingsOffset + static_cast<std::size_t>(p.a_to_b.slot()) * sr::kRingBytes);
+    const std::uint64_t bad = 1 | (std::uint64_t{sr::kEagerMax + 1} << 32);
+    std::memcpy(rec + 8, &bad, 8);
+    sr::Incoming in;
+    CHECK(p.b_to_a.peek(p.b, in) == sr::Read::corrupt);
+  }
+  SECTION("a consumed position past what was sent is not believed") {
+    sr::Incoming in;
+    REQUIRE(p.b_to_a.peek(p.b, in) == sr::Read::ready);  // b reads a's ring: its position counts
+    Scribbler w(sr::file_name(p.rb), sr::kFileBytes);
+    std::byte* entry = w.at(sr::kHeaderBytes + static_cast<std::size_t>(p.b_to_a.slot()) * sr::kEntryBytes);
+    const std::uint64_t before = p.a_to_b.acked(p.a);
+    const std::uint64_t lie = 1 << 30;
+    std::memcpy(entry + sr::kEntryConsumed, &lie, 8);
+    CHECK(p.a_to_b.acked(p.a) == before);
+    CHECK(p.a_to_b.corrupt() == 1);
+  }
+  SECTION("a file of the wrong size or owner pid is not opened") {
+    sr::Link l;
+    const std::string why = l.open(p.ra, ::getpid() + 1);
+    CHECK(why.find("not a message-ring file") != std::string::npos);
+    const std::string planted = region(3);
+    const int fd = ::open(("/dev/shm/" + sr::file_name(planted)).c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    REQUIRE(fd >= 0);
+    REQUIRE(::ftruncate(fd, 4096) == 0);
+    ::close(fd);
+    CHECK(l.open(planted, ::getpid()).find("bytes, not") != std::string::npos);
+    ::unlink(("/dev/shm/" + sr::file_name(planted)).c_str());
+  }
+  SECTION("knocks that do not parse are dropped") {
+    std::byte slot[sr::kKnockSlotBytes]{};
+    sr::Knock k;
+    CHECK_FALSE(sr::parse_knock(slot, k));  // empty
+    const std::uint64_t nonce = 5, pid = static_cast<std::uint64_t>(::getpid());
+    std::memcpy(slot + sr::kKnockNonce, &nonce, 8);
+    std::memcpy(slot + sr::kKnockReady, &nonce, 8);
+    std::memcpy(slot + sr::kKnockPid, &pid, 8);
+    const std::string good = std::to_string(::getpid()) + ":0:1";
+    const std::uint64_t len = good.size();
+    std::memcpy(slot + sr::kKnockLength, &len, 8);
+    std::memcpy(slot + sr::kKnockRegion, good.data(), good.size());
+    CHECK(sr::parse_knock(slot, k));
+    CHECK(k.region == good);
+    std::byte bad[sr::kKnockSlotBytes];
+    std::memcpy(bad, slot, sizeof bad);
+    bad[sr::kKnockRegion] = std::byte{'/'};
+    CHECK_FALSE(sr::parse_knock(bad, k));  // not a region name
+    std::memcpy(bad, slot, sizeof bad);
+    const std::uint64_t other = pid + 1;
+    std::memcpy(bad + sr::kKnockPid, &other, 8);
+    CHECK_FALSE(sr::parse_knock(bad, k));  // the pid is not the region's
+    std::memcpy(bad, slot, sizeof bad);
+    const std::uint64_t long_len = sr::kKnockRegionMax + 1;
+    std::memcpy(bad + sr::kKnockLength, &long_len, 8);
+    CHECK_FALSE(sr::parse_knock(bad, k));
+  }
+}
+
+// ------------------------------------------------------------ endpoints
+
+namespace {
+
+struct ShmEnd {
+  std::shared_ptr<regpool::FabricDomain> domain;
+  std::unique_ptr<regpool::FabricEndpoint> ep;
+  std::unique_ptr<regpool::Pool> pool;
+  explicit ShmEnd(bool rings) {
+    domain = regpool::FabricDomain::open(rpt::fabric_config("shm"));
+    regpool::FabricEndpointOptions o;
+    o.shm_rings = rings;
+    regpool::EndpointConfig ec;
+    ec.op_timeout = 5s;
+    ec.post_timeout = 5s;
+    ep = regpool::FabricEndpoint::open(domain, ec, o);
+    regpool::PoolConfig pc;
+    pc.arena_size = std::size_t{16} << 20;
+    pool = std::make_unique<regpool::Pool>(std::vector<std::shared_ptr<regpool::Domain>>{domain}, pc);
+  }
+  ~ShmEnd() {
+    ep.reset();
+    pool.reset();
+  }
+  regpool::Ldo alloc(std::uint64_t n) { return std::move(*pool->allocate(n)); }
+};
+
+// Sends `len` bytes of message(i) from `from` to `peer`; receives it on
+// `to` and returns its completion.
+regpool::Completion round(ShmEnd& from, regpool::PeerId peer, ShmEnd& to, std::uint64_t i, std::size_t len) {
+  auto in = to.alloc(len);
+  auto out = from.alloc(len);
+  const auto m = message(i, len);
+  std::memcpy(out.data().data(), m.data(), len);
+  auto r = to.ep->post_recv(*Slice::data(in));
+  REQUIRE(r.ok());
+  auto s = from.ep->send(peer, *Slice::data(out));
+  REQUIRE(s.ok());
+  // One thread drives both: progress the sender while waiting on the
+  // receiver (a large send completes once its receiver has read it).
+  regpool::Completion c;
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  for (;;) {
+    (void)from.ep->progress();
+    c = to.ep->wait(*r, 1ms);
+    if (c.status != Status::in_progress || std::chrono::steady_clock::now() > until) break;
+  }
+  CHECK(from.ep->wait(*s, 5s).status == Status::ok);
+  if (c.status == Status::ok) CHECK(std::memcmp(in.data().data(), m.data(), len) == 0);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("shm endpoints refuse a peer whose message rings setting differs", "[fabric]") {
+  ShmEnd on(true), off(false);
+  CHECK(on.ep->shm_stats().rings);
+  CHECK_FALSE(off.ep->shm_stats().rings);
+  try {
+    (void)on.ep->insert_peer(off.ep->name());
+    FAIL("insert_peer took a peer without rings");
+  } catch (const regpool::Error& e) {
+    CHECK(std::string(e.what()).find("shm_rings") != std::string::npos);
+  }
+  CHECK_THROWS_AS(off.ep->insert_peer(on.ep->name()), regpool::Error);
+}
+
+TEST_CASE("shm endpoints send through their rings: eager, large, unknown senders", "[fabric]") {
+  ShmEnd a(true), b(true);
+  const auto to_b = a.ep->insert_peer(b.ep->name());
+  SECTION("a sender the receiver has not inserted is received without a peer id, then with one") {
+    for (std::uint64_t i = 0; i < 3; ++i) {
+      const auto c = round(a, to_b, b, i, 64);
+      CHECK(c.status == Status::ok);
+      CHECK(c.peer == regpool::kAnyPeer);
+    }
+    CHECK(b.ep->stats().unknown_source == 3);
+    const auto to_a = b.ep->insert_peer(a.ep->name());
+    for (std::uint64_t i = 3; i < 6; ++i) {
+      const auto c = round(a, to_b, b, i, 64);
+      CHECK(c.status == Status::ok);
+      CHECK(c.peer == to_a);
+    }
+    CHECK(b.ep->stats().unknown_source == 3);
+    CHECK(a.ep->shm_stats().ring_sends == 6);
+    CHECK(b.ep->shm_stats().ring_receives == 6);
+  }
+  SECTION("messages above the eager size are read from the sender") {
+    (void)b.ep->insert_peer(a.ep->name());
+    for (const std::size_t len : {sr::kEagerMax, sr::kEagerMax + 1, std::size_t{1} << 20}) {
+      const auto c = round(a, to_b, b, len, len);
+      CHECK(c.status == Status::ok);
+      CHECK(c.bytes == len);
+    }
+    CHECK(a.ep->shm_stats().ring_large_sends == 2);
+  }
+  SECTION("a message longer than the receive is cut to it and says so") {
+    (void)b.ep->insert_peer(a.ep->name());
+    auto in = b.alloc(16);
+    auto out = a.alloc(100);
+    auto r = b.ep->post_recv(*Slice::data(in, 0, 16));
+    REQUIRE(r.ok());
+    REQUIRE(a.ep->wait(*a.ep->send(to_b, *Slice::data(out, 0, 100)), 5s).status == Status::ok);
+    const auto c = b.ep->wait(*r, 5s);
+    CHECK(c.status == Status::out_of_bounds);
+    CHECK(c.bytes == 16);
+  }
+}
