@@ -117,6 +117,9 @@ struct Config {
   // reposted for each operation (Endpoint::put_kept, get_kept) or a new
   // put()/get() each.
   bool rma_kept = true;
+  // --shm-rings: shm messages through regpool's own rings
+  // (FabricEndpointOptions::shm_rings, the default) or the provider's path.
+  bool shm_rings = true;
 
   std::uint64_t max_size() const { return sizes.empty() ? 8 : std::max<std::uint64_t>(sizes.back(), 8); }
   // Distinct buffers a bandwidth test of `size` rotates over (1: hot).
@@ -168,6 +171,7 @@ struct Config {
     line("sends", send_kept ? "kept" : "fresh");
     line("ahead", recv_ahead ? "on" : "off");
     line("rma", rma_kept ? "kept" : "fresh");
+    line("shm_rings", shm_rings ? "on" : "off");
     std::string sz;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       if (i) sz.push_back(',');
@@ -186,7 +190,8 @@ struct Config {
     static constexpr std::string_view kKeys[] = {
         "provider",     "wait",         "iters",       "window",       "ops",       "cold_bytes",
         "tagged_threshold", "tagged_split", "tagged_eager_split", "expose_mode", "perftest", "verbs_inline",
-        "verbs_signal", "loop_mean",    "recv",        "sends",        "ahead",     "rma",       "sizes"};
+        "verbs_signal", "loop_mean",    "recv",        "sends",        "ahead",     "rma",       "shm_rings",
+        "sizes"};
     std::size_t at = 0;
     for (const std::string_view key : kKeys) {
       const std::size_t nl = text.find('\n', at);
@@ -323,6 +328,7 @@ struct Config {
     if (key == "sends") return flag(v, "kept", "fresh", c.send_kept);
     if (key == "ahead") return flag(v, "on", "off", c.recv_ahead);
     if (key == "rma") return flag(v, "kept", "fresh", c.rma_kept);
+    if (key == "shm_rings") return flag(v, "on", "off", c.shm_rings);
     if (key == "sizes") {
       // Ascending and distinct, as the command line sorts them.
       c.sizes.clear();

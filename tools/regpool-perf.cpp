@@ -193,6 +193,9 @@ void usage(std::FILE* to) {
       "  --sends S        the send ping-pong's sends, both sides: kept (default: one\n"
       "                   kept send reposted for each message, Endpoint::send_kept)\n"
       "                   or fresh (a send each)\n"
+      "  --shm-rings R    shm only, both sides: on (default: messages through regpool's\n"
+      "                   own rings, FabricEndpointOptions::shm_rings) or off (through\n"
+      "                   the provider's fi_inject/fi_send/fi_recv)\n"
       "  --ahead A        the send and tagged ping-pongs' receives, both sides: on\n"
       "                   (default: each posted one message ahead, the client's\n"
       "                   after its ping, the server's after its pong, into the\n"
@@ -425,6 +428,10 @@ Options parse_args(int argc, char** argv, bool& help) {
       o.config.send_kept = one_of_two(argc, argv, i, "--sends", "kept", "fresh");
       not_for_peers = a;
       client_only_option = true;
+    } else if (is_option(a, "--shm-rings")) {
+      o.config.shm_rings = one_of_two(argc, argv, i, "--shm-rings", "on", "off");
+      not_for_peers = a;
+      client_only_option = true;
     } else if (is_option(a, "--ahead")) {
       o.config.recv_ahead = one_of_two(argc, argv, i, "--ahead", "on", "off");
       not_for_peers = a;
@@ -568,6 +575,7 @@ struct Side {
     // Runs with atomic ops may direct them at either side (emulated on tcp): serve them.
     regpool::FabricEndpointOptions fo;
     if (serve_atomics) fo.emulated_atomics = regpool::FabricEndpointOptions::EmulatedAtomics::serve;
+    fo.shm_rings = c.shm_rings;
     auto fep = regpool::FabricEndpoint::open(fd, ec, fo);
     emulated_atomics = fep->emulates_atomics();
     ep = std::move(fep);
@@ -2290,6 +2298,7 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     s += ",\"sends\":" + json_escape(c.send_kept ? "kept" : "fresh");
     s += ",\"receives_ahead\":" + std::string(c.recv_ahead ? "true" : "false");
     s += ",\"rma\":" + json_escape(c.rma_kept ? "kept" : "fresh");
+    s += ",\"shm_rings\":" + std::string(c.shm_rings ? "true" : "false");
     s += ",\"sample_ticks_per_us\":" + (g_ticks_per_us > 0 ? json_number(g_ticks_per_us) : std::string("null"));
     s += ",\"expose_mode\":" + json_escape(regpool::to_string(c.expose_mode));
     s += ",\"buffers\":" + json_escape(c.cold_bytes != 0 ? "cold" : "hot") +
@@ -2329,8 +2338,8 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
                 "get = one read and its completion, send = half round trip of a send ping-pong\n");
   }
   std::printf(
-      "regpool-perf: provider %s, %s, %llu iterations, window %llu, batch %llu, wait %s, buffers %s, receives %s%s, sends %s%s\n",
-              provider.c_str(),
+      "regpool-perf: provider %s%s, %s, %llu iterations, window %llu, batch %llu, wait %s, buffers %s, receives %s%s, sends %s%s\n",
+              provider.c_str(), provider == "shm" ? (c.shm_rings ? " (messages: regpool's rings)" : " (messages: the provider's)") : "",
               o.mode == Mode::loopback ? "two processes on this host (loopback)" : ("server " + o.host).c_str(),
               static_cast<unsigned long long>(c.iters), static_cast<unsigned long long>(c.window),
               static_cast<unsigned long long>(c.batch),

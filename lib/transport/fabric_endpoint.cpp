@@ -1597,11 +1597,8 @@ std::size_t FabricEndpoint::complete_injected(std::size_t max) noexcept {
     // is held (a killed peer may be holding it for ever; the peer check
     // below is what recovers it).
     std::size_t found = 0;
-    if (outbox_) {
-      found += poll_rings(max);
-      if (found >= max) return events + found;
-    }
-    if (!shm_region_blocked(own_data_)) found += poll_data(max - found);
+    if (outbox_) found += poll_rings(max);
+    if (found < max && !shm_region_blocked(own_data_)) found += poll_data(max - found);
     if (ctrl_cq_ && !shm_region_blocked(own_ctrl_)) found += poll_ctrl_paced();
     events += found;
     // The poll asks whether the peer check is due, on the coarse clock
