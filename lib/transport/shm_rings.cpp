@@ -464,7 +464,15 @@ bool Link::write(Outbox& own, RecordKind kind, const void* payload, std::uint64_
   const std::uint64_t bytes = length + extra_length;
   const std::uint64_t need = align_record(kRecordHeader + bytes);
   std::uint64_t offset = s.head % kRingBytes;
-  const std::uint64_t pad = kRingBytes - offset < need ? kRingBytes - offset : 0;
+  // Past the first kRewindAfter bytes, a ring the receiver has emptied
+  // starts over from its beginning (a pad skips the rest): traffic that
+  // never fills it keeps to a few warm lines and pages instead of walking
+  // the whole ring, which cost a 64 KiB ping-pong 1.7x (bench/RESULTS.md).
+  // One look at the receiver's position per kRewindAfter bytes written.
+  std::uint64_t pad = kRingBytes - offset < need ? kRingBytes - offset : 0;
+  if (pad == 0 && offset >= kRewindAfter && s.head + need - s.acked > kRewindAfter && acked(own) == s.head) {
+    pad = kRingBytes - offset;
+  }
   if (s.head + pad + need - s.acked > kRingBytes && s.head + pad + need - acked(own) > kRingBytes) return false;
   std::byte* ring = own.ring(slot_);
   auto head = [&](std::uint64_t at, RecordKind k, std::uint64_t len) {

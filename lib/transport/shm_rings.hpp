@@ -70,6 +70,9 @@ inline constexpr std::uint64_t kRecordHeader = 16;
 // the sender's buffer itself: at 64 KiB the two copies still beat one
 // cross-memory read here (bench-shm-floor against CMA, bench/RESULTS.md).
 inline constexpr std::uint64_t kEagerMax = 64 * 1024;
+// Where a sender that finds its ring empty starts over from the beginning
+// (Link::write).
+inline constexpr std::uint64_t kRewindAfter = 16 * 1024;
 inline constexpr std::uint64_t kHeaderBytes = 4096;
 inline constexpr std::uint64_t kEntryBytes = 64;
 inline constexpr std::uint64_t kRingsOffset = kHeaderBytes + kSlots * kEntryBytes;

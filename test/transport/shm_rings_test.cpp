@@ -203,6 +203,35 @@ TEST_CASE("a peer removed and inserted again goes on where it was, nothing read 
   CHECK(again.peek(p.b, in) == sr::Read::none);
 }
 
+TEST_CASE("a ring its receiver keeps emptying starts over from its beginning", "[unit]") {
+  Pair p;
+  p.claim_a();
+  p.claim_b();
+  const std::vector<std::byte> small(8, std::byte{1}), big(48 * 1024, std::byte{2});
+  auto next = [&](const std::vector<std::byte>& m) {
+    REQUIRE(p.a_to_b.send_data(p.a, m.data(), m.size()));
+    sr::Incoming in;
+    REQUIRE(p.b_to_a.peek(p.b, in) == sr::Read::ready);
+    return in;
+  };
+  const sr::Incoming first = next(small);
+  p.b_to_a.consume(p.b, first);
+  sr::Incoming in = next(big);
+  CHECK(in.data == first.data + sr::kRecordAlign);  // right behind the first record
+  p.b_to_a.consume(p.b, in);
+  // Past kRewindAfter and read to the end: the next record is the ring's first again.
+  in = next(small);
+  CHECK(in.data == first.data);
+  p.b_to_a.consume(p.b, in);
+  // Not while the receiver still has something to read.
+  in = next(big);
+  REQUIRE(p.a_to_b.send_data(p.a, small.data(), small.size()));
+  p.b_to_a.consume(p.b, in);
+  REQUIRE(p.b_to_a.peek(p.b, in) == sr::Read::ready);
+  CHECK(in.data != first.data);
+  CHECK(in.length == small.size());
+}
+
 TEST_CASE("a large record names the sender's buffer and is acknowledged once read", "[unit]") {
   Pair p;
   p.claim_a();
