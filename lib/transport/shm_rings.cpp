@@ -470,7 +470,10 @@ bool Link::write(Outbox& own, RecordKind kind, const void* payload, std::uint64_
   // the whole ring, which cost a 64 KiB ping-pong 1.7x (bench/RESULTS.md).
   // One look at the receiver's position per kRewindAfter bytes written.
   std::uint64_t pad = kRingBytes - offset < need ? kRingBytes - offset : 0;
-  if (pad == 0 && offset >= kRewindAfter && s.head + need - s.acked > kRewindAfter && acked(own) == s.head) {
+  // Only where the pad and the record fit an empty ring (need <= offset):
+  // a record longer than the bytes behind it goes on from here instead.
+  if (pad == 0 && offset >= kRewindAfter && need <= offset && s.head + need - s.acked > kRewindAfter &&
+      acked(own) == s.head) {
     pad = kRingBytes - offset;
   }
   if (s.head + pad + need - s.acked > kRingBytes && s.head + pad + need - acked(own) > kRingBytes) return false;

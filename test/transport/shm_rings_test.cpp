@@ -230,6 +230,18 @@ TEST_CASE("a ring its receiver keeps emptying starts over from its beginning", "
   REQUIRE(p.b_to_a.peek(p.b, in) == sr::Read::ready);
   CHECK(in.data != first.data);
   CHECK(in.length == small.size());
+  p.b_to_a.consume(p.b, in);
+  // An empty ring 20 KiB in, and a record longer than those 20 KiB: it
+  // goes on from there (a pad to the end would leave it no room).
+  while (true) {
+    const std::vector<std::byte> m(20 * 1024, std::byte{3});
+    in = next(m);
+    p.b_to_a.consume(p.b, in);
+    if (in.data == first.data) break;  // rewound: now 20 KiB + a header in
+  }
+  const std::vector<std::byte> eager_max(sr::kEagerMax, std::byte{4});
+  in = next(eager_max);
+  CHECK(in.length == sr::kEagerMax);
 }
 
 TEST_CASE("a large record names the sender's buffer and is acknowledged once read", "[unit]") {
