@@ -541,6 +541,7 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   Status rma_msg(bool write, const BackendOp& op, void* buf, void* desc, std::uint64_t dest,
                  std::uint64_t flags) noexcept;
   std::uint64_t msg_flags(std::uint64_t more) const noexcept;
+  inline bool provider_entry(const BackendOp& op, bool injected) const noexcept;
   // Whether the target's shm bell rings after `op` is posted.
   inline bool rings_target(const BackendOp& op) const noexcept;
   Status do_recv(const BackendOp& op) noexcept;
@@ -692,6 +693,11 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   std::vector<std::unique_ptr<shm_rings::Link>> anon_links_;
   std::vector<shm_rings::Knock> knocks_;  // reserved: taken without allocating
   std::size_t ring_next_peer_ = 0;
+  // Entries the data CQ owes us (posted puts, gets, atomics, provider
+  // sends and receives), and polls since fi_cq_read last ran (do_poll).
+  std::uint64_t provider_entries_ = 0;
+  std::uint32_t provider_skips_ = 0;
+  static constexpr std::uint32_t kProviderPollEvery = 64;
   std::atomic<std::uint64_t> ring_sends_{0};
   std::atomic<std::uint64_t> ring_large_sends_{0};
   std::atomic<std::uint64_t> ring_receives_{0};

@@ -891,9 +891,19 @@ void* FabricEndpoint::local_desc(const BackendOp& op) noexcept {
          (op.peer_handle < peers_.size() && !peers_[op.peer_handle].cma);
 }
 
+// Whether `op`, posted, leaves an entry to come in the data CQ (shm with
+// message rings: what lets an idle poll skip fi_cq_read, do_poll).
+[[gnu::always_inline]] inline bool FabricEndpoint::provider_entry(const BackendOp& op, bool injected) const noexcept {
+  if (injected) return false;
+  if (op.kind == OpKind::recv) return !outbox_;
+  if (op.kind == OpKind::send) return !(op.peer_handle < peers_.size() && peers_[op.peer_handle].link);
+  return true;
+}
+
 [[gnu::hot]] Status FabricEndpoint::do_post(const BackendOp& op) noexcept {
   Status st = post_data(op, 0);
   const bool injected = std::exchange(injected_now_, false);
+  if (st == Status::ok && provider_entry(op, injected)) ++provider_entries_;
   if (rescuer_) rescuer_->post_end();  // the mark shm_peer_gate began
   if (probe_stalls_ && op.kind != OpKind::recv) st = watch_stall(op.peer_handle, st);
   if (st == Status::ok && shm_ && rings_target(op)) ring_peer(op.peer_handle);
@@ -916,10 +926,9 @@ Status FabricEndpoint::do_post_batch(std::span<const BackendOp* const> ops, std:
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const BackendOp& op = *ops[i];
     st = post_data(op, i + 1 < ops.size() ? static_cast<std::uint64_t>(FI_MORE) : 0);
-    if (injected_now_) {
-      injected_now_ = false;
-      injected_.push_back(op.tag);  // reserved: max_in_flight
-    }
+    const bool injected = std::exchange(injected_now_, false);
+    if (injected) injected_.push_back(op.tag);  // reserved: max_in_flight
+    if (st == Status::ok && provider_entry(op, injected)) ++provider_entries_;
     if (rescuer_) rescuer_->post_end();
     if (probe_stalls_ && op.kind != OpKind::recv) st = watch_stall(op.peer_handle, st);
     if (st != Status::ok) break;
@@ -1444,6 +1453,7 @@ std::size_t FabricEndpoint::poll_ctrl() noexcept {
 [[gnu::cold]] bool FabricEndpoint::poll_error() noexcept {
   fi_cq_err_entry err{};
   if (fi_cq_readerr(cq_, &err, 0) != 1) return false;
+  if (provider_entries_ > 0) --provider_entries_;
   if (probe_done(err.op_context, true)) return true;
   const std::uint32_t index = data_index(err.op_context);
   if (index == kNoIndex) {
@@ -1522,6 +1532,7 @@ std::size_t FabricEndpoint::poll_ctrl() noexcept {
       if (got != -FI_EAGAIN && got < 0) mark_unusable();  // the CQ itself failed
       break;
     }
+    provider_entries_ -= std::min<std::uint64_t>(provider_entries_, static_cast<std::uint64_t>(got));
     for (ssize_t i = 0; i < got; ++i) {
       if (probe_done(entries[i].op_context, false)) continue;
       const std::uint32_t index = data_index(entries[i].op_context);
@@ -1597,8 +1608,23 @@ std::size_t FabricEndpoint::complete_injected(std::size_t max) noexcept {
     // is held (a killed peer may be holding it for ever; the peer check
     // below is what recovers it).
     std::size_t found = 0;
-    if (outbox_) found += poll_rings(max);
-    if (found < max && !shm_region_blocked(own_data_)) found += poll_data(max - found);
+    // With message rings, the data CQ only has entries for our puts, gets
+    // and atomics, and the provider only has work when a peer posted to us
+    // (its post sets our region's signal word; 1.17's layout, checked when
+    // the lock was opened): when neither, fi_cq_read (about 180
+    // instructions, on the path of every received message) has nothing to
+    // do. Every kProviderPollEvery-th poll reads it anyway, so a count
+    // that went wrong costs latency, never a completion.
+    bool provider_idle = false;
+    if (outbox_) {
+      found += poll_rings(max);
+      provider_idle = provider_entries_ == 0 && own_data_.lock && !own_data_.lock->signalled() &&
+                      ++provider_skips_ < kProviderPollEvery;
+    }
+    if (!provider_idle) {
+      provider_skips_ = 0;
+      if (found < max && !shm_region_blocked(own_data_)) found += poll_data(max - found);
+    }
     if (ctrl_cq_ && !shm_region_blocked(own_ctrl_)) found += poll_ctrl_paced();
     events += found;
     // The poll asks whether the peer check is due, on the coarse clock

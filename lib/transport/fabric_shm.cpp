@@ -30,10 +30,12 @@ namespace {
 //   0x00 u8 version (4), u8 resv, u16 flags
 //   0x04 i32 pid of the owner
 //   0x18 pthread_spinlock_t lock
+//   0x1c int signal (set by a peer's post, cleared by our fi_cq_read)
 //   0x28 size_t total_size (the file's size)
 constexpr std::uint8_t kRegionVersion = 4;
 constexpr std::size_t kPidOffset = 0x04;
 constexpr std::size_t kLockOffset = 0x18;
+constexpr std::size_t kSignalOffset = 0x1c;
 constexpr std::size_t kTotalSizeOffset = 0x28;
 constexpr std::size_t kHeaderBytes = 4096;
 
@@ -172,6 +174,12 @@ bool RegionLock::open(const std::string& name, std::int64_t pid) noexcept {
   mapped_ = kHeaderBytes;
   owner_ = pid;
   return true;
+}
+
+bool RegionLock::signalled() const noexcept {
+  if (!header_) return true;
+  const auto* w = reinterpret_cast<const int*>(static_cast<const std::byte*>(header_) + kSignalOffset);
+  return __atomic_load_n(w, __ATOMIC_ACQUIRE) != 0;
 }
 
 bool RegionLock::held() noexcept {

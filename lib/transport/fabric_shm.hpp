@@ -166,6 +166,10 @@ class RegionLock {
   bool held_for(std::chrono::nanoseconds patience) noexcept;
   // Releases the lock on behalf of a holder proven dead.
   void force_release() noexcept;
+  // Whether the region's `signal` word is set: a peer posted to the
+  // region's owner since its last fi_cq_read (which clears it). A read of
+  // the word, nothing more; true when nothing is mapped.
+  bool signalled() const noexcept;
   // For tests that play a peer killed holding the lock. try_take takes it
   // when it is free (pthread_spin_trylock; false when held or nothing is
   // mapped). waited_on: while we hold it, whether some thread is spinning
