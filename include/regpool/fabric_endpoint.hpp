@@ -261,7 +261,7 @@ struct FabricEndpointOptions {
   // through regpool's own rings instead of the provider's queues
   // (docs/architecture.md, "shm message rings"): each endpoint owns a file
   // /dev/shm/regpool-rings.<its region> in which it writes its messages to
-  // each peer, and which its peers map read-only. A message up to 64 KiB is
+  // each peer, and which its peers map read-only. A message up to 65 KiB is
   // copied in by the sender and out by the receiver; a longer one is read
   // by the receiver straight from the sender's buffer (cross-memory
   // attach), and its send completes when the receiver has read it. Puts,
@@ -311,7 +311,7 @@ struct FabricShmStats {
   std::uint64_t bell_peers = 0;
   std::uint64_t bell_rings = 0;
   // Message rings (FabricEndpointOptions::shm_rings): whether this endpoint
-  // uses them; messages sent through them, of which longer than 64 KiB
+  // uses them; messages sent through them, of which longer than 65 KiB
   // (read by the receiver from the sender's memory); messages received;
   // sends that found the ring full (posted again after progress); and what
   // peers wrote into their rings or directories that could not be believed
