@@ -717,6 +717,8 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   // looked at every kStallScan (do_poll).
   void scan_owed_replies() noexcept;
   void fail_gone_peer(std::uint64_t handle) noexcept;
+  void fail_peer_once(std::uint64_t handle, bool PeerAddr::*flag, std::atomic<std::uint64_t>& count,
+                      Status st) noexcept;
   // net cancels an op (FI_ECANCELED) alike when the target refused it and
   // when the connection closed under it (its prov_errno is then whatever
   // errno the provider last saw): such a completion waits here until the

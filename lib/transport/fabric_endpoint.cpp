@@ -1618,8 +1618,11 @@ std::size_t FabricEndpoint::complete_injected(std::size_t max) noexcept {
     bool provider_idle = false;
     if (outbox_) {
       found += poll_rings(max);
+      // A held lock is not idle: shm_region_blocked must see it at every
+      // poll, or a dead holder's lock is never recovered (its patience
+      // counts looks, transport-peer-death).
       provider_idle = provider_entries_ == 0 && own_data_.lock && !own_data_.lock->signalled() &&
-                      ++provider_skips_ < kProviderPollEvery;
+                      !own_data_.lock->held() && ++provider_skips_ < kProviderPollEvery;
     }
     if (!provider_idle) {
       provider_skips_ = 0;
@@ -1875,12 +1878,19 @@ Status FabricEndpoint::watch_stall(std::uint64_t handle, Status st) noexcept {
 }
 
 void FabricEndpoint::fail_gone_peer(std::uint64_t handle) noexcept {
+  fail_peer_once(handle, &PeerAddr::reported, gone_peers_, Status::peer_unreachable);
+}
+
+// A peer found failed (dead, gone, a corrupt ring): marked once by `flag`,
+// counted, and its operations in flight completed with `st`.
+void FabricEndpoint::fail_peer_once(std::uint64_t handle, bool PeerAddr::*flag, std::atomic<std::uint64_t>& count,
+                                    Status st) noexcept {
   PeerAddr& p = peers_[handle];
-  if (p.reported) return;
-  p.reported = true;
-  gone_peers_.fetch_add(1, std::memory_order_relaxed);
+  if (p.*flag) return;
+  p.*flag = true;
+  count.fetch_add(1, std::memory_order_relaxed);
   const PeerId peer = peer_for_handle(handle);
-  if (peer != kAnyPeer) fail_peer_ops(peer, Status::peer_unreachable);
+  if (peer != kAnyPeer) fail_peer_ops(peer, st);
 }
 
 bool FabricEndpoint::hold_for_probe(std::uint32_t index, Status otherwise) noexcept {
@@ -2075,11 +2085,7 @@ void FabricEndpoint::shm_check_peers(std::chrono::steady_clock::time_point now) 
     // Dead: whatever is still in flight to it will never complete (shm
     // reports a failed fast RMA without the op's context, and a request
     // whose answer the peer owed never gets one).
-    if (p.reported) continue;
-    p.reported = true;
-    dead_peers_.fetch_add(1, std::memory_order_relaxed);
-    const PeerId peer = peer_for_handle(h);
-    if (peer != kAnyPeer) fail_peer_ops(peer, Status::peer_unreachable);
+    fail_peer_once(h, &PeerAddr::reported, dead_peers_, Status::peer_unreachable);
   }
 }
 
@@ -2113,12 +2119,7 @@ bool FabricEndpoint::shm_peer_gone(std::uint64_t handle) noexcept {
 // peer_unreachable.
 [[gnu::always_inline]] inline bool FabricEndpoint::shm_peer_dead(PeerAddr& p, std::uint64_t handle) noexcept {
   if (!shm_peer_gone(p, handle)) return false;
-  if (!p.reported) {
-    p.reported = true;
-    dead_peers_.fetch_add(1, std::memory_order_relaxed);
-    const PeerId peer = peer_for_handle(handle);
-    if (peer != kAnyPeer) fail_peer_ops(peer, Status::peer_unreachable);
-  }
+  if (!p.reported) fail_peer_once(handle, &PeerAddr::reported, dead_peers_, Status::peer_unreachable);
   return true;
 }
 
@@ -2376,22 +2377,17 @@ std::size_t FabricEndpoint::ring_acks() noexcept {
 
 void FabricEndpoint::ring_corrupt(std::uint64_t handle) noexcept {
   // What it wrote cannot be read on: nothing more is taken from its ring,
-  // and it is broken for the user (reconnect() finds its ring anew).
-  PeerAddr& p = peers_[handle];
-  if (p.ring_broken) return;
-  p.ring_broken = true;
-  ring_corrupt_.fetch_add(1, std::memory_order_relaxed);
-  const PeerId peer = peer_for_handle(handle);
-  if (peer != kAnyPeer) fail_peer_ops(peer, Status::transport_error);
+  // and it is broken for the user (reconnect() reads on from the same
+  // place, so a ring still corrupt there is refused again).
+  fail_peer_once(handle, &PeerAddr::ring_broken, ring_corrupt_, Status::transport_error);
 }
 
 namespace {
 
-// Copies a large message out of its sender's memory: the bytes moved, and
-// the status of a read that stopped short (the sender gone, or an address
-// that is not its memory).
-std::uint64_t read_large(std::int64_t pid, std::uint64_t address, std::byte* dest, std::uint64_t length,
-                         Status& st) noexcept {
+// Copies a large message out of its sender's memory: ok, or why the read
+// stopped short (peer_unreachable: the sender is gone; transport_error: an
+// address that is not its memory).
+Status read_large(std::int64_t pid, std::uint64_t address, std::byte* dest, std::uint64_t length) noexcept {
   std::uint64_t done = 0;
   while (done < length) {
     iovec local{dest + done, static_cast<std::size_t>(length - done)};
@@ -2403,10 +2399,9 @@ std::uint64_t read_large(std::int64_t pid, std::uint64_t address, std::byte* des
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    st = n < 0 && errno == ESRCH ? Status::peer_unreachable : Status::transport_error;
-    break;
+    return n < 0 && errno == ESRCH ? Status::peer_unreachable : Status::transport_error;
   }
-  return done;
+  return Status::ok;
 }
 
 }  // namespace
@@ -2423,23 +2418,32 @@ std::uint64_t read_large(std::int64_t pid, std::uint64_t address, std::byte* des
       break;
     }
     const std::uint32_t index = ring_recvs_[ring_recv_head_];
-    if (++ring_recv_head_ == ring_recvs_.size()) ring_recv_head_ = 0;
-    --ring_recv_count_;
     const BackendOp& op = op_at(index);
     const std::uint64_t bytes = std::min(in.length, op.length);
     auto* dest = static_cast<std::byte*>(op.local->address());
-    Status st = in.length > op.length ? Status::out_of_bounds : Status::ok;
-    std::uint64_t moved = bytes;
+    const Status st = in.length > op.length ? Status::out_of_bounds : Status::ok;
     if (in.kind == shm_rings::RecordKind::data) {
       std::memcpy(dest, in.data, bytes);
     } else {
-      Status failed = Status::ok;
-      moved = read_large(link.pid(), in.address, dest, bytes, failed);
-      if (failed != Status::ok) st = failed;
+      if (const Status failed = read_large(link.pid(), in.address, dest, bytes); failed != Status::ok) {
+        // A message that cannot be read is dropped, and the receive waits
+        // for the next one (its buffer's bytes are not the user's until it
+        // completes): its sender died after posting it (the pid checks
+        // fail its peer), or named memory that is not its own, which is
+        // its ring's corruption.
+        link.consume(*outbox_, in);
+        if (failed != Status::peer_unreachable) {
+          corrupt = true;
+          break;
+        }
+        continue;
+      }
     }
+    if (++ring_recv_head_ == ring_recvs_.size()) ring_recv_head_ = 0;
+    --ring_recv_count_;
     link.consume(*outbox_, in);
     ring_receives_.fetch_add(1, std::memory_order_relaxed);
-    complete(index, st, moved, peer);
+    complete(index, st, bytes, peer);
     ++events;
   }
   return events;

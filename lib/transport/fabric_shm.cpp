@@ -603,6 +603,42 @@ std::atomic<std::uint32_t>* bell_word(std::byte* base, std::size_t offset) noexc
 
 Bell::~Bell() { close(); }
 
+int create_user_file(const char* path, std::uint64_t bytes, std::byte*& base) noexcept {
+  (void)::unlink(path);
+  const int fd = ::open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return errno;
+  // Sparse: tmpfs gives a page only when it is first written.
+  void* p = MAP_FAILED;
+  int e = 0;
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    e = errno;
+  } else {
+    p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) e = errno;
+  }
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    (void)::unlink(path);
+    return e;
+  }
+  base = static_cast<std::byte*>(p);
+  return 0;
+}
+
+void* map_user_file(const char* path, std::uint64_t bytes, bool writable) noexcept {
+  // O_NONBLOCK: a FIFO planted under the name must not block the open.
+  const int fd = ::open(path, (writable ? O_RDWR : O_RDONLY) | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return MAP_FAILED;
+  struct stat st {};
+  void* p = MAP_FAILED;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
+      static_cast<std::uint64_t>(st.st_size) == bytes) {
+    p = ::mmap(nullptr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+  }
+  ::close(fd);
+  return p;
+}
+
 std::size_t sweep_dead_files(const char* dir, std::string_view prefix) noexcept {
   DIR* d = ::opendir(dir);
   if (!d) return 0;
@@ -637,20 +673,8 @@ bool Bell::create(std::string_view region) noexcept {
     return false;
   }
   // Our pid is in the region's name: a file of this name was left by a
-  // dead process that had our pid (or by someone pretending): replace it.
-  (void)::unlink(path.c_str());
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) return false;
-  void* p = MAP_FAILED;
-  if (::ftruncate(fd, static_cast<off_t>(kBellBytes)) == 0) {
-    p = ::mmap(nullptr, kBellBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  }
-  ::close(fd);
-  if (p == MAP_FAILED) {
-    (void)::unlink(path.c_str());
-    return false;
-  }
-  base_ = static_cast<std::byte*>(p);
+  // dead process that had our pid (or by someone pretending): replaced.
+  if (create_user_file(path.c_str(), kBellBytes, base_) != 0) return false;
   // A fresh file is zero: seq 0, nobody asleep. The magic goes last, so a
   // peer that opens the file early sees no bell rather than half of one.
   new (base_ + kBellSeqOffset) std::atomic<std::uint32_t>(0);
@@ -670,16 +694,7 @@ bool Bell::open(std::string_view region) noexcept {
   } catch (...) {
     return false;
   }
-  // O_NONBLOCK: a FIFO planted under the name must not block the open.
-  const int fd = ::open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return false;
-  struct stat st {};
-  void* p = MAP_FAILED;
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
-      static_cast<std::uint64_t>(st.st_size) == kBellBytes) {
-    p = ::mmap(nullptr, kBellBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  }
-  ::close(fd);
+  void* p = map_user_file(path, kBellBytes, true);
   if (p == MAP_FAILED) return false;
   auto* base = static_cast<std::byte*>(p);
   std::byte head[sizeof kBellMagic];

@@ -370,6 +370,16 @@ std::size_t sweep_dead_bells(const char* dir) noexcept;
 // transport/shm_rings.hpp, use it too).
 std::size_t sweep_dead_files(const char* dir, std::string_view prefix) noexcept;
 
+// The files regpool shares between shm peers (bells, message rings):
+// create_user_file makes `path` anew (a file of that name removed first:
+// our pid is in every such name, so it is a dead process's), mode 0600,
+// `bytes` long (sparse) and maps it read-write: 0, or the errno.
+// map_user_file maps a peer's: a regular file of our euid of exactly
+// `bytes` (opened O_NOFOLLOW | O_NONBLOCK, so neither a link nor a planted
+// FIFO is followed or waited on); MAP_FAILED otherwise.
+int create_user_file(const char* path, std::uint64_t bytes, std::byte*& base) noexcept;
+void* map_user_file(const char* path, std::uint64_t bytes, bool writable) noexcept;
+
 // One mapped bell: this endpoint's own (create) or a peer's (open). Not
 // thread-safe for open/close; ring() may race with anything (atomics).
 class Bell {

@@ -128,35 +128,6 @@ Outbox::~Outbox() {
   if (!knock_path_.empty()) (void)::unlink(knock_path_.c_str());
 }
 
-namespace {
-
-// Creates /dev/shm/<name> of `bytes` (replacing a dead namesake: our pid is
-// in the name) and maps it read-write. Empty string, or why not.
-std::string create_file(const std::string& path, std::uint64_t bytes, std::byte*& base) {
-  (void)::unlink(path.c_str());
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) return errno_text("cannot create", path, errno);
-  // Sparse: tmpfs gives a page only when it is first written, so a ring
-  // costs what its traffic has touched.
-  void* p = MAP_FAILED;
-  int e = 0;
-  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    e = errno;
-  } else {
-    p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) e = errno;
-  }
-  ::close(fd);
-  if (p == MAP_FAILED) {
-    (void)::unlink(path.c_str());
-    return errno_text("cannot size or map", path, e);
-  }
-  base = static_cast<std::byte*>(p);
-  return {};
-}
-
-}  // namespace
-
 std::atomic<std::uint64_t>* Outbox::word(std::size_t offset) const noexcept {
   // The mapping is page-aligned and every offset a multiple of 8.
   return std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(base_ + offset));
@@ -182,13 +153,17 @@ std::string Outbox::create(std::string_view region) {
   } catch (...) {
     return "out of memory";
   }
+  // Our pid is in the region's name: a file of this name was left by a
+  // dead process that had our pid (or planted): replaced.
   std::byte* base = nullptr;
-  if (std::string why = create_file(path, kFileBytes, base); !why.empty()) return why;
+  if (const int e = fabric_shm::create_user_file(path.c_str(), kFileBytes, base); e != 0) {
+    return errno_text("cannot create, size or map", path, e);
+  }
   std::byte* knocks = nullptr;
-  if (std::string why = create_file(knock_path, kKnockBytes, knocks); !why.empty()) {
+  if (const int e = fabric_shm::create_user_file(knock_path.c_str(), kKnockBytes, knocks); e != 0) {
     ::munmap(base, kFileBytes);
     (void)::unlink(path.c_str());
-    return why;
+    return errno_text("cannot create, size or map", knock_path, e);
   }
   knocks_ = knocks;
   knock_path_ = std::move(knock_path);
@@ -406,15 +381,7 @@ bool Link::knock(Outbox& own) noexcept {
     char path[320];
     std::snprintf(path, sizeof path, "/dev/shm/%.*s%s", static_cast<int>(kKnockPrefix.size()), kKnockPrefix.data(),
                   region_.c_str());
-    const int fd = ::open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return false;
-    struct stat st {};
-    void* p = MAP_FAILED;
-    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
-        static_cast<std::uint64_t>(st.st_size) == kKnockBytes) {
-      p = ::mmap(nullptr, kKnockBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    }
-    ::close(fd);
+    void* p = fabric_shm::map_user_file(path, kKnockBytes, true);
     if (p == MAP_FAILED) return false;
     if (shared_word(static_cast<std::byte*>(p)).load(std::memory_order_acquire) != kKnockMagic) {
       ::munmap(p, kKnockBytes);
