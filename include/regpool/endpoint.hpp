@@ -67,6 +67,10 @@ struct WaitBell;
 namespace detail {
 // Shared between an endpoint and its exposures (defined in the library).
 struct ExposureLink;
+// The Messenger's receiver of messages in place, and the Messenger's core
+// (both the library's, lib/transport/message_sink.hpp).
+class MessageSink;
+struct MessengerCore;
 }  // namespace detail
 
 // Index of an inserted peer, dense from 0. kAnyPeer in a receive completion
@@ -785,11 +789,38 @@ class REGPOOL_API Endpoint {
   virtual int do_wait_fd() const noexcept { return -1; }
   virtual bool do_arm(std::chrono::microseconds& /*max_sleep*/) noexcept { return true; }
   virtual WaitBell do_wait_bell() const noexcept;
+  // Messages in place (endpoint_backend.hpp): whether the backend copies a
+  // message into the transport within a call and shows incoming ones where
+  // they lie; the copy itself (ok, or would_block when it cannot now); and,
+  // from do_poll only, an incoming message offered to the receive side's
+  // sink before a posted receive takes it (true: taken, consumed).
+  virtual bool do_messages_in_place() const noexcept { return false; }
+  virtual Status do_send_copy(std::uint64_t /*handle*/, std::span<const std::byte> /*head*/,
+                              std::span<const std::byte> /*body*/) noexcept {
+    return Status::would_block;
+  }
+  bool has_message_sink() const noexcept { return sink_ != nullptr; }
+  bool offer_in_place(PeerId peer, std::span<const std::byte> bytes) noexcept;
 
  private:
   friend class Exposure;
+  // The Messenger's path past the operation table, where the backend has
+  // one (lib/transport/message_sink.hpp); not part of the public API.
+  friend struct detail::MessengerCore;
+  // Installs (or, null, removes) the receive side's sink; returns whether
+  // the backend delivers in place. After a removal returns, no take() runs.
+  REGPOOL_LOCAL bool set_message_sink(std::shared_ptr<detail::MessageSink> sink) noexcept;
+  // A message of `head` then `body` to `peer`, copied into the transport
+  // now: ok (nothing follows: no operation, no completion), would_block
+  // (the backend cannot now, or has no such path: post it instead), or why
+  // the peer cannot be sent to.
+  Status send_copy(PeerId peer, std::span<const std::byte> head, const Slice& body) noexcept;
+
   using Clock = std::chrono::steady_clock;
   class Lock;
+  // After a poll whose sink took messages: its settle(), without the mutex
+  // (released and taken back); returns 1 (a round of delivery).
+  std::size_t settle_sink(Lock& g) noexcept;
 
   // One operation slot (defined in endpoint.cpp; slots_ owns them).
   struct Slot;
@@ -1083,6 +1114,10 @@ class REGPOOL_API Endpoint {
   std::atomic<std::uint64_t> stale_completions_{0};
   std::atomic<std::uint64_t> dropped_at_removal_{0};
   bool completed_at_post_ = false;  // complete_at_post(), read by submit
+  // The receive side's sink (set_message_sink) and whether it took a
+  // message since its last settle() (both under the mutex).
+  std::shared_ptr<detail::MessageSink> sink_;
+  bool sink_took_ = false;
 };
 
 }  // namespace regpool

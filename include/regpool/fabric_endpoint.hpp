@@ -395,6 +395,9 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   Enforcement do_enforcement(ExposureMode mode, bool per_peer) const noexcept override;
   int do_wait_fd() const noexcept override { return wait_fd_; }
   WaitBell do_wait_bell() const noexcept override;
+  bool do_messages_in_place() const noexcept override { return outbox_ != nullptr; }
+  Status do_send_copy(std::uint64_t handle, std::span<const std::byte> head,
+                      std::span<const std::byte> body) noexcept override;
   bool do_arm(std::chrono::microseconds& max_sleep) noexcept override;
 
  private:

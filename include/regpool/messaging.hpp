@@ -179,6 +179,12 @@ struct MessengerStats {
   std::uint64_t eager_sent = 0;
   std::uint64_t eager_split = 0;        // of which sent as several messages (split eager)
   std::uint64_t eager_kept = 0;         // of which sent through the peer's kept send (small, from send())
+  // Messages in place (shm with message rings, docs/messaging.md): eager
+  // sends the endpoint copied straight into the transport (no send
+  // operation), and messages matched and copied where they arrived (no
+  // bounce receive).
+  std::uint64_t eager_copied = 0;
+  std::uint64_t received_in_place = 0;
   std::uint64_t rendezvous_sent = 0;
   std::uint64_t rendezvous_split = 0;   // rendezvous receives split with their sender (grants sent)
   std::uint64_t received = 0;

@@ -45,6 +45,7 @@
 #include "platform/coarse_clock.hpp"
 #include "platform/futex.hpp"
 #include "regpool/messaging.hpp"
+#include "transport/message_sink.hpp"
 
 namespace regpool {
 
@@ -77,7 +78,10 @@ std::uint64_t make_token(std::uint32_t gen, std::uint32_t index) noexcept {
 }  // namespace
 
 namespace detail {
-struct MessengerCore {
+// The sink of messages in place (transport/message_sink.hpp): on endpoints
+// whose backend has that path, incoming eager messages are matched and
+// copied where they lie, and small sends are copied into the transport.
+struct MessengerCore final : MessageSink {
   enum class State : std::uint8_t { free, posted, queued, active, done };
   enum class Kind : std::uint8_t { send, recv, request, internal };
 
@@ -203,6 +207,11 @@ struct MessengerCore {
   // payload split; 0 = never.
   std::uint64_t part_size = 0;
   std::uint64_t split_upto = 0;
+  // Messages in place (install_sink): the endpoint copies our sends into
+  // the transport (up to copy_limit bytes with the header) and offers us
+  // incoming messages where they lie.
+  bool in_place = false;
+  std::uint64_t copy_limit = 0;
   static constexpr std::uint32_t kMaxParts = 8;
   // Rendezvous receives of at least this many bytes are split with the
   // sender (MessengerConfig::rendezvous_split); 0 = never.
@@ -784,6 +793,7 @@ struct MessengerCore {
   // post_direct).
   [[gnu::hot]] void send_eager_direct(std::unique_lock<platform::FutexMutex>& g, std::uint32_t i, const Slice& data) noexcept {
     PeerState& ps = peers[ops[i].peer];
+    if (in_place && mw::kHeaderSize + data.length() <= copy_limit) return send_copy_direct(g, i, data);
     if (const std::uint32_t k = parts_for(ps, data.length()); k > 1) return send_split_direct(g, i, data, k);
     if (data.length() <= kSparePayload && !ps.ks_busy &&
         (ps.ks_token || (!ps.ks_buf && kept_sends < kKeptSends && make_kept_locked(ps)))) {
@@ -793,6 +803,52 @@ struct MessengerCore {
     if (!m) return complete(i, m.status());
     Slice one[1] = {std::move(*m)};
     post_direct(g, i, one);
+  }
+
+  // send_eager_direct's message copied into the transport by the endpoint
+  // (send_copy): the header built here, the payload copied once, straight
+  // from the caller's buffer, and the op done as the copy returns (no
+  // operation of the endpoint's, no completion). Where the endpoint cannot
+  // take it now (a full ring) it goes as a posted send, sealed as it is.
+  [[gnu::hot]] void send_copy_direct(std::unique_lock<platform::FutexMutex>& g, std::uint32_t i,
+                                     const Slice& data) noexcept {
+    const PeerId peer = ops[i].peer;
+    const std::uint32_t gen = ops[i].gen;
+    PeerState& ps = peers[peer];
+    alignas(8) std::array<std::byte, mw::kHeaderSize> head;
+    mw::Header h = header_for(i, data.length());
+    h.type = mw::Type::eager;
+    seal(ps, h, head.data());
+    ++st.eager_sent;
+    ps.announced = true;
+    draining = true;
+    g.unlock();
+    const Status s = ep.send_copy(peer, head, data);
+    g.lock();
+    draining = false;
+    const bool mine = ops[i].gen == gen && ops[i].state == State::active;
+    if (s == Status::ok) {
+      ++st.eager_copied;
+      if (mine) complete(i, Status::ok);
+      drain(g);
+      return;
+    }
+    // Not ours any more: only fail_peer and closing end a send meanwhile,
+    // and the message has nowhere to go.
+    if (s == Status::would_block && mine) {
+      Result<Ldo> m = alloc_message(mw::kHeaderSize + data.length());
+      if (m) {
+        std::memcpy(m->data().data(), head.data(), head.size());
+        std::memcpy(m->data().data() + mw::kHeaderSize, data.address(), data.length());
+        Slice one[1] = {*Slice::data(std::move(*m))};
+        post_direct(g, i, one);
+        return;
+      }
+      send_post_failed_locked(peer, i, gen, m.status());
+    } else if (s != Status::would_block) {
+      send_post_failed_locked(peer, i, gen, s);
+    }
+    drain(g);
   }
 
   // send_eager_direct's message through its peer's kept send: the first
@@ -1018,14 +1074,23 @@ struct MessengerCore {
         complete(i, Status::ok);
         return true;
       }
-      const std::uint64_t n = std::min<std::uint64_t>(h.length, o.buf.length());
-      std::memcpy(o.buf.address(), ldo.data().data(), n);
-      o.result.received = n;
-      complete(i, n < h.length ? Status::truncated : Status::ok);
+      copy_eager(i, src, h, ldo.data().data(), false);
       return false;
     }
     start_rendezvous_recv(i, src, h, ref);
     return false;
+  }
+
+  // Receive i (a copying one) takes the eager message `h` of src, its
+  // payload at `payload`; `note`: its completion does not say so yet.
+  [[gnu::always_inline]] void copy_eager(std::uint32_t i, PeerId src, const mw::Header& h, const std::byte* payload,
+                                         bool note = true) noexcept {
+    Op& o = ops[i];
+    if (note) note_match(o, src, h);
+    const std::uint64_t n = std::min<std::uint64_t>(h.length, o.buf.length());
+    std::memcpy(o.buf.address(), payload, n);
+    o.result.received = n;
+    complete(i, n < h.length ? Status::truncated : Status::ok);
   }
 
   // Receive i matched an rts: pull the payload with gets, then fin. Out of
@@ -1547,14 +1612,9 @@ struct MessengerCore {
     }
   }
 
-  // A bounce receive completed (mutex held). Returns whether the bounce
-  // LDO must be replaced (it was kept).
-  [[gnu::always_inline]] bool on_message(PeerId src, std::span<const std::byte> bytes, Ldo& ldo) noexcept {
-    mw::Header h;
-    if (mw::parse(bytes, threshold, h) != Status::ok || src == kAnyPeer || src >= peers.size()) {
-      ++st.rejected;
-      return false;
-    }
+  // What any message of src's (checked) tells us: that it is there, its
+  // limits, the credits it gives back.
+  [[gnu::always_inline]] PeerState& heard_from(PeerId src, const mw::Header& h) noexcept {
     PeerState& ps = peers[src];
     if (!ps.heard) {
       ps.heard = true;
@@ -1563,6 +1623,66 @@ struct MessengerCore {
     }
     learn(ps, h);
     ps.credits = std::min(ps.grant, ps.credits + h.credits);
+    return ps;
+  }
+
+  // --- messages in place (MessageSink) ---
+
+  // The endpoint's poll, its mutex held, shows us src's message where it
+  // lies. Taken only on the plain path: an eager message in sequence for
+  // which a copying receive is posted, the mutex free at once. Everything
+  // else (a control message, a rendezvous, a split message, one out of
+  // sequence or unexpected, a zero-copy receive, a message that does not
+  // parse) is declined, and comes back through a bounce receive to
+  // on_message, which handles it and counts what it rejects. The header is
+  // read once, by parse, into `h`; the payload is copied once, into the
+  // receive's buffer.
+  [[gnu::hot]] bool take(PeerId src, std::span<const std::byte> bytes) noexcept override {
+    std::unique_lock<platform::FutexMutex> g(mu, std::try_to_lock);
+    if (!g.owns_lock() || closed || src >= peers.size()) return false;
+    mw::Header h;
+    if (mw::parse(bytes, threshold, h) != Status::ok || h.type != mw::Type::eager) return false;
+    PeerState& ps = peers[src];
+    if (h.seq != ps.recv_seq || ps.as.active || ps.early > 0) return false;
+    std::uint32_t i = posted_head;
+    while (i != kNone && !matches(ops[i], src, h.space, h.tag)) i = ops[i].next;
+    if (i == kNone || ops[i].zero_copy) return false;
+    (void)heard_from(src, h);
+    ++ps.recv_seq;
+    unlink_posted(i);
+    ++ps.owed;
+    copy_eager(i, src, h, bytes.data() + mw::kHeaderSize);
+    ++st.received_in_place;
+    // Posts these cause (credits back, sends the credits let go) wait for
+    // settle(): the endpoint's mutex is held here.
+    drain_queue(src);
+    maybe_return_credits(src);
+    changed();
+    return true;
+  }
+
+  void settle() noexcept override {
+    std::unique_lock<platform::FutexMutex> g(mu);
+    if (post_count != 0 || !graveyard.empty() || !kept_ended.empty()) drain(g);
+  }
+
+  // At the end of construction: the endpoint offers us its messages in
+  // place where its backend can (never removed: the endpoint may outlive
+  // the Messenger, and a closed core declines everything).
+  void install_sink(const std::shared_ptr<MessengerCore>& self) {
+    in_place = ep.set_message_sink(std::shared_ptr<MessageSink>(self, self.get()));
+    copy_limit = in_place ? ep.transfer_traits().fast_message_limit : 0;
+  }
+
+  // A bounce receive completed (mutex held). Returns whether the bounce
+  // LDO must be replaced (it was kept).
+  [[gnu::always_inline]] bool on_message(PeerId src, std::span<const std::byte> bytes, Ldo& ldo) noexcept {
+    mw::Header h;
+    if (mw::parse(bytes, threshold, h) != Status::ok || src == kAnyPeer || src >= peers.size()) {
+      ++st.rejected;
+      return false;
+    }
+    PeerState& ps = heard_from(src, h);
     bool kept = false;
     switch (h.type) {
       case mw::Type::credit: break;
@@ -2182,10 +2302,13 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
     for (std::uint32_t b = 0; b < cfg.receive_buffers; ++b) c.post_bounce(b);
   }
   c.run_posts();
-  std::lock_guard<platform::FutexMutex> g(c.mu);
-  if (c.bounces_empty > 0) {
-    throw Error(Status::would_block, 0, "messenger: posting the receive buffers failed (max_in_flight?)");
+  {
+    std::lock_guard<platform::FutexMutex> g(c.mu);
+    if (c.bounces_empty > 0) {
+      throw Error(Status::would_block, 0, "messenger: posting the receive buffers failed (max_in_flight?)");
+    }
   }
+  c.install_sink(core_);
 }
 
 Messenger::~Messenger() {

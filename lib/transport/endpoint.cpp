@@ -4,6 +4,7 @@
 
 #include "platform/coarse_clock.hpp"
 #include "platform/futex.hpp"
+#include "transport/message_sink.hpp"
 #include "transport/stack_batch.hpp"
 
 #include <poll.h>
@@ -2004,10 +2005,61 @@ const BackendOp& Endpoint::op_at(std::uint32_t index) const noexcept { return sl
   return progress_counting(events);
 }
 
+// --- messages in place (lib/transport/message_sink.hpp) ---
+
+bool Endpoint::set_message_sink(std::shared_ptr<detail::MessageSink> sink) noexcept {
+  std::shared_ptr<detail::MessageSink> old;  // dropped after the unlock
+  Lock g(*this);
+  if (sink && !do_messages_in_place()) return false;
+  old = std::move(sink_);
+  sink_ = std::move(sink);
+  sink_took_ = false;
+  return true;
+}
+
+[[gnu::hot]] bool Endpoint::offer_in_place(PeerId peer, std::span<const std::byte> bytes) noexcept {
+  if (!sink_ || !sink_->take(peer, bytes)) return false;
+  sink_took_ = true;
+  ++activity_;
+  return true;
+}
+
+[[gnu::hot]] Status Endpoint::send_copy(PeerId peer, std::span<const std::byte> head, const Slice& body) noexcept {
+  if (!body) return Status::invalid_argument;
+  Lock g(*this);
+  if (!usable() || stopping_.load(std::memory_order_relaxed)) return Status::closed;
+  if (peer >= peers_.size() || !peers_[peer].used) return Status::invalid_argument;
+  const Peer& p = peers_[peer];
+  if (p.broken) return Status::peer_unreachable;
+  if (head.size() + body.length() > p.message_limit) return Status::message_too_large;
+  // Behind a send still waiting to be posted (a kept send's repost, a
+  // settling peer): it goes as a posted send, in order.
+  if (p.settling || send_held_locked(peer)) return Status::would_block;
+  const Status st = do_send_copy(p.handle, head, {body.address(), static_cast<std::size_t>(body.length())});
+  if (st == Status::ok) {
+    ++activity_;
+    if (sleepers_ > 0) wake_sleepers_locked();
+  }
+  return st;
+}
+
+std::size_t Endpoint::settle_sink(Lock& g) noexcept {
+  sink_took_ = false;
+  std::shared_ptr<detail::MessageSink> sink = sink_;  // alive through settle() even if removed meanwhile
+  g.unlock();
+  sink->settle();
+  sink.reset();
+  g.relock();
+  return 1;
+}
+
 [[gnu::hot]] std::size_t Endpoint::progress_counting(std::size_t& events) noexcept {
   Lock g(*this);
   if (!stopping_.load(std::memory_order_relaxed)) events += poll_locked();
   std::size_t delivered = 0;
+  // Messages a sink took in place: its work outside the mutex, counted as
+  // a delivery (a waiter looks at what it completed).
+  if (sink_took_ && sink_) delivered += settle_sink(g);
   // Most rounds of a spin-wait deliver nothing: the batch below is built
   // only when there is something to deliver.
   while (ready_count_ > 0) {

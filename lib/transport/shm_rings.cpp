@@ -467,6 +467,12 @@ bool Link::send_data(Outbox& own, const void* bytes, std::uint64_t length) noexc
   return write(own, RecordKind::data, bytes, length, nullptr, 0);
 }
 
+bool Link::send_data(Outbox& own, const void* head, std::uint64_t head_length, const void* body,
+                     std::uint64_t body_length) noexcept {
+  if (head_length > kEagerMax || body_length > kEagerMax - head_length) return false;
+  return write(own, RecordKind::data, head, head_length, body, body_length);
+}
+
 bool Link::send_large(Outbox& own, const void* address, std::uint64_t length, std::uint64_t& end) noexcept {
   const auto a = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(address));
   if (!write(own, RecordKind::large, &a, sizeof a, &length, sizeof length)) return false;

@@ -284,6 +284,10 @@ class Link {
   // Producer. A message of up to kEagerMax bytes copied into the ring:
   // false when the ring has no room now (the receiver has not read enough).
   bool send_data(Outbox& own, const void* bytes, std::uint64_t length) noexcept;
+  // The same for a message of two pieces (a header and a body) gathered
+  // into one record.
+  bool send_data(Outbox& own, const void* head, std::uint64_t head_length, const void* body,
+                 std::uint64_t body_length) noexcept;
   // A large record for the sender's buffer; `end` is the position the
   // receiver's consumed position must reach for the message to be read.
   bool send_large(Outbox& own, const void* address, std::uint64_t length, std::uint64_t& end) noexcept;

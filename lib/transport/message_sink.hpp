@@ -1,0 +1,50 @@
+#pragma once
+// The Messenger's path past the endpoint's operation table, on backends
+// that copy messages within a post and can show incoming ones where they
+// lie (libfabric shm with regpool's message rings; docs/architecture.md,
+// "Messages in place").
+//
+// Sending: Endpoint::send_copy writes a message (a header and a body) into
+// the transport at once and returns; no operation, no completion. Where it
+// cannot (a full ring, a send to the peer still waiting to be posted, a
+// backend without the path) it answers would_block and the caller posts the
+// message as any other.
+//
+// Receiving: the backend offers each incoming message to the sink while it
+// still lies in the transport, before it takes a posted receive for it. A
+// sink that takes it has consumed it (matched it and copied its bytes
+// where they go); one that declines leaves it to the posted receives. The
+// two copies a message made through a bounce receive (ring to bounce,
+// bounce to the user's buffer) become one, and the receive's slot,
+// completion and repost go.
+//
+// Not installed: the Endpoint's public header names only the incomplete
+// type.
+
+#include <cstddef>
+#include <span>
+
+#include "regpool/endpoint.hpp"
+
+namespace regpool::detail {
+
+class MessageSink {
+ public:
+  // With the endpoint's mutex held, from its poll: the message `bytes` from
+  // `peer` (kAnyPeer: a sender the endpoint has not inserted), valid only
+  // during the call. They are in memory the sender can still write (a
+  // hostile one may change them while they are read): each byte is read
+  // once, into the sink's own variables, before it is believed. Returns
+  // true when it took the message. Must not call the endpoint, and must
+  // not wait (a lock it cannot take at once is a reason to decline).
+  virtual bool take(PeerId peer, std::span<const std::byte> bytes) noexcept = 0;
+  // Without the endpoint's mutex, after a progress round in which take()
+  // returned true: the work that needs the endpoint (posts the taken
+  // messages caused, such as credits going back).
+  virtual void settle() noexcept = 0;
+
+ protected:
+  ~MessageSink() = default;
+};
+
+}  // namespace regpool::detail
