@@ -1114,8 +1114,8 @@ class REGPOOL_API Endpoint {
   std::atomic<std::uint64_t> stale_completions_{0};
   std::atomic<std::uint64_t> dropped_at_removal_{0};
   bool completed_at_post_ = false;  // complete_at_post(), read by submit
-  // The receive side's sink (set_message_sink) and whether it took a
-  // message since its last settle() (both under the mutex).
+  // The receive side's sink (set_message_sink) and whether a take since
+  // its last settle() asked for one (both under the mutex).
   std::shared_ptr<detail::MessageSink> sink_;
   bool sink_took_ = false;
 };

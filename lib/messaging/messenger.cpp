@@ -793,7 +793,6 @@ struct MessengerCore final : MessageSink {
   // post_direct).
   [[gnu::hot]] void send_eager_direct(std::unique_lock<platform::FutexMutex>& g, std::uint32_t i, const Slice& data) noexcept {
     PeerState& ps = peers[ops[i].peer];
-    if (in_place && mw::kHeaderSize + data.length() <= copy_limit) return send_copy_direct(g, i, data);
     if (const std::uint32_t k = parts_for(ps, data.length()); k > 1) return send_split_direct(g, i, data, k);
     if (data.length() <= kSparePayload && !ps.ks_busy &&
         (ps.ks_token || (!ps.ks_buf && kept_sends < kKeptSends && make_kept_locked(ps)))) {
@@ -805,50 +804,50 @@ struct MessengerCore final : MessageSink {
     post_direct(g, i, one);
   }
 
-  // send_eager_direct's message copied into the transport by the endpoint
-  // (send_copy): the header built here, the payload copied once, straight
-  // from the caller's buffer, and the op done as the copy returns (no
-  // operation of the endpoint's, no completion). Where the endpoint cannot
-  // take it now (a full ring) it goes as a posted send, sealed as it is.
-  [[gnu::hot]] void send_copy_direct(std::unique_lock<platform::FutexMutex>& g, std::uint32_t i,
-                                     const Slice& data) noexcept {
-    const PeerId peer = ops[i].peer;
-    const std::uint32_t gen = ops[i].gen;
-    PeerState& ps = peers[peer];
-    alignas(8) std::array<std::byte, mw::kHeaderSize> head;
+  // Messenger::send's eager message copied into the transport by the
+  // endpoint (send_copy), the mutex held throughout: the header built into
+  // `head`, the payload copied once, straight from the caller's buffer, and
+  // the op done as the copy returns (no operation of the endpoint's, no
+  // completion). Holding the mutex keeps the order of sends without the
+  // drain role, and lets a refusal undo the seal (nothing else can have
+  // been sealed for the peer meanwhile); the endpoint's poll never waits
+  // for this mutex (MessageSink::take only tries it). Returns ok (done),
+  // would_block (sealed in `head`, but the endpoint cannot take it now: the
+  // caller posts it, post_sealed) or the peer's refusal (unsealed).
+  [[gnu::hot]] Status send_copy_locked(std::uint32_t i, const Slice& data,
+                                       std::array<std::byte, mw::kHeaderSize>& head) noexcept {
+    PeerState& ps = peers[ops[i].peer];
     mw::Header h = header_for(i, data.length());
     h.type = mw::Type::eager;
     seal(ps, h, head.data());
-    ++st.eager_sent;
-    ps.announced = true;
-    draining = true;
-    g.unlock();
-    const Status s = ep.send_copy(peer, head, data);
-    g.lock();
-    draining = false;
-    const bool mine = ops[i].gen == gen && ops[i].state == State::active;
-    if (s == Status::ok) {
+    const Status s = ep.send_copy(ops[i].peer, head, data);
+    if (s == Status::ok || s == Status::would_block || s == Status::message_too_large) {
+      ++st.eager_sent;
+      ps.announced = true;
+      if (s != Status::ok) return Status::would_block;
       ++st.eager_copied;
-      if (mine) complete(i, Status::ok);
-      drain(g);
+      complete(i, Status::ok);
+      return Status::ok;
+    }
+    ++ps.credits;
+    --ps.send_seq;
+    ps.owed += h.credits;
+    return s;
+  }
+
+  // send_copy_locked's message, sealed in `head`, that the endpoint could
+  // not take at once: posted as any eager message, in a message object.
+  [[gnu::cold]] void post_sealed(std::unique_lock<platform::FutexMutex>& g, std::uint32_t i,
+                                 const std::array<std::byte, mw::kHeaderSize>& head, const Slice& data) noexcept {
+    Result<Ldo> m = alloc_message(mw::kHeaderSize + data.length());
+    if (!m) {
+      complete(i, m.status());
       return;
     }
-    // Not ours any more: only fail_peer and closing end a send meanwhile,
-    // and the message has nowhere to go.
-    if (s == Status::would_block && mine) {
-      Result<Ldo> m = alloc_message(mw::kHeaderSize + data.length());
-      if (m) {
-        std::memcpy(m->data().data(), head.data(), head.size());
-        std::memcpy(m->data().data() + mw::kHeaderSize, data.address(), data.length());
-        Slice one[1] = {*Slice::data(std::move(*m))};
-        post_direct(g, i, one);
-        return;
-      }
-      send_post_failed_locked(peer, i, gen, m.status());
-    } else if (s != Status::would_block) {
-      send_post_failed_locked(peer, i, gen, s);
-    }
-    drain(g);
+    std::memcpy(m->data().data(), head.data(), head.size());
+    std::memcpy(m->data().data() + mw::kHeaderSize, data.address(), data.length());
+    Slice one[1] = {*Slice::data(std::move(*m))};
+    post_direct(g, i, one);
   }
 
   // send_eager_direct's message through its peer's kept send: the first
@@ -1637,16 +1636,16 @@ struct MessengerCore final : MessageSink {
   // on_message, which handles it and counts what it rejects. The header is
   // read once, by parse, into `h`; the payload is copied once, into the
   // receive's buffer.
-  [[gnu::hot]] bool take(PeerId src, std::span<const std::byte> bytes) noexcept override {
+  [[gnu::hot]] Take take(PeerId src, std::span<const std::byte> bytes) noexcept override {
     std::unique_lock<platform::FutexMutex> g(mu, std::try_to_lock);
-    if (!g.owns_lock() || closed || src >= peers.size()) return false;
+    if (!g.owns_lock() || closed || src >= peers.size()) return Take::declined;
     mw::Header h;
-    if (mw::parse(bytes, threshold, h) != Status::ok || h.type != mw::Type::eager) return false;
+    if (mw::parse(bytes, threshold, h) != Status::ok || h.type != mw::Type::eager) return Take::declined;
     PeerState& ps = peers[src];
-    if (h.seq != ps.recv_seq || ps.as.active || ps.early > 0) return false;
+    if (h.seq != ps.recv_seq || ps.as.active || ps.early > 0) return Take::declined;
     std::uint32_t i = posted_head;
     while (i != kNone && !matches(ops[i], src, h.space, h.tag)) i = ops[i].next;
-    if (i == kNone || ops[i].zero_copy) return false;
+    if (i == kNone || ops[i].zero_copy) return Take::declined;
     (void)heard_from(src, h);
     ++ps.recv_seq;
     unlink_posted(i);
@@ -1658,7 +1657,7 @@ struct MessengerCore final : MessageSink {
     drain_queue(src);
     maybe_return_credits(src);
     changed();
-    return true;
+    return post_count != 0 || !graveyard.empty() || !kept_ended.empty() ? Take::settle : Take::taken;
   }
 
   void settle() noexcept override {
@@ -2352,14 +2351,28 @@ Messenger::~Messenger() {
   {
     std::unique_lock<platform::FutexMutex> g(c.mu);
     if (peer >= c.peers.size()) return Status::invalid_argument;
-    if (!c.ep.usable(peer)) return Status::peer_unreachable;
+    Core::PeerState& ps = c.peers[peer];
+    // Copied into the transport by the endpoint (shm rings): its checks of
+    // the peer are the copy's own.
+    const bool copy = c.in_place && !Core::must_wait_credit(ps) && c.post_count == 0 && !c.draining &&
+                      mw::kHeaderSize + data.length() <= c.copy_limit && c.goes_eager(ps, data.length());
+    if (!copy && !c.ep.usable(peer)) return Status::peer_unreachable;
     auto r = c.claim_op(Core::Kind::send);
     if (!r) return r.status();
     Core::Op& o = c.ops[*r];
     c.set_send(o, peer, tag, data.length(), std::move(cb));
     t = o.result.token;
-    Core::PeerState& ps = c.peers[peer];
-    if (Core::must_wait_credit(ps)) {
+    if (copy) {
+      alignas(8) std::array<std::byte, mw::kHeaderSize> head;
+      const Status s = c.send_copy_locked(*r, data, head);
+      if (s == Status::would_block) {
+        c.post_sealed(g, *r, head, data);
+      } else if (s != Status::ok) {
+        // Refused as usable() would have refused it: no op, as then.
+        c.free_op(*r);
+        return Status::peer_unreachable;
+      }
+    } else if (Core::must_wait_credit(ps)) {
       o.buf = data;  // held until its credit comes
       c.queue_for_credit(ps, *r);
     } else if (c.post_count == 0 && !c.draining && c.goes_eager(ps, data.length())) {

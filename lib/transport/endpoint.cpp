@@ -2018,8 +2018,10 @@ bool Endpoint::set_message_sink(std::shared_ptr<detail::MessageSink> sink) noexc
 }
 
 [[gnu::hot]] bool Endpoint::offer_in_place(PeerId peer, std::span<const std::byte> bytes) noexcept {
-  if (!sink_ || !sink_->take(peer, bytes)) return false;
-  sink_took_ = true;
+  if (!sink_) return false;
+  const detail::MessageSink::Take t = sink_->take(peer, bytes);
+  if (t == detail::MessageSink::Take::declined) return false;
+  if (t == detail::MessageSink::Take::settle) sink_took_ = true;
   ++activity_;
   return true;
 }
@@ -2057,8 +2059,9 @@ std::size_t Endpoint::settle_sink(Lock& g) noexcept {
   Lock g(*this);
   if (!stopping_.load(std::memory_order_relaxed)) events += poll_locked();
   std::size_t delivered = 0;
-  // Messages a sink took in place: its work outside the mutex, counted as
-  // a delivery (a waiter looks at what it completed).
+  // Work the sink's takes left for outside the mutex (posts), counted as a
+  // delivery. (A take itself is an event of the poll; the Messenger's
+  // waiters see what it completed through their own counter.)
   if (sink_took_ && sink_) delivered += settle_sink(g);
   // Most rounds of a spin-wait deliver nothing: the batch below is built
   // only when there is something to deliver.

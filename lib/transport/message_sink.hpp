@@ -30,16 +30,21 @@ namespace regpool::detail {
 
 class MessageSink {
  public:
+  enum class Take {
+    declined,  // left to the posted receives
+    taken,     // consumed
+    settle,    // consumed, and settle() has work (posts it caused)
+  };
   // With the endpoint's mutex held, from its poll: the message `bytes` from
   // `peer` (kAnyPeer: a sender the endpoint has not inserted), valid only
   // during the call. They are in memory the sender can still write (a
   // hostile one may change them while they are read): each byte is read
-  // once, into the sink's own variables, before it is believed. Returns
-  // true when it took the message. Must not call the endpoint, and must
-  // not wait (a lock it cannot take at once is a reason to decline).
-  virtual bool take(PeerId peer, std::span<const std::byte> bytes) noexcept = 0;
+  // once, into the sink's own variables, before it is believed. Must not
+  // call the endpoint, and must not wait (a lock it cannot take at once is
+  // a reason to decline).
+  virtual Take take(PeerId peer, std::span<const std::byte> bytes) noexcept = 0;
   // Without the endpoint's mutex, after a progress round in which take()
-  // returned true: the work that needs the endpoint (posts the taken
+  // answered settle: the work that needs the endpoint (posts the taken
   // messages caused, such as credits going back).
   virtual void settle() noexcept = 0;
 
