@@ -601,7 +601,8 @@ class REGPOOL_API Endpoint {
 
   // --- completion ---
   // Poll the backend, time out overdue ops, run ready callbacks. Returns the
-  // number of user completions delivered.
+  // number of user completions delivered (a Messenger's messages taken in
+  // place on shm count as its completions).
   std::size_t progress() noexcept;
   // Block (progressing, or sleeping when the progress thread runs) until the
   // op completes or `timeout` passes (then status in_progress; the op goes
@@ -818,9 +819,9 @@ class REGPOOL_API Endpoint {
 
   using Clock = std::chrono::steady_clock;
   class Lock;
-  // After a poll whose sink took messages: its settle(), without the mutex
-  // (released and taken back); returns 1 (a round of delivery).
-  std::size_t settle_sink(Lock& g) noexcept;
+  // After a poll whose sink's takes left posts: its settle(), without the
+  // mutex (released and taken back).
+  void settle_sink(Lock& g) noexcept;
 
   // One operation slot (defined in endpoint.cpp; slots_ owns them).
   struct Slot;
@@ -1118,6 +1119,7 @@ class REGPOOL_API Endpoint {
   // its last settle() asked for one (both under the mutex).
   std::shared_ptr<detail::MessageSink> sink_;
   bool sink_took_ = false;
+  std::size_t sink_takes_ = 0;  // takes since the last progress round (deliveries)
 };
 
 }  // namespace regpool

@@ -2022,6 +2022,7 @@ bool Endpoint::set_message_sink(std::shared_ptr<detail::MessageSink> sink) noexc
   const detail::MessageSink::Take t = sink_->take(peer, bytes);
   if (t == detail::MessageSink::Take::declined) return false;
   if (t == detail::MessageSink::Take::settle) sink_took_ = true;
+  ++sink_takes_;
   ++activity_;
   return true;
 }
@@ -2045,24 +2046,26 @@ bool Endpoint::set_message_sink(std::shared_ptr<detail::MessageSink> sink) noexc
   return st;
 }
 
-std::size_t Endpoint::settle_sink(Lock& g) noexcept {
+void Endpoint::settle_sink(Lock& g) noexcept {
   sink_took_ = false;
   std::shared_ptr<detail::MessageSink> sink = sink_;  // alive through settle() even if removed meanwhile
   g.unlock();
   sink->settle();
   sink.reset();
   g.relock();
-  return 1;
 }
 
 [[gnu::hot]] std::size_t Endpoint::progress_counting(std::size_t& events) noexcept {
   Lock g(*this);
   if (!stopping_.load(std::memory_order_relaxed)) events += poll_locked();
   std::size_t delivered = 0;
-  // Work the sink's takes left for outside the mutex (posts), counted as a
-  // delivery. (A take itself is an event of the poll; the Messenger's
-  // waiters see what it completed through their own counter.)
-  if (sink_took_ && sink_) delivered += settle_sink(g);
+  // Messages the receive side's sink took in place count as deliveries
+  // (each completed a receive of its owner's, as a callback would have),
+  // and the work their takes left for outside the mutex (posts) runs now.
+  if (sink_takes_ != 0) [[unlikely]] {
+    delivered += std::exchange(sink_takes_, 0);
+    if (sink_took_ && sink_) settle_sink(g);
+  }
   // Most rounds of a spin-wait deliver nothing: the batch below is built
   // only when there is something to deliver.
   while (ready_count_ > 0) {
