@@ -175,6 +175,31 @@
 //                                           a spurious or a missed wake-up.
 //                                           Fixed once the endpoint is
 //                                           constructed.
+//   bool do_messages_in_place() const       optional (default false): the
+//                                           backend can copy a message into
+//                                           its transport within a call and
+//                                           show incoming ones where they
+//                                           lie (shm with message rings).
+//                                           Then a Messenger on the endpoint
+//                                           uses the two calls below
+//                                           (docs/architecture.md, "Messages
+//                                           in place").
+//   Status do_send_copy(handle, head, body) the message head + body to the
+//                                           peer, copied now: ok (no
+//                                           completion follows), would_block
+//                                           (it cannot now; the caller posts
+//                                           the message instead), or why the
+//                                           peer cannot be sent to. The base
+//                                           has checked the peer and that no
+//                                           send to it waits to be posted.
+//   offer_in_place(peer, bytes)             (the base's, from do_poll) an
+//                                           incoming message where it lies,
+//                                           before a posted receive takes it:
+//                                           true when the receive side's
+//                                           sink took it (consume it), false
+//                                           to deliver it as usual. Only
+//                                           worth calling while
+//                                           has_message_sink().
 //   void do_cancel(const BackendOp&)           best effort abort of a timed-out
 //                                           op. The user already got
 //                                           Status::timeout; the slot (and

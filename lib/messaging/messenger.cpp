@@ -1670,8 +1670,18 @@ struct MessengerCore final : MessageSink {
   // the Messenger, and a closed core declines everything).
   void install_sink(const std::shared_ptr<MessengerCore>& self) {
     in_place = ep.set_message_sink(std::shared_ptr<MessageSink>(self, self.get()));
-    copy_limit = in_place ? ep.transfer_traits().fast_message_limit : 0;
+    copy_limit = in_place ? std::min(ep.transfer_traits().fast_message_limit, mw::kHeaderSize + kCopyPayloadMax) : 0;
   }
+  // The largest payload send() copies straight into the transport. Larger
+  // eager messages are built in a message object and posted (one copy
+  // more, still received in place). Measured on shm (bench/RESULTS.md,
+  // "messages in place"), tagged half round trip, copied / posted: in the
+  // host's near state 0.43/0.58 us at 4 KiB, 0.55/0.76 at 8 KiB, 0.76/1.15
+  // at 16 KiB, 1.9/3.3 at 64 KiB; in its far state 1.13/1.11, 1.56/1.50,
+  // 2.6/1.9 and 8.9/4.9. Copying from the caller's buffer straight into the
+  // ring loses from 16 KiB there, for a reason not found yet (not the
+  // copies' count: a plain send makes the same two and takes 4.3 us).
+  static constexpr std::uint64_t kCopyPayloadMax = 8 << 10;
 
   // A bounce receive completed (mutex held). Returns whether the bounce
   // LDO must be replaced (it was kept).
