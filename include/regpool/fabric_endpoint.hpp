@@ -556,6 +556,8 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   void ring_peer_insert(PeerAddr& p, std::span<const std::byte> data, bool peer_rings);
   void ring_peer_remove(PeerAddr& p) noexcept;
   Status ring_send(const BackendOp& op) noexcept;
+  inline Status ring_copy(PeerAddr& p, const void* head, std::uint64_t head_length, const void* body,
+                   std::uint64_t body_length) noexcept;
   std::size_t poll_rings(std::size_t max) noexcept;
   std::size_t ring_acks() noexcept;
   bool ring_cancel(const BackendOp& op) noexcept;

@@ -2030,6 +2030,8 @@ bool Endpoint::set_message_sink(std::shared_ptr<detail::MessageSink> sink) noexc
 [[gnu::hot]] Status Endpoint::send_copy(PeerId peer, std::span<const std::byte> head, const Slice& body) noexcept {
   if (!body) return Status::invalid_argument;
   Lock g(*this);
+  // recheck_peer_locked's checks, inline: that one is marked cold (a
+  // post's retry), and a call to it would mark this path unlikely.
   if (!usable() || stopping_.load(std::memory_order_relaxed)) return Status::closed;
   if (peer >= peers_.size() || !peers_[peer].used) return Status::invalid_argument;
   const Peer& p = peers_[peer];
@@ -2064,7 +2066,7 @@ void Endpoint::settle_sink(Lock& g) noexcept {
   // and the work their takes left for outside the mutex (posts) runs now.
   if (sink_takes_ != 0) [[unlikely]] {
     delivered += std::exchange(sink_takes_, 0);
-    if (sink_took_ && sink_) settle_sink(g);
+    if (sink_took_) settle_sink(g);  // set only while a sink is installed
   }
   // Most rounds of a spin-wait deliver nothing: the batch below is built
   // only when there is something to deliver.

@@ -2313,18 +2313,11 @@ Status FabricEndpoint::ring_send(const BackendOp& op) noexcept {
   if (shm_peer_dead(p, op.peer_handle)) return Status::peer_unreachable;
   if (p.ring_broken) return Status::peer_unreachable;
   if (op.length <= shm_rings::kEagerMax) {
-    if (!p.link->send_data(*outbox_, op.local->address(), op.length)) {
-      ring_full_.fetch_add(1, std::memory_order_relaxed);
-      return Status::would_block;
-    }
-    ring_sends_.fetch_add(1, std::memory_order_relaxed);
-    // A receiver that has not inserted us does not read our ring: tell it
-    // we are here (once, until it knows us).
-    if (!p.link->known(*outbox_)) (void)p.link->knock(*outbox_);
+    const Status st = ring_copy(p, op.local->address(), op.length, nullptr, 0);
     // Copied: complete now (do_post) or at the next poll (a batch), as an
     // inject is; complete_send then checks the target as for an inject.
-    injected_now_ = true;
-    return Status::ok;
+    if (st == Status::ok) injected_now_ = true;
+    return st;
   }
   std::uint64_t end = 0;
   if (!p.link->send_large(*outbox_, op.local->address(), op.length, end)) {
@@ -2346,13 +2339,24 @@ Status FabricEndpoint::ring_send(const BackendOp& op) noexcept {
   PeerAddr& p = peers_[handle];
   if (shm_peer_dead(p, handle) || p.ring_broken) return Status::peer_unreachable;
   if (head.size() + body.size() > shm_rings::kEagerMax) return Status::would_block;
-  if (!p.link->send_data(*outbox_, head.data(), head.size(), body.data(), body.size())) {
+  const Status st = ring_copy(p, head.data(), head.size(), body.data(), body.size());
+  if (st == Status::ok) ring_peer(handle);
+  return st;
+}
+
+// A message of up to kEagerMax bytes (head, then body) copied into p's
+// ring: ok, or would_block when the ring has no room now.
+[[gnu::always_inline]] inline Status FabricEndpoint::ring_copy(PeerAddr& p, const void* head,
+                                                               std::uint64_t head_length, const void* body,
+                                                               std::uint64_t body_length) noexcept {
+  if (!p.link->send_data(*outbox_, head, head_length, body, body_length)) {
     ring_full_.fetch_add(1, std::memory_order_relaxed);
     return Status::would_block;
   }
   ring_sends_.fetch_add(1, std::memory_order_relaxed);
+  // A receiver that has not inserted us does not read our ring: tell it
+  // we are here (once, until it knows us).
   if (!p.link->known(*outbox_)) (void)p.link->knock(*outbox_);
-  ring_peer(handle);
   return Status::ok;
 }
 
