@@ -584,6 +584,25 @@ struct Side {
     throw regpool::Error(Status::unsupported, 0, "this regpool is built without libfabric");
 #endif
   }
+  // --ops tagged: the Messenger's receive memory comes from this pool too,
+  // so it is in the first arena: its bounces (receive_buffers of the eager
+  // threshold plus headers) and what it may hold of unexpected messages
+  // (unexpected_budget plus one credit window). Without it a stream whose
+  // receiver fell behind grew the pool mid-measurement: an arena mapped,
+  // registered and first touched on the receive path (0.4-10 ms for 6 MiB
+  // on an AMD EPYC guest), which kept the receiver behind for the rest of
+  // the stream (bench/RESULTS.md, "the tagged bandwidth collapse"). A
+  // threshold past 1 MiB is not covered: the pool grows for it instead of
+  // prefaulting a large arena.
+  static std::uint64_t tagged_room(const Config& c) {
+    if (!c.tagged) return 0;
+    const regpool::MessengerConfig mc;
+    // 0: the provider's default, at most tcp's 128 KiB (messaging.hpp).
+    const std::uint64_t threshold = c.tagged_threshold != 0 ? c.tagged_threshold : std::uint64_t{128} << 10;
+    if (threshold > (std::uint64_t{1} << 20)) return 0;
+    const std::uint64_t message = threshold + 256;  // the payload behind wire header, meta and message header
+    return (mc.receive_buffers + mc.peer_credits) * message + mc.unexpected_budget;
+  }
   void make_pool(const Config& c, const char* name) {
     regpool::PoolConfig pc;
     pc.name = name;
@@ -592,7 +611,7 @@ struct Side {
     // and a largest-size buffer (put's read-back, the server's unused rx)
     // share it, so a second span-sized arena is not prefaulted for them.
     const std::uint64_t extra = c.cold_bytes != 0 ? c.max_size() : 0;
-    pc.arena_size = regpool::platform::round_up(c.span() + extra + (std::uint64_t{4} << 20),
+    pc.arena_size = regpool::platform::round_up(c.span() + extra + (std::uint64_t{4} << 20) + tagged_room(c),
                                                 regpool::platform::kHugePageSize);
     pc.prefault = true;
     pool = std::make_unique<regpool::Pool>(std::vector<std::shared_ptr<regpool::Domain>>{domain}, pc);
