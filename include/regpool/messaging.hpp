@@ -185,6 +185,9 @@ struct MessengerStats {
   // bounce receive).
   std::uint64_t eager_copied = 0;
   std::uint64_t received_in_place = 0;
+  // Of those, messages whose completion went straight to the wait() that
+  // was spinning for them (no lock round of the waiter's own to find it).
+  std::uint64_t handed_off = 0;
   std::uint64_t rendezvous_sent = 0;
   std::uint64_t rendezvous_split = 0;   // rendezvous receives split with their sender (grants sent)
   std::uint64_t received = 0;

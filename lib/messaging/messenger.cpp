@@ -320,6 +320,38 @@ struct MessengerCore final : MessageSink {
   std::atomic<std::uint64_t> changes{0};
   void changed() noexcept { changes.store(changes.load(std::memory_order_relaxed) + 1, std::memory_order_release); }
 
+  // The hand-off to a spinning waiter. A wait() whose first round did not
+  // find its receive done claims `handoff_token` (one waiter at a time; 0:
+  // none). A take() that completes that very receive (in place, under the
+  // mutex) moves its completion to `handoff`, frees the op and sets
+  // `handoff_ready` (release); the waiter sees the flag (acquire) after its
+  // endpoint round and returns, without the lock round that would look the
+  // op up, move its completion and free it (measured: bench/RESULTS.md,
+  // "the waiter's hand-off"). The waiter gives the slot back on every
+  // return; one that gives up (its deadline) does so under the mutex, so
+  // a completion handed off meanwhile is returned, never lost.
+  std::atomic<std::uint64_t> handoff_token{0};
+  std::atomic<bool> handoff_ready{false};
+  MessageCompletion handoff;
+  // Op i, just completed by take(), goes to the waiter that claimed it.
+  [[gnu::always_inline]] void hand_off_if_awaited(std::uint32_t i) noexcept {
+    Op& o = ops[i];
+    if (handoff_token.load(std::memory_order_relaxed) != o.result.token.value || o.state != State::done || o.has_cb) {
+      return;
+    }
+    handoff = std::move(o.result);
+    free_op(i);
+    ++st.handed_off;
+    handoff_ready.store(true, std::memory_order_release);
+  }
+  // The claiming waiter's: the handed-off completion, and the slot free.
+  MessageCompletion take_handoff() noexcept {
+    MessageCompletion m = std::move(handoff);
+    handoff_ready.store(false, std::memory_order_relaxed);
+    handoff_token.store(0, std::memory_order_release);
+    return m;
+  }
+
   MessengerCore(Endpoint& e, Pool& p, const MessengerConfig& c) : ep(e), pool(p), cfg(c) {}
 
   // What enable_shared_from_this would give (set once, by the Messenger's
@@ -1652,6 +1684,7 @@ struct MessengerCore final : MessageSink {
     ++ps.owed;
     copy_eager(i, src, h, bytes.data() + mw::kHeaderSize);
     ++st.received_in_place;
+    hand_off_if_awaited(i);
     // Posts these cause (credits back, sends the credits let go) wait for
     // settle(): the endpoint's mutex is held here.
     drain_queue(src);
@@ -2598,6 +2631,21 @@ std::size_t Messenger::progress() noexcept {
   Core::Quiet q;
   constexpr std::uint32_t kQuietClockRounds = 8;
   std::uint32_t quiet_rounds = 0;
+  // The hand-off slot (Core::handoff_token), claimed with the deadline:
+  // after the first round that did not find the operation done, so a wait
+  // for one already done (a copied send, a message already in) pays no
+  // atomic exchange for it.
+  bool owner = false;
+  // Returns `s` (the deadline) with the slot given back under the mutex:
+  // a completion handed off meanwhile is returned instead.
+  auto give_up = [&](Status s) {
+    if (owner) {
+      std::lock_guard<platform::FutexMutex> g(c.mu);
+      if (c.handoff_ready.load(std::memory_order_relaxed)) return c.take_handoff();
+      c.handoff_token.store(0, std::memory_order_relaxed);
+    }
+    return answer(s);
+  };
   for (;;) {
     // After a round that left the Messenger nothing to do, a spin round is
     // the endpoint's alone for as long as it delivers nothing and no lock
@@ -2609,6 +2657,7 @@ std::size_t Messenger::progress() noexcept {
     std::ptrdiff_t delivered = -1;
     if (q.quiet) {
       delivered = static_cast<std::ptrdiff_t>(c.ep.progress());
+      if (delivered != 0 && owner && c.handoff_ready.load(std::memory_order_acquire)) return c.take_handoff();
       if (delivered == 0 && c.changes.load(std::memory_order_acquire) == q.seen) {
         // One clock reading for the scan's time and the deadline every
         // kQuietClockRounds idle rounds (none when something came: the full
@@ -2620,7 +2669,7 @@ std::size_t Messenger::progress() noexcept {
         const auto now = platform::CoarseClock::now();
         if (now < q.scan_at) {
           if (now >= until - platform::CoarseClock::max_lag() && platform::CoarseClock::reached(until)) {
-            return answer(Status::in_progress);
+            return give_up(Status::in_progress);
           }
           if (nap()) q.quiet = false;  // what it delivered is looked at by a full round
           continue;
@@ -2631,14 +2680,22 @@ std::size_t Messenger::progress() noexcept {
     // one per spin round for the lookup.
     Core::Awaited awaited = Core::Awaited::pending;
     if (c.progress_round(token, awaited, done, &q, delivered) > 0 && mode != WaitMode::spin) last_work = Clock::now();
+    if (owner) {
+      // Handed off in this round's endpoint round (or a nap's, or another
+      // thread's): the lookup found the op freed.
+      if (c.handoff_ready.load(std::memory_order_acquire)) return c.take_handoff();
+      if (awaited != Core::Awaited::pending) c.handoff_token.store(0, std::memory_order_relaxed);
+    }
     if (awaited == Core::Awaited::done) return done;
     if (awaited == Core::Awaited::invalid) return answer(Status::invalid_argument);
     if (!until_set) {
       until = platform::wait_deadline(timeout);
       until_set = true;
+      std::uint64_t none = 0;
+      owner = token && c.handoff_token.compare_exchange_strong(none, token.value, std::memory_order_relaxed);
     }
     if (q.coarse >= until - platform::CoarseClock::max_lag() && platform::CoarseClock::reached(until)) {
-      return answer(Status::in_progress);
+      return give_up(Status::in_progress);
     }
     (void)nap();
   }
