@@ -43,6 +43,7 @@
 
 #include "messaging/messaging_wire.hpp"
 #include "platform/coarse_clock.hpp"
+#include "platform/copy.hpp"
 #include "platform/futex.hpp"
 #include "regpool/messaging.hpp"
 #include "transport/message_sink.hpp"
@@ -1119,7 +1120,7 @@ struct MessengerCore final : MessageSink {
     Op& o = ops[i];
     if (note) note_match(o, src, h);
     const std::uint64_t n = std::min<std::uint64_t>(h.length, o.buf.length());
-    std::memcpy(o.buf.address(), payload, n);
+    platform::copy_message(o.buf.address(), payload, n);
     o.result.received = n;
     complete(i, n < h.length ? Status::truncated : Status::ok);
   }

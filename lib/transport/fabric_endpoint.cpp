@@ -1,6 +1,7 @@
 #include "regpool/fabric_endpoint.hpp"
 
 #include "platform/coarse_clock.hpp"
+#include "platform/copy.hpp"
 #include "pool/post_registration.hpp"
 #include "transport/fabric_provider.hpp"
 #include "transport/fabric_shm.hpp"
@@ -2455,7 +2456,7 @@ Status read_large(std::int64_t pid, std::uint64_t address, std::byte* dest, std:
     auto* dest = static_cast<std::byte*>(op.local->address());
     const Status st = in.length > op.length ? Status::out_of_bounds : Status::ok;
     if (in.kind == shm_rings::RecordKind::data) {
-      std::memcpy(dest, in.data, bytes);
+      platform::copy_message(dest, in.data, bytes);
     } else {
       if (const Status failed = read_large(link.pid(), in.address, dest, bytes); failed != Status::ok) {
         // A message that cannot be read is dropped, and the receive waits

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <new>
 
+#include "platform/copy.hpp"
 #include "transport/fabric_shm.hpp"
 
 namespace regpool::shm_rings {
@@ -455,8 +456,8 @@ bool Link::write(Outbox& own, RecordKind kind, const void* payload, std::uint64_
     s.head += pad;
     offset = 0;
   }
-  if (length != 0) std::memcpy(ring + offset + kRecordHeader, payload, length);
-  if (extra_length != 0) std::memcpy(ring + offset + kRecordHeader + length, extra, extra_length);
+  if (length != 0) platform::copy_message(ring + offset + kRecordHeader, payload, length);
+  if (extra_length != 0) platform::copy_message(ring + offset + kRecordHeader + length, extra, extra_length);
   head(offset, kind, bytes);
   s.head += need;
   return true;
