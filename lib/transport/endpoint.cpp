@@ -3,6 +3,7 @@
 #include "regpool/endpoint_backend.hpp"
 
 #include "platform/coarse_clock.hpp"
+#include "platform/counter.hpp"
 #include "platform/futex.hpp"
 #include "transport/message_sink.hpp"
 #include "transport/stack_batch.hpp"
@@ -119,13 +120,7 @@ std::size_t ring_at(std::size_t head, std::size_t count, std::size_t n) noexcept
   return i >= n ? i - n : i;
 }
 
-// A statistics counter written only under the endpoint's mutex (stats()
-// reads it from any thread, relaxed): a load and a store instead of a
-// locked read-modify-write, on the path of every operation.
-void bump_locked(std::atomic<std::uint64_t>& counter) noexcept {
-  counter.store(counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-}
-
+using platform::bump_locked;
 using platform::wait_deadline;
 
 // Between retries with the mutex released: let the thread that holds or

@@ -2,6 +2,7 @@
 
 #include "platform/coarse_clock.hpp"
 #include "platform/copy.hpp"
+#include "platform/counter.hpp"
 #include "pool/post_registration.hpp"
 #include "transport/fabric_provider.hpp"
 #include "transport/fabric_shm.hpp"
@@ -2322,13 +2323,13 @@ Status FabricEndpoint::ring_send(const BackendOp& op) noexcept {
   }
   std::uint64_t end = 0;
   if (!p.link->send_large(*outbox_, op.local->address(), op.length, end)) {
-    ring_full_.fetch_add(1, std::memory_order_relaxed);
+    platform::bump_locked(ring_full_);
     return Status::would_block;
   }
   large_sends_.push_back(LargeSend{p.link.get(), end, op.tag});  // reserved: max_in_flight
   if (!p.link->known(*outbox_)) (void)p.link->knock(*outbox_);
-  ring_sends_.fetch_add(1, std::memory_order_relaxed);
-  ring_large_sends_.fetch_add(1, std::memory_order_relaxed);
+  platform::bump_locked(ring_sends_);
+  platform::bump_locked(ring_large_sends_);
   return Status::ok;
 }
 
@@ -2351,10 +2352,10 @@ Status FabricEndpoint::ring_send(const BackendOp& op) noexcept {
                                                                std::uint64_t head_length, const void* body,
                                                                std::uint64_t body_length) noexcept {
   if (!p.link->send_data(*outbox_, head, head_length, body, body_length)) {
-    ring_full_.fetch_add(1, std::memory_order_relaxed);
+    platform::bump_locked(ring_full_);
     return Status::would_block;
   }
-  ring_sends_.fetch_add(1, std::memory_order_relaxed);
+  platform::bump_locked(ring_sends_);
   // A receiver that has not inserted us does not read our ring: tell it
   // we are here (once, until it knows us).
   if (!p.link->known(*outbox_)) (void)p.link->knock(*outbox_);
@@ -2445,7 +2446,7 @@ Status read_large(std::int64_t pid, std::uint64_t address, std::byte* dest, std:
     if (sink && in.kind == shm_rings::RecordKind::data &&
         offer_in_place(peer, {static_cast<const std::byte*>(in.data), static_cast<std::size_t>(in.length)})) {
       link.consume(*outbox_, in);
-      ring_receives_.fetch_add(1, std::memory_order_relaxed);
+      platform::bump_locked(ring_receives_);
       ++events;
       continue;
     }
@@ -2475,7 +2476,7 @@ Status read_large(std::int64_t pid, std::uint64_t address, std::byte* dest, std:
     if (++ring_recv_head_ == ring_recvs_.size()) ring_recv_head_ = 0;
     --ring_recv_count_;
     link.consume(*outbox_, in);
-    ring_receives_.fetch_add(1, std::memory_order_relaxed);
+    platform::bump_locked(ring_receives_);
     complete(index, st, bytes, peer);
     ++events;
   }
