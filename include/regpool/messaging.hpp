@@ -188,6 +188,10 @@ struct MessengerStats {
   // Of those, messages whose completion went straight to the wait() that
   // was spinning for them (no lock round of the waiter's own to find it).
   std::uint64_t handed_off = 0;
+  // Eager sends copied with the brief header (payloads of up to 16 bytes
+  // once the peer knows our limits: one cache line with the ring's record
+  // header, docs/messaging.md).
+  std::uint64_t eager_brief = 0;
   std::uint64_t rendezvous_sent = 0;
   std::uint64_t rendezvous_split = 0;   // rendezvous receives split with their sender (grants sent)
   std::uint64_t received = 0;

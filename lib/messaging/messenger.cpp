@@ -667,12 +667,16 @@ struct MessengerCore final : MessageSink {
   // Spends a credit of `ps` and its next sequence number on `h`, adds the
   // credits we owe it and our limits, and writes `h` at `at`.
   void seal(PeerState& ps, mw::Header& h, std::byte* at) noexcept {
+    spend(ps, h);
+    stamp(h);
+    mw::encode(h, at);
+  }
+  // seal()'s accounting, for a header the caller encodes (a brief one).
+  void spend(PeerState& ps, mw::Header& h) noexcept {
     --ps.credits;
     h.seq = ++ps.send_seq;
     h.credits = std::min(ps.owed, cfg.peer_credits);
-    stamp(h);
     ps.owed -= h.credits;
-    mw::encode(h, at);
   }
 
   // Op i's eager message of the bytes `src`, sealed, written at `at`.
@@ -847,15 +851,27 @@ struct MessengerCore final : MessageSink {
   // for this mutex (MessageSink::take only tries it). Returns ok (done),
   // would_block (sealed in `head`, but the endpoint cannot take it now: the
   // caller posts it, post_sealed) or the peer's refusal (unsealed).
-  [[gnu::hot]] Status send_copy_locked(std::uint32_t i, const Slice& data,
-                                       std::array<std::byte, mw::kHeaderSize>& head) noexcept {
+  // A payload of up to kBriefMax bytes to a peer that has had a full
+  // header from us since it last knew nothing of us (our limits) goes with
+  // the brief header (messaging_wire.hpp): header and payload then fill
+  // one cache line of the ring. `head_size` says which header `head` holds.
+  [[gnu::hot]] Status send_copy_locked(std::uint32_t i, const Slice& data, std::array<std::byte, mw::kHeaderSize>& head,
+                                       std::size_t& head_size) noexcept {
     PeerState& ps = peers[ops[i].peer];
     mw::Header h = header_for(i, data.length());
     h.type = mw::Type::eager;
-    seal(ps, h, head.data());
-    const Status s = ep.send_copy(ops[i].peer, head, data);
+    if (ps.announced && data.length() <= mw::kBriefMax && h.space == mw::Space::user && h.reply_id == 0) {
+      spend(ps, h);
+      mw::encode_brief(h, head.data());
+      head_size = mw::kBriefHeaderSize;
+    } else {
+      seal(ps, h, head.data());
+      head_size = mw::kHeaderSize;
+    }
+    const Status s = ep.send_copy(ops[i].peer, std::span<const std::byte>(head.data(), head_size), data);
     if (s == Status::ok || s == Status::would_block || s == Status::message_too_large) {
       ++st.eager_sent;
+      if (head_size == mw::kBriefHeaderSize) ++st.eager_brief;
       ps.announced = true;
       if (s != Status::ok) return Status::would_block;
       ++st.eager_copied;
@@ -871,14 +887,14 @@ struct MessengerCore final : MessageSink {
   // send_copy_locked's message, sealed in `head`, that the endpoint could
   // not take at once: posted as any eager message, in a message object.
   [[gnu::cold]] void post_sealed(std::unique_lock<platform::FutexMutex>& g, std::uint32_t i,
-                                 const std::array<std::byte, mw::kHeaderSize>& head, const Slice& data) noexcept {
-    Result<Ldo> m = alloc_message(mw::kHeaderSize + data.length());
+                                 std::span<const std::byte> head, const Slice& data) noexcept {
+    Result<Ldo> m = alloc_message(head.size() + data.length());
     if (!m) {
       complete(i, m.status());
       return;
     }
     std::memcpy(m->data().data(), head.data(), head.size());
-    std::memcpy(m->data().data() + mw::kHeaderSize, data.address(), data.length());
+    std::memcpy(m->data().data() + head.size(), data.address(), data.length());
     Slice one[1] = {*Slice::data(std::move(*m))};
     post_direct(g, i, one);
   }
@@ -1653,7 +1669,7 @@ struct MessengerCore final : MessageSink {
       ++peers_heard;
       if (src >= peers_high) peers_high = src + 1;
     }
-    learn(ps, h);
+    if (!h.brief) learn(ps, h);  // a brief header carries no limits
     ps.credits = std::min(ps.grant, ps.credits + h.credits);
     return ps;
   }
@@ -1683,7 +1699,7 @@ struct MessengerCore final : MessageSink {
     ++ps.recv_seq;
     unlink_posted(i);
     ++ps.owed;
-    copy_eager(i, src, h, bytes.data() + mw::kHeaderSize);
+    copy_eager(i, src, h, bytes.data() + h.header_size());
     ++st.received_in_place;
     hand_off_if_awaited(i);
     // Posts these cause (credits back, sends the credits let go) wait for
@@ -1725,6 +1741,15 @@ struct MessengerCore final : MessageSink {
       ++st.rejected;
       return false;
     }
+    if (h.brief) [[unlikely]] {
+      // Arrived in a bounce: its payload moves to where a full header's
+      // would be (at most kBriefMax bytes), so the bounce is laid out as
+      // every eager message's (data() is the payload; recv_ldo hands it
+      // over as it is).
+      std::byte* const at = ldo.base() + kWireHeaderSize;
+      std::memmove(at + mw::kHeaderSize, at + mw::kBriefHeaderSize, h.length);
+    }
+    const std::uint64_t carried = mw::carried(bytes, h);
     PeerState& ps = heard_from(src, h);
     bool kept = false;
     switch (h.type) {
@@ -1757,12 +1782,12 @@ struct MessengerCore final : MessageSink {
         }
         if (h.seq == ps.recv_seq) {
           ++ps.recv_seq;
-          kept = arrive_in_seq(src, h, ref, ldo, mw::carried(bytes));
+          kept = arrive_in_seq(src, h, ref, ldo, carried);
           if (ps.early > 0) release_early(src);
         } else if (h.seq > ps.recv_seq && !free_unexp.empty() && h.seq - ps.recv_seq < ops.size()) {
           // Ahead of a message still being handed over (two threads ran
           // completion callbacks): hold it until its turn.
-          (void)hold(src, h, ref, ldo, true, mw::carried(bytes));
+          (void)hold(src, h, ref, ldo, true, carried);
           kept = true;
         } else {
           ++st.rejected;  // a duplicate or a sequence nobody sent
@@ -2408,9 +2433,10 @@ Messenger::~Messenger() {
     t = o.result.token;
     if (copy) {
       alignas(8) std::array<std::byte, mw::kHeaderSize> head;
-      const Status s = c.send_copy_locked(*r, data, head);
+      std::size_t head_size = 0;
+      const Status s = c.send_copy_locked(*r, data, head, head_size);
       if (s == Status::would_block) {
-        c.post_sealed(g, *r, head, data);
+        c.post_sealed(g, *r, std::span<const std::byte>(head.data(), head_size), data);
       } else if (s != Status::ok) {
         // Refused as usable() would have refused it: no op, as then.
         c.free_op(*r);

@@ -64,7 +64,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     as = mw::Assembly{};  // a new message abandons the open one
     if (h.type != mw::Type::lead) continue;
-    const std::uint64_t carried = mw::carried(msg);
+    const std::uint64_t carried = mw::carried(msg, h);
     if (carried == 0 || carried >= h.length || h.length > max_eager) std::abort();
     as.start(h, carried);
     written.assign(h.length, 0);

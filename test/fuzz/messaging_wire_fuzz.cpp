@@ -14,7 +14,10 @@
 //  - the limits it announces (negotiation) are in range: accept_eager in
 //    kMinEager..kMaxEager, grant in 1..kMaxCredits, credits <= grant;
 //  - the limits come from the input too, and a parse that succeeds under
-//    tighter limits succeeds under looser ones.
+//    tighter limits succeeds under looser ones;
+//  - a brief eager message (type 9, 32-byte header) re-encodes to its 32
+//    header bytes and carries 1 .. kBriefMax bytes of a user-space eager
+//    message with a sequence number.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -34,6 +37,22 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   mw::Header h;
   if (mw::parse(msg, max_eager, h) != regpool::Status::ok) return 0;
   std::byte again[mw::kHeaderSize];
+  if (h.brief) {
+    // A brief eager message: its 32 header bytes re-encode exactly, it
+    // carries 1 .. kBriefMax bytes of a user-space eager message with a
+    // sequence number, and no limits of its sender's.
+    mw::encode_brief(h, again);
+    if (std::memcmp(again, msg.data(), mw::kBriefHeaderSize) != 0) std::abort();
+    if (h.type != mw::Type::eager || h.space != mw::Space::user || h.seq == 0 || h.length == 0 ||
+        h.length > mw::kBriefMax || h.length > max_eager || msg.size() != mw::kBriefHeaderSize + h.length ||
+        mw::carried(msg, h) != h.length || h.reply_id != 0 || h.msg_id != 0 || h.status != 0 ||
+        h.credits > mw::kMaxCredits) {
+      std::abort();
+    }
+    mw::Header loose;
+    if (mw::parse(msg, max_eager + 64, loose) != regpool::Status::ok) std::abort();
+    return 0;
+  }
   mw::encode(h, again);
   if (std::memcmp(again, msg.data(), mw::kHeaderSize) != 0) std::abort();
   if (h.accept_eager < mw::kMinEager || h.accept_eager > mw::kMaxEager) std::abort();
@@ -46,7 +65,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (msg.size() != mw::kRtsSize || h.length == 0 || h.length > mw::kMaxLength || h.seq == 0) std::abort();
       break;
     case mw::Type::lead:
-      if (h.length > max_eager || msg.size() <= mw::kHeaderSize || mw::carried(msg) >= h.length || h.seq == 0) {
+      if (h.length > max_eager || msg.size() <= mw::kHeaderSize || mw::carried(msg, h) >= h.length || h.seq == 0) {
         std::abort();
       }
       break;

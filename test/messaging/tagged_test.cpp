@@ -1123,10 +1123,12 @@ TEST_CASE("messages in place: sends copied into the ring, receives matched where
     CHECK(ping.received_in_place >= kKeptPingPongs);  // every reply's receive was posted before its ping
     CHECK(ping.handed_off > 0);  // replies that came while their wait spun
     CHECK(ping.handed_off <= ping.received_in_place);
+    CHECK(ping.eager_brief > 0);  // the 8, 9 and 16-byte pings after the first
   } else {
     CHECK(ping.eager_copied == 0);
     CHECK(ping.received_in_place == 0);
     CHECK(ping.handed_off == 0);
+    CHECK(ping.eager_brief == 0);
   }
   send_burst(n, rx);
   boot->barrier(60s);
@@ -1175,6 +1177,95 @@ bool holds(std::span<const std::byte> got, std::uint64_t size, std::uint64_t see
 }
 
 }  // namespace
+
+TEST_CASE("brief eager messages: small payloads in one ring line, on every receive path, in order",
+          "[fabric][messaging]") {
+  // shm with message rings: once a peer has had a full header from us,
+  // payloads of up to 16 bytes are copied into its ring behind a 32-byte
+  // header (one cache line with the record's). They must arrive like any
+  // eager message: taken in place, held unexpected (the bounce's payload
+  // moved to where a full header's would be), handed over by recv_ldo,
+  // truncated, in order with the larger ones around them.
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  if (prov != "shm") {
+    SUCCEED("brief headers are the shm rings' copy path (other backends: the messages-in-place case)");
+    return;
+  }
+  Node a(prov), b(prov);
+  const PeerId to_b = a.s.ep->insert_peer(b.s.ep->name());
+  const PeerId from_a = b.s.ep->insert_peer(a.s.ep->name());
+  // Each side's first message announces its limits with a full header.
+  auto hello_in = b.s.alloc(64);
+  auto hello_t = b.m.recv(from_a, 1, 0, rpt::slice_or_die(Slice::data(hello_in)));
+  REQUIRE(a.wait(a.m.send(to_b, 1, a.filled(8, 1))).status == Status::ok);
+  REQUIRE(b.wait(std::move(hello_t)).status == Status::ok);
+  auto back_in = a.s.alloc(64);
+  auto back_t = a.m.recv(to_b, 2, 0, rpt::slice_or_die(Slice::data(back_in)));
+  REQUIRE(b.wait(b.m.send(from_a, 2, b.filled(8, 2))).status == Status::ok);
+  REQUIRE(a.wait(std::move(back_t)).status == Status::ok);
+  const std::uint64_t brief_before = a.m.stats().eager_brief;
+  CHECK(brief_before == 0);  // both were first messages
+
+  // Unexpected: nothing posted at b while these arrive.
+  static constexpr std::uint64_t kSizes[] = {1, 8, 15, 16, 17, 40, 3, 16, 9, 64, 12, 2};
+  constexpr std::uint64_t kCount = std::size(kSizes);
+  std::uint64_t brief_sent = 0;
+  for (std::uint64_t i = 0; i < kCount; ++i) {
+    REQUIRE(a.wait(a.m.send(to_b, 3, a.filled(kSizes[i], 100 + i))).status == Status::ok);
+    if (kSizes[i] <= 16) ++brief_sent;
+  }
+  CHECK(a.m.stats().eager_brief == brief_before + brief_sent);
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (b.m.stats().unexpected_held < kCount && std::chrono::steady_clock::now() < until) (void)b.m.progress();
+  REQUIRE(b.m.stats().unexpected_held == kCount);
+  for (std::uint64_t i = 0; i < kCount; ++i) {
+    const std::uint64_t n = kSizes[i];
+    std::vector<std::byte> expect(n);
+    rpt::fill(expect, 100 + i);
+    INFO("message " << i << ", " << n << " bytes");
+    if (i % 3 == 1) {
+      // Zero copy: the bounce (or held copy) itself, its data() exactly the payload.
+      const MessageCompletion c = b.wait(b.m.recv_ldo(from_a, 3, 0));
+      REQUIRE(c.status == Status::ok);
+      CHECK(c.length == n);
+      REQUIRE(c.ldo.data().size() == n);
+      CHECK(std::memcmp(c.ldo.data().data(), expect.data(), n) == 0);
+    } else if (i % 3 == 2 && n > 2) {
+      // A buffer two bytes short: the first n - 2 bytes, truncated.
+      auto buf = b.s.alloc(n - 2);
+      const MessageCompletion c = b.wait(b.m.recv(from_a, 3, 0, rpt::slice_or_die(Slice::data(buf))));
+      CHECK(c.status == Status::truncated);
+      CHECK(c.length == n);
+      CHECK(c.received == n - 2);
+      CHECK(std::memcmp(buf.data().data(), expect.data(), n - 2) == 0);
+    } else {
+      auto buf = b.s.alloc(64);
+      const MessageCompletion c = b.wait(b.m.recv(from_a, 3, 0, rpt::slice_or_die(Slice::data(buf))));
+      REQUIRE(c.status == Status::ok);
+      CHECK(c.length == n);
+      CHECK(c.received == n);
+      CHECK(std::memcmp(buf.data().data(), expect.data(), n) == 0);
+    }
+  }
+  // Posted first: taken where it lies in the ring, copied once.
+  const std::uint64_t in_place_before = b.m.stats().received_in_place;
+  for (std::uint64_t i = 0; i < 8; ++i) {
+    auto buf = b.s.alloc(64);
+    auto t = b.m.recv(from_a, 4, 0, rpt::slice_or_die(Slice::data(buf)));
+    REQUIRE(a.wait(a.m.send(to_b, 4, a.filled(1 + i * 2, 200 + i))).status == Status::ok);
+    const MessageCompletion c = b.wait(std::move(t));
+    REQUIRE(c.status == Status::ok);
+    CHECK(c.length == 1 + i * 2);
+    std::vector<std::byte> expect(1 + i * 2);
+    rpt::fill(expect, 200 + i);
+    CHECK(std::memcmp(buf.data().data(), expect.data(), expect.size()) == 0);
+  }
+  CHECK(b.m.stats().received_in_place >= in_place_before + 8);
+  CHECK(a.m.stats().eager_brief == brief_before + brief_sent + 8);
+  CHECK(b.m.stats().rejected == 0);
+  CHECK(b.m.stats().unexpected_held == 0);
+}
 
 TEST_CASE("split eager messages: unexpected, posted, zero copy, truncated, every byte", "[fabric][messaging]") {
   const std::string prov = GENERATE(from_range(rpt::backends()));
