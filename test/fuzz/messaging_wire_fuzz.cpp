@@ -28,31 +28,26 @@
 
 namespace mw = regpool::detail::msgwire;
 
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  if (size < 2) return 0;
-  // First two bytes pick the receiver's eager limit; the rest is the
-  // message (the second byte is kept so older seeds keep their layout).
-  const std::uint64_t max_eager = std::uint64_t{data[0]} * 64;
-  const std::span<const std::byte> msg{reinterpret_cast<const std::byte*>(data + 2), size - 2};
-  mw::Header h;
-  if (mw::parse(msg, max_eager, h) != regpool::Status::ok) return 0;
-  std::byte again[mw::kHeaderSize];
-  if (h.brief) {
-    // A brief eager message: its 32 header bytes re-encode exactly, it
-    // carries 1 .. kBriefMax bytes of a user-space eager message with a
-    // sequence number, and no limits of its sender's.
-    mw::encode_brief(h, again);
-    if (std::memcmp(again, msg.data(), mw::kBriefHeaderSize) != 0) std::abort();
-    if (h.type != mw::Type::eager || h.space != mw::Space::user || h.seq == 0 || h.length == 0 ||
-        h.length > mw::kBriefMax || h.length > max_eager || msg.size() != mw::kBriefHeaderSize + h.length ||
-        mw::carried(msg, h) != h.length || h.reply_id != 0 || h.msg_id != 0 || h.status != 0 ||
-        h.credits > mw::kMaxCredits) {
-      std::abort();
-    }
-    mw::Header loose;
-    if (mw::parse(msg, max_eager + 64, loose) != regpool::Status::ok) std::abort();
-    return 0;
+namespace {
+// A brief eager message: its 32 header bytes re-encode exactly, it
+// carries 1 .. kBriefMax bytes of a user-space eager message with a
+// sequence number, and no limits of its sender's.
+void check_brief(std::span<const std::byte> msg, std::uint64_t max_eager, const mw::Header& h) {
+  std::byte again[mw::kBriefHeaderSize];
+  mw::encode_brief(h, again);
+  if (std::memcmp(again, msg.data(), mw::kBriefHeaderSize) != 0) std::abort();
+  if (h.type != mw::Type::eager || h.space != mw::Space::user || h.seq == 0 || h.length == 0 ||
+      h.length > mw::kBriefMax || h.length > max_eager || msg.size() != mw::kBriefHeaderSize + h.length ||
+      mw::carried(msg, h) != h.length || h.reply_id != 0 || h.msg_id != 0 || h.status != 0 ||
+      h.credits > mw::kMaxCredits) {
+    std::abort();
   }
+}
+
+// A message with the full header: its 64 header bytes re-encode exactly,
+// it announces limits in range and respects those it was parsed with.
+void check_full(std::span<const std::byte> msg, std::uint64_t max_eager, const mw::Header& h) {
+  std::byte again[mw::kHeaderSize];
   mw::encode(h, again);
   if (std::memcmp(again, msg.data(), mw::kHeaderSize) != 0) std::abort();
   if (h.accept_eager < mw::kMinEager || h.accept_eager > mw::kMaxEager) std::abort();
@@ -87,6 +82,22 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (msg.size() != mw::kHeaderSize || h.length != 0 || h.seq != 0 || h.tag != 0) std::abort();
       break;
     default: std::abort();
+  }
+}
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size < 2) return 0;
+  // First two bytes pick the receiver's eager limit; the rest is the
+  // message (the second byte is kept so older seeds keep their layout).
+  const std::uint64_t max_eager = std::uint64_t{data[0]} * 64;
+  const std::span<const std::byte> msg{reinterpret_cast<const std::byte*>(data + 2), size - 2};
+  mw::Header h;
+  if (mw::parse(msg, max_eager, h) != regpool::Status::ok) return 0;
+  if (h.brief) {
+    check_brief(msg, max_eager, h);
+  } else {
+    check_full(msg, max_eager, h);
   }
   mw::Header loose;
   if (mw::parse(msg, max_eager + 64, loose) != regpool::Status::ok) std::abort();
