@@ -317,7 +317,19 @@ LockRescuer::LockRescuer(std::chrono::milliseconds patience)
       // and the patience plus two looks (1.25 patience) after it got stuck,
       // and the sleeping thread wakes a few times a second at most.
       period_(std::clamp(patience_ / 8, std::chrono::milliseconds(1), std::chrono::milliseconds(250))),
-      thread_([this] { run(); }) {}
+      thread_([this] { run(); }) {
+  // Returns with the thread inside run(), past its start-up. Starting, a
+  // thread allocates (its stack bounds, under a sanitizer its own state);
+  // a fork() of this process at that moment hands the child the allocator's
+  // lock held, where no fork handler releases it (GCC 12's ASan has none:
+  // a membership-listener client forked right after the server's endpoint
+  // opened hung for ever joining its own rescuer, whose start-up waited on
+  // that lock, 2026-11-30). Once in run() the thread allocates nothing
+  // while nothing is stuck. Bounded: a thread that never starts is not
+  // waited for beyond 10 s (it is joined, as always, at destruction).
+  std::unique_lock<std::mutex> g(mutex_);
+  wake_.wait_for(g, std::chrono::seconds(10), [this] { return started_; });
+}
 
 LockRescuer::~LockRescuer() {
   {
@@ -371,6 +383,8 @@ void LockRescuer::peer_removed(std::int64_t pid) noexcept {
 
 void LockRescuer::run() noexcept {
   std::unique_lock<std::mutex> g(mutex_);
+  started_ = true;
+  wake_.notify_all();
   while (!stop_) {
     wake_.wait_for(g, period_, [this] { return stop_; });
     if (stop_) break;

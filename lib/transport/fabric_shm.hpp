@@ -316,6 +316,7 @@ class LockRescuer {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;
+  bool started_ = false;  // run() has begun (the constructor waits for it)
   std::array<Watch, kRegions> watches_{};
   // The post in progress (post_begin) and what the thread saw of it.
   std::atomic<std::uint64_t> post_calls_{0};

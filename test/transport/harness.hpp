@@ -73,6 +73,21 @@ struct ChildGuard {
   }
 };
 
+// A child past its bound is stuck somewhere: its threads' stacks, printed
+// to stderr before it is killed, say where (gdb, when installed; the
+// suite's logs keep stderr). Bounded: gdb itself gets 60 s.
+inline void dump_stacks(pid_t pid) {
+  if (::access("/usr/bin/gdb", X_OK) != 0) {
+    std::fprintf(stderr, "child %d is past its bound (no /usr/bin/gdb for its stacks)\n", static_cast<int>(pid));
+    return;
+  }
+  std::fprintf(stderr, "child %d is past its bound; its stacks:\n", static_cast<int>(pid));
+  std::fflush(stderr);
+  const std::string cmd = "timeout 60 /usr/bin/gdb -nx -batch -p " + std::to_string(pid) +
+                          " -ex 'thread apply all bt' 1>&2 2>/dev/null";
+  (void)std::system(cmd.c_str());
+}
+
 // Exit code of the child, 128+signal when killed, -1 when it had to be
 // killed for exceeding the bound.
 inline int reap(ChildGuard& g, std::chrono::milliseconds bound) {
@@ -87,6 +102,7 @@ inline int reap(ChildGuard& g, std::chrono::milliseconds bound) {
       return -2;
     }
     if (std::chrono::steady_clock::now() >= deadline) {
+      dump_stacks(g.pid);
       ::kill(g.pid, SIGKILL);
       ::waitpid(g.pid, &st, 0);
       g.pid = -1;
