@@ -2316,10 +2316,22 @@ Status FabricEndpoint::ring_send(const BackendOp& op) noexcept {
   if (p.ring_broken) return Status::peer_unreachable;
   if (op.length <= shm_rings::kEagerMax) {
     const Status st = ring_copy(p, op.local->address(), op.length, nullptr, 0);
-    // Copied: complete now (do_post) or at the next poll (a batch), as an
-    // inject is; complete_send then checks the target as for an inject.
-    if (st == Status::ok) injected_now_ = true;
-    return st;
+    if (st != Status::ok) return st;
+    if (p.link->known(*outbox_)) {
+      // Copied into a ring the receiver has mapped: the bytes outlive us
+      // there. Complete now (do_post) or at the next poll (a batch), as an
+      // inject is; complete_send then checks the target as for an inject.
+      injected_now_ = true;
+    } else {
+      // A receiver that has not inserted us maps our ring only when it
+      // takes our knock: a sender that completed now and then closed (or
+      // exited) would unlink the ring, and the message with it, before the
+      // receiver ever saw it (measured: transport-peer-death on one busy
+      // core lost the new peer's send every time). Complete once the
+      // receiver has read it, as a large send does.
+      large_sends_.push_back(LargeSend{p.link.get(), p.link->written(*outbox_), op.tag});  // reserved: max_in_flight
+    }
+    return Status::ok;
   }
   std::uint64_t end = 0;
   if (!p.link->send_large(*outbox_, op.local->address(), op.length, end)) {
@@ -2341,6 +2353,9 @@ Status FabricEndpoint::ring_send(const BackendOp& op) noexcept {
   PeerAddr& p = peers_[handle];
   if (shm_peer_dead(p, handle) || p.ring_broken) return Status::peer_unreachable;
   if (head.size() + body.size() > shm_rings::kEagerMax) return Status::would_block;
+  // A receiver that does not read our ring yet: the operation path, whose
+  // send completes only once it has read the message (ring_send).
+  if (!p.link->known(*outbox_)) return Status::would_block;
   const Status st = ring_copy(p, head.data(), head.size(), body.data(), body.size());
   if (st == Status::ok) ring_peer(handle);
   return st;

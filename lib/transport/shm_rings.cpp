@@ -481,6 +481,10 @@ bool Link::send_large(Outbox& own, const void* address, std::uint64_t length, st
   return true;
 }
 
+std::uint64_t Link::written(const Outbox& own) const noexcept {
+  return own.slots_[static_cast<std::size_t>(slot_)].head;
+}
+
 Read read_record(const std::byte* ring, std::uint64_t offset, std::uint64_t expected, Incoming& in) noexcept {
   if (offset % kRecordAlign != 0 || offset >= kRingBytes) return Read::corrupt;
   if (shared_word(ring + offset).load(std::memory_order_acquire) != expected) return Read::none;

@@ -291,6 +291,9 @@ class Link {
   // A large record for the sender's buffer; `end` is the position the
   // receiver's consumed position must reach for the message to be read.
   bool send_large(Outbox& own, const void* address, std::uint64_t length, std::uint64_t& end) noexcept;
+  // The position just past the last record written: the receiver's
+  // consumed position reaches it once it has read everything sent so far.
+  std::uint64_t written(const Outbox& own) const noexcept;
   // The receiver's consumed position of our ring, checked. False when what
   // the peer published cannot be believed (corrupt_ counts it).
   std::uint64_t acked(Outbox& own) noexcept;

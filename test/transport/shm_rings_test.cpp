@@ -423,6 +423,33 @@ TEST_CASE("shm endpoints send through their rings: eager, large, unknown senders
     CHECK(a.ep->shm_stats().ring_sends == 6);
     CHECK(b.ep->shm_stats().ring_receives == 6);
   }
+  SECTION("a send to a receiver that has not inserted us completes once read, so a sender closing then loses nothing") {
+    // Its bytes are in our ring, which the receiver maps only when it takes
+    // our knock: a send completed at the copy, its sender then closing (or
+    // exiting), unlinked the ring with the message before the receiver had
+    // looked (found: a new peer's send lost on one busy core).
+    auto in = b.alloc(64);
+    auto out = a.alloc(64);
+    const auto m = message(7, 64);
+    std::memcpy(out.data().data(), m.data(), m.size());
+    auto s = a.ep->send(to_b, *Slice::data(out));
+    REQUIRE(s.ok());
+    CHECK(a.ep->wait(*s, 50ms).status == Status::in_progress);  // b has not looked yet
+    auto r = b.ep->post_recv(*Slice::data(in));
+    REQUIRE(r.ok());
+    const auto c = b.ep->wait(*r, 5s);
+    CHECK(c.status == Status::ok);
+    CHECK(c.peer == regpool::kAnyPeer);
+    CHECK(std::memcmp(in.data().data(), m.data(), m.size()) == 0);
+    CHECK(a.ep->wait(*s, 5s).status == Status::ok);
+    // Known now: the next send completes at its copy, as to an inserted peer.
+    auto s2 = a.ep->send(to_b, *Slice::data(out));
+    REQUIRE(s2.ok());
+    CHECK(a.ep->wait(*s2, 0ms).status == Status::ok);
+    auto r2 = b.ep->post_recv(*Slice::data(in));
+    REQUIRE(r2.ok());
+    CHECK(b.ep->wait(*r2, 5s).status == Status::ok);
+  }
   SECTION("messages above the eager size are read from the sender") {
     (void)b.ep->insert_peer(a.ep->name());
     for (const std::size_t len : {sr::kEagerMax, sr::kEagerMax + 1, std::size_t{1} << 20}) {
