@@ -120,6 +120,9 @@ struct Config {
   // --shm-rings: shm messages through regpool's own rings
   // (FabricEndpointOptions::shm_rings, the default) or the provider's path.
   bool shm_rings = true;
+  // --messenger: the tagged phase's Messengers take their own mutex
+  // (locked, the default) or none (MessengerConfig::serialized).
+  bool messenger_serialized = false;
 
   std::uint64_t max_size() const { return sizes.empty() ? 8 : std::max<std::uint64_t>(sizes.back(), 8); }
   // Distinct buffers a bandwidth test of `size` rotates over (1: hot).
@@ -172,6 +175,7 @@ struct Config {
     line("ahead", recv_ahead ? "on" : "off");
     line("rma", rma_kept ? "kept" : "fresh");
     line("shm_rings", shm_rings ? "on" : "off");
+    line("messenger", messenger_serialized ? "serialized" : "locked");
     std::string sz;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       if (i) sz.push_back(',');
@@ -191,7 +195,7 @@ struct Config {
         "provider",     "wait",         "iters",       "window",       "ops",       "cold_bytes",
         "tagged_threshold", "tagged_split", "tagged_eager_split", "expose_mode", "perftest", "verbs_inline",
         "verbs_signal", "loop_mean",    "recv",        "sends",        "ahead",     "rma",       "shm_rings",
-        "sizes"};
+        "messenger",    "sizes"};
     std::size_t at = 0;
     for (const std::string_view key : kKeys) {
       const std::size_t nl = text.find('\n', at);
@@ -329,6 +333,7 @@ struct Config {
     if (key == "ahead") return flag(v, "on", "off", c.recv_ahead);
     if (key == "rma") return flag(v, "kept", "fresh", c.rma_kept);
     if (key == "shm_rings") return flag(v, "on", "off", c.shm_rings);
+    if (key == "messenger") return flag(v, "serialized", "locked", c.messenger_serialized);
     if (key == "sizes") {
       // Ascending and distinct, as the command line sorts them.
       c.sizes.clear();

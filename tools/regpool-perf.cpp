@@ -196,6 +196,9 @@ void usage(std::FILE* to) {
       "  --shm-rings R    shm only, both sides: on (default: messages through regpool's\n"
       "                   own rings, FabricEndpointOptions::shm_rings) or off (through\n"
       "                   the provider's fi_inject/fi_send/fi_recv)\n"
+      "  --messenger M    the tagged phase, both sides: locked (default: the\n"
+      "                   Messenger's own mutex, any thread may call) or serialized\n"
+      "                   (MessengerConfig::serialized: calls never overlap, no lock)\n"
       "  --ahead A        the send and tagged ping-pongs' receives, both sides: on\n"
       "                   (default: each posted one message ahead, the client's\n"
       "                   after its ping, the server's after its pong, into the\n"
@@ -430,6 +433,10 @@ Options parse_args(int argc, char** argv, bool& help) {
       client_only_option = true;
     } else if (is_option(a, "--shm-rings")) {
       o.config.shm_rings = one_of_two(argc, argv, i, "--shm-rings", "on", "off");
+      not_for_peers = a;
+      client_only_option = true;
+    } else if (is_option(a, "--messenger")) {
+      o.config.messenger_serialized = one_of_two(argc, argv, i, "--messenger", "serialized", "locked");
       not_for_peers = a;
       client_only_option = true;
     } else if (is_option(a, "--ahead")) {
@@ -946,6 +953,7 @@ regpool::MessengerConfig tagged_config(const Config& c) {
   mc.rendezvous_split = c.tagged_split;
   mc.eager_split = c.tagged_eager_split;
   mc.receive_buffers = 64;
+  mc.serialized = c.messenger_serialized;
   return mc;
 }
 
@@ -2318,6 +2326,7 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     s += ",\"receives_ahead\":" + std::string(c.recv_ahead ? "true" : "false");
     s += ",\"rma\":" + json_escape(c.rma_kept ? "kept" : "fresh");
     s += ",\"shm_rings\":" + std::string(c.shm_rings ? "true" : "false");
+    s += ",\"messenger\":" + json_escape(c.messenger_serialized ? "serialized" : "locked");
     s += ",\"sample_ticks_per_us\":" + (g_ticks_per_us > 0 ? json_number(g_ticks_per_us) : std::string("null"));
     s += ",\"expose_mode\":" + json_escape(regpool::to_string(c.expose_mode));
     s += ",\"buffers\":" + json_escape(c.cold_bytes != 0 ? "cold" : "hot") +
@@ -2357,13 +2366,14 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
                 "get = one read and its completion, send = half round trip of a send ping-pong\n");
   }
   std::printf(
-      "regpool-perf: provider %s%s, %s, %llu iterations, window %llu, batch %llu, wait %s, buffers %s, receives %s%s, sends %s%s\n",
+      "regpool-perf: provider %s%s, %s, %llu iterations, window %llu, batch %llu, wait %s, buffers %s, receives %s%s, sends %s%s%s\n",
               provider.c_str(), provider == "shm" ? (c.shm_rings ? " (messages: regpool's rings)" : " (messages: the provider's)") : "",
               o.mode == Mode::loopback ? "two processes on this host (loopback)" : ("server " + o.host).c_str(),
               static_cast<unsigned long long>(c.iters), static_cast<unsigned long long>(c.window),
               static_cast<unsigned long long>(c.batch),
               regpool::to_string(c.wait), buffers.c_str(), c.recv_kept ? "kept" : "fresh",
               c.recv_ahead ? " (one message ahead)" : "", c.send_kept ? "kept" : "fresh",
+              c.messenger_serialized ? ", Messengers serialized (no lock)" : "",
               emulated_atomics ? ", atomics emulated by the target's progress()" : "");
   std::printf("%-13s %10s %12s %12s %12s %12s %14s %12s\n", "op", "size", "lat med us", "lat min us", "lat p99 us",
               "lat max us", "bw MB/s", "rate Mops/s");

@@ -76,6 +76,43 @@ constexpr std::uint64_t kCompactRatio = 4;
 std::uint64_t make_token(std::uint32_t gen, std::uint32_t index) noexcept {
   return (static_cast<std::uint64_t>(gen) << 32) | index;
 }
+
+// The Messenger's mutex (a futex word, platform/futex.hpp), or, when the
+// application promises that calls never overlap (MessengerConfig::
+// serialized), a plain flag: no locked instruction, about 10 ns less per
+// shm message (bench/RESULTS.md). The flag still makes try_lock refuse
+// while the mutex is "held", since take() is reached from inside our own
+// calls on the same thread (a post that polls) and must decline then, as
+// it does with the futex.
+class CoreMutex {
+ public:
+  explicit CoreMutex(bool serialized) noexcept : serialized_(serialized) {}
+  bool try_lock() noexcept {
+    if (!serialized_) return futex_.try_lock();
+    if (held_) return false;
+    held_ = true;
+    return true;
+  }
+  void lock() noexcept {
+    if (serialized_) {
+      held_ = true;
+    } else {
+      futex_.lock();
+    }
+  }
+  void unlock() noexcept {
+    if (serialized_) {
+      held_ = false;
+    } else {
+      futex_.unlock();
+    }
+  }
+
+ private:
+  platform::FutexMutex futex_;
+  bool held_ = false;
+  const bool serialized_;
+};
 }  // namespace
 
 namespace detail {
@@ -225,8 +262,9 @@ struct MessengerCore final : MessageSink {
   std::uint32_t fetch_head = kNone, fetch_tail = kNone;
 
   // A futex word (platform/futex.hpp): a tagged round takes it about eight
-  // times, and pthread's lock and unlock ran ~60 instructions a round.
-  mutable platform::FutexMutex mu;
+  // times, and pthread's lock and unlock ran ~60 instructions a round. A
+  // flag when MessengerConfig::serialized.
+  mutable CoreMutex mu;
   bool closed = false;
   std::vector<Op> ops;
   std::vector<std::uint32_t> free_ops;
@@ -353,7 +391,7 @@ struct MessengerCore final : MessageSink {
     return m;
   }
 
-  MessengerCore(Endpoint& e, Pool& p, const MessengerConfig& c) : ep(e), pool(p), cfg(c) {}
+  MessengerCore(Endpoint& e, Pool& p, const MessengerConfig& c) : ep(e), pool(p), cfg(c), mu(c.serialized) {}
 
   // What enable_shared_from_this would give (set once, by the Messenger's
   // constructor, before anything can call it). Not that base: its friend
@@ -828,7 +866,7 @@ struct MessengerCore final : MessageSink {
   // post ring (one Post built, moved in and moved out less, and no ring
   // arithmetic, on the path a small message's latency is made of;
   // post_direct).
-  [[gnu::hot]] void send_eager_direct(std::unique_lock<platform::FutexMutex>& g, std::uint32_t i, const Slice& data) noexcept {
+  [[gnu::hot]] void send_eager_direct(std::unique_lock<CoreMutex>& g, std::uint32_t i, const Slice& data) noexcept {
     PeerState& ps = peers[ops[i].peer];
     if (const std::uint32_t k = parts_for(ps, data.length()); k > 1) return send_split_direct(g, i, data, k);
     if (data.length() <= kSparePayload && !ps.ks_busy &&
@@ -886,7 +924,7 @@ struct MessengerCore final : MessageSink {
 
   // send_copy_locked's message, sealed in `head`, that the endpoint could
   // not take at once: posted as any eager message, in a message object.
-  [[gnu::cold]] void post_sealed(std::unique_lock<platform::FutexMutex>& g, std::uint32_t i,
+  [[gnu::cold]] void post_sealed(std::unique_lock<CoreMutex>& g, std::uint32_t i,
                                  std::span<const std::byte> head, const Slice& data) noexcept {
     Result<Ldo> m = alloc_message(head.size() + data.length());
     if (!m) {
@@ -906,7 +944,7 @@ struct MessengerCore final : MessageSink {
   // stays for the next message (parked after a failed repost), unless it is
   // gone: the first post's, or a repost the endpoint refuses because its
   // peer was removed or failed, end it.
-  [[gnu::hot]] void send_kept_direct(std::unique_lock<platform::FutexMutex>& g, std::uint32_t i,
+  [[gnu::hot]] void send_kept_direct(std::unique_lock<CoreMutex>& g, std::uint32_t i,
                                      const Slice& data) noexcept {
     const PeerId peer = ops[i].peer;
     const std::uint32_t gen = ops[i].gen;
@@ -1010,7 +1048,7 @@ struct MessengerCore final : MessageSink {
   [[gnu::hot]] void on_kept_sent(PeerId peer, std::uint32_t id, const Completion& c) noexcept {
     bool end = false;
     {
-      std::unique_lock<platform::FutexMutex> g(mu);
+      std::unique_lock<CoreMutex> g(mu);
       if (closed) return;  // parked until the endpoint closes
       PeerState& ps = peers[peer];
       if (ps.ks_id != id) {
@@ -1043,7 +1081,7 @@ struct MessengerCore final : MessageSink {
   // after it are not posted (a receive the lead matched fails at its
   // deadline, as any message's does whose post failed after its sequence
   // number was spent: the peer is gone or going).
-  [[gnu::cold]] void send_split_direct(std::unique_lock<platform::FutexMutex>& g, std::uint32_t i, const Slice& data,
+  [[gnu::cold]] void send_split_direct(std::unique_lock<CoreMutex>& g, std::uint32_t i, const Slice& data,
                                        std::uint32_t k) noexcept {
     std::array<Slice, kMaxParts> msgs;
     if (const Status s = split_message(i, data, k, msgs); s != Status::ok) return complete(i, s);
@@ -1056,7 +1094,7 @@ struct MessengerCore final : MessageSink {
   // meanwhile go out after these, in order, as the ring would have sent
   // them. Each message's reference is dropped before the mutex is taken
   // back; the first failed post fails the op and ends the posting.
-  [[gnu::always_inline]] void post_direct(std::unique_lock<platform::FutexMutex>& g, std::uint32_t i,
+  [[gnu::always_inline]] void post_direct(std::unique_lock<CoreMutex>& g, std::uint32_t i,
                                           std::span<Slice> msgs) noexcept {
     const PeerId peer = ops[i].peer;
     const std::uint32_t gen = ops[i].gen;
@@ -1686,7 +1724,7 @@ struct MessengerCore final : MessageSink {
   // read once, by parse, into `h`; the payload is copied once, into the
   // receive's buffer.
   [[gnu::hot]] Take take(PeerId src, std::span<const std::byte> bytes) noexcept override {
-    std::unique_lock<platform::FutexMutex> g(mu, std::try_to_lock);
+    std::unique_lock<CoreMutex> g(mu, std::try_to_lock);
     if (!g.owns_lock() || closed || src >= peers.size()) return Take::declined;
     mw::Header h;
     if (mw::parse(bytes, threshold, h) != Status::ok || h.type != mw::Type::eager) return Take::declined;
@@ -1711,7 +1749,7 @@ struct MessengerCore final : MessageSink {
   }
 
   void settle() noexcept override {
-    std::unique_lock<platform::FutexMutex> g(mu);
+    std::unique_lock<CoreMutex> g(mu);
     if (post_count != 0 || !graveyard.empty() || !kept_ended.empty()) drain(g);
   }
 
@@ -1802,7 +1840,7 @@ struct MessengerCore final : MessageSink {
 
   [[gnu::hot]] void on_recv(std::uint32_t b, const Completion& c) noexcept {
     {
-      std::unique_lock<platform::FutexMutex> g(mu);
+      std::unique_lock<CoreMutex> g(mu);
       // The kept receive goes on (parked, for a repost) after these; any
       // other status ended it, and the next post of b is a new one.
       bounce_tokens[b] = c.status == Status::ok || c.status == Status::out_of_bounds ? c.token : Token{};
@@ -1837,7 +1875,7 @@ struct MessengerCore final : MessageSink {
 
   [[gnu::hot]] void on_sent(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
     {
-      std::unique_lock<platform::FutexMutex> g(mu);
+      std::unique_lock<CoreMutex> g(mu);
       if (closed || i == kNone || i >= ops.size() || ops[i].gen != gen) return;
       Op& o = ops[i];
       if (o.state != State::active) return;
@@ -1861,7 +1899,7 @@ struct MessengerCore final : MessageSink {
 
   [[gnu::cold]] void on_got(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
     {
-      std::unique_lock<platform::FutexMutex> g(mu);
+      std::unique_lock<CoreMutex> g(mu);
       if (i >= ops.size() || ops[i].gen != gen) return;
       Op& o = ops[i];
       if (o.gets > 0) {
@@ -1880,7 +1918,7 @@ struct MessengerCore final : MessageSink {
 
   [[gnu::cold]] void on_put(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
     {
-      std::unique_lock<platform::FutexMutex> g(mu);
+      std::unique_lock<CoreMutex> g(mu);
       if (i >= ops.size() || ops[i].gen != gen) return;
       Op& o = ops[i];
       if (o.gets > 0) --o.gets;
@@ -1895,7 +1933,7 @@ struct MessengerCore final : MessageSink {
   // The grant's send completed: a failed one never reached the sender.
   [[gnu::cold]] void on_granted(std::uint32_t i, std::uint32_t gen, const Completion& c) noexcept {
     {
-      std::unique_lock<platform::FutexMutex> g(mu);
+      std::unique_lock<CoreMutex> g(mu);
       if (closed || i >= ops.size() || ops[i].gen != gen || ops[i].state != State::active) return;
       if (c.status != Status::ok && ops[i].put_wait) ungrant(i, c.status);
       changed();
@@ -1905,7 +1943,7 @@ struct MessengerCore final : MessageSink {
 
   // ---------- posting (no mutex) ----------
   void run_posts() noexcept {
-    std::unique_lock<platform::FutexMutex> g(mu);
+    std::unique_lock<CoreMutex> g(mu);
     drain(g);
   }
   // Makes the queued posts (and revokes) unless another thread is at it;
@@ -1913,7 +1951,7 @@ struct MessengerCore final : MessageSink {
   // post. Callers that just queued under the mutex call it before letting
   // go: the same lock round, not a second one (a small message's path
   // takes the mutex a handful of times; each round trip counts).
-  [[gnu::hot]] void drain(std::unique_lock<platform::FutexMutex>& g) noexcept {
+  [[gnu::hot]] void drain(std::unique_lock<CoreMutex>& g) noexcept {
     if (draining || (post_count == 0 && graveyard.empty() && kept_ended.empty())) return;
     draining = true;
     while (post_count > 0 || !graveyard.empty() || !kept_ended.empty()) {
@@ -1958,7 +1996,7 @@ struct MessengerCore final : MessageSink {
     const auto wire = x->encode();
     std::memcpy(p.msg.address() + mw::kHeaderSize, wire.data(), wire.size());
     {
-      std::lock_guard<platform::FutexMutex> g(mu);
+      std::lock_guard<CoreMutex> g(mu);
       Op& o = ops[p.op];
       if (o.gen != p.gen || o.state != State::active || !(o.*waiting)) return Status::ok;  // failed meanwhile: revoke
       o.exposure = std::move(*x);
@@ -2129,7 +2167,7 @@ struct MessengerCore final : MessageSink {
                              Quiet* q = nullptr, std::ptrdiff_t polled = -1) noexcept {
     const bool idle = (polled >= 0 ? static_cast<std::size_t>(polled) : ep.progress()) == 0;
     {
-      std::unique_lock<platform::FutexMutex> g(mu);
+      std::unique_lock<CoreMutex> g(mu);
       // Nothing arrived this round: the time to repost emptied bounces and
       // to allocate the next small messages.
       if (idle && !closed) {
@@ -2188,7 +2226,7 @@ struct MessengerCore final : MessageSink {
       MessageCompletion done;
       MessageCallback cb;
       {
-        std::lock_guard<platform::FutexMutex> g(mu);
+        std::lock_guard<CoreMutex> g(mu);
         if (ready_count == 0) break;
         const std::uint32_t i = ready[ready_head];
         ready_head = (ready_head + 1) % ready.size();
@@ -2283,6 +2321,11 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
                 "messenger: receive_buffers, peer_credits, max_operations, max_peers and rendezvous_depth must be "
                 "positive, peer_credits at most 65535");
   }
+  if (cfg.serialized && endpoint.config().progress_thread) {
+    throw Error(Status::invalid_argument, 0,
+                "messenger: serialized promises that calls never overlap, but the endpoint runs a progress thread, "
+                "which runs the Messenger's protocol work beside the application's calls");
+  }
   const std::uint64_t limit = endpoint.message_size_limit();
   // What one message may carry: what our endpoint sends, and what it lets
   // peers send it (peers send eagerly at most what we tell them).
@@ -2366,12 +2409,12 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
     c.bounces[b] = std::move(*l);
   }
   {
-    std::lock_guard<platform::FutexMutex> g(c.mu);
+    std::lock_guard<CoreMutex> g(c.mu);
     for (std::uint32_t b = 0; b < cfg.receive_buffers; ++b) c.post_bounce(b);
   }
   c.run_posts();
   {
-    std::lock_guard<platform::FutexMutex> g(c.mu);
+    std::lock_guard<CoreMutex> g(c.mu);
     if (c.bounces_empty > 0) {
       throw Error(Status::would_block, 0, "messenger: posting the receive buffers failed (max_in_flight?)");
     }
@@ -2387,7 +2430,7 @@ Messenger::~Messenger() {
   // after the endpoint is gone (nothing here calls into it).
   std::vector<Exposure> dead;
   {
-    std::lock_guard<platform::FutexMutex> g(core_->mu);
+    std::lock_guard<CoreMutex> g(core_->mu);
     core_->closed = true;
     core_->changed();
     core_->spares.clear();
@@ -2418,7 +2461,7 @@ Messenger::~Messenger() {
   if (!data || data.length() == 0 || data.length() > mw::kMaxLength) return Status::invalid_argument;
   MessageToken t;
   {
-    std::unique_lock<platform::FutexMutex> g(c.mu);
+    std::unique_lock<CoreMutex> g(c.mu);
     if (peer >= c.peers.size()) return Status::invalid_argument;
     Core::PeerState& ps = c.peers[peer];
     // Copied into the transport by the endpoint (shm rings): its checks of
@@ -2461,7 +2504,7 @@ namespace {
   MessageToken t;
   Ldo spare;  // a bounce handed over: dropped after the unlock
   {
-    std::unique_lock<platform::FutexMutex> g(c.mu);
+    std::unique_lock<CoreMutex> g(c.mu);
     if (source != kAnyPeer && source >= c.peers.size()) return Status::invalid_argument;
     auto r = c.claim_op(Core::Kind::recv);
     if (!r) return r.status();
@@ -2513,7 +2556,7 @@ Result<MessageInfo> Messenger::probe(PeerId source, std::uint64_t tag, std::uint
   Core& c = *core_;
   (void)c.ep.progress();
   c.run_posts();
-  std::lock_guard<platform::FutexMutex> g(c.mu);
+  std::lock_guard<CoreMutex> g(c.mu);
   Core::Op probe;
   probe.peer = source;
   probe.tag = tag;
@@ -2532,7 +2575,7 @@ Result<MessageToken> Messenger::request(PeerId peer, std::uint64_t tag, const Sl
   if (!data || data.length() == 0 || data.length() > mw::kMaxLength) return Status::invalid_argument;
   MessageToken t;
   {
-    std::unique_lock<platform::FutexMutex> g(c.mu);
+    std::unique_lock<CoreMutex> g(c.mu);
     if (peer >= c.peers.size()) return Status::invalid_argument;
     if (!c.ep.usable(peer)) return Status::peer_unreachable;
     if (c.free_ops.size() < 2) return c.closed ? Status::closed : Status::would_block;
@@ -2574,7 +2617,7 @@ Result<MessageToken> Messenger::reply(PeerId peer, std::uint64_t request_id, con
   }
   MessageToken t;
   {
-    std::unique_lock<platform::FutexMutex> g(c.mu);
+    std::unique_lock<CoreMutex> g(c.mu);
     if (peer >= c.peers.size()) return Status::invalid_argument;
     if (!c.ep.usable(peer)) return Status::peer_unreachable;
     auto r = c.claim_op(Core::Kind::send);
@@ -2597,7 +2640,7 @@ Result<MessageToken> Messenger::reply(PeerId peer, std::uint64_t request_id, con
 
 Status Messenger::cancel(MessageToken token) noexcept {
   Core& c = *core_;
-  std::lock_guard<platform::FutexMutex> g(c.mu);
+  std::lock_guard<CoreMutex> g(c.mu);
   Core::Op* o = c.find(token);
   if (!o || o->kind == Core::Kind::internal) return Status::invalid_argument;
   const auto i = static_cast<std::uint32_t>(token.value & 0xffffffffu);
@@ -2667,7 +2710,7 @@ std::size_t Messenger::progress() noexcept {
   // a completion handed off meanwhile is returned instead.
   auto give_up = [&](Status s) {
     if (owner) {
-      std::lock_guard<platform::FutexMutex> g(c.mu);
+      std::lock_guard<CoreMutex> g(c.mu);
       if (c.handoff_ready.load(std::memory_order_relaxed)) return c.take_handoff();
       c.handoff_token.store(0, std::memory_order_relaxed);
     }
@@ -2730,7 +2773,7 @@ std::size_t Messenger::progress() noexcept {
 
 void Messenger::fail_peer(PeerId peer, Status status) noexcept {
   {
-    std::lock_guard<platform::FutexMutex> g(core_->mu);
+    std::lock_guard<CoreMutex> g(core_->mu);
     core_->fail_peer_locked(peer, status);
     core_->changed();
   }
@@ -2740,7 +2783,7 @@ void Messenger::fail_peer(PeerId peer, Status status) noexcept {
 std::uint64_t Messenger::eager_threshold() const noexcept { return core_->threshold; }
 
 MessengerStats Messenger::stats() const noexcept {
-  std::lock_guard<platform::FutexMutex> g(core_->mu);
+  std::lock_guard<CoreMutex> g(core_->mu);
   MessengerStats st = core_->st;
   for (const Ldo& b : core_->bounces) {
     if (b) st.receive_buffer_bytes += b.capacity();

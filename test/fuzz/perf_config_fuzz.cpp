@@ -97,6 +97,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   f.recv_ahead = bits & 32;
   f.rma_kept = bits & 64;
   f.shm_rings = bits & 128;
+  f.messenger_serialized = b.take(1) & 1;
   f.verbs_inline = static_cast<std::int64_t>(b.in(0, perf::kMaxVerbsInline + 1, 2)) - 1;
   f.sizes.clear();
   const std::uint64_t nsizes = b.in(1, perf::kMaxSizes, 1);

@@ -32,6 +32,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -488,6 +489,233 @@ TEST_CASE("sends queued behind credits can be canceled; the rest arrive in order
   for (std::uint64_t i = 9; i < next; ++i) CHECK(a.m.wait(t[i], 10s).status == Status::ok);
   settle(a.m, &b.m, 200ms);
   CHECK(b.m.probe(regpool::kAnyPeer, 9, 0).status() == Status::would_block);
+  CHECK(b.m.stats().rejected == 0);
+}
+
+namespace {
+
+// The serialized case's messages: i's size, first word i, the rest
+// rpt::fill(i); every seventh goes by rendezvous.
+constexpr std::uint64_t kSerialCount = 14;
+constexpr std::uint64_t kSerialTurns = 300;
+std::uint64_t serial_size(std::uint64_t i, std::uint64_t threshold) {
+  static constexpr std::uint64_t kSizes[] = {8, 16, 100, 5000, 0, 40000, 8};
+  const std::uint64_t n = kSizes[i % std::size(kSizes)];
+  return n ? n : 4 * threshold + 5;
+}
+
+// Its sender (a child): phase 1 sends everything before waiting (the
+// receiver finds them unexpected), phase 2 one at a time.
+int serial_sender(const std::string& prov, std::uint16_t port) {
+  auto b = rpt::child_bootstrap(port);
+  MessengerConfig mc;
+  mc.serialized = true;
+  Node n(prov, mc);
+  const PeerId rx = n.s.ep->insert_peer(b->allgather(n.s.ep->name(), 30s)[0]);
+  const std::uint64_t threshold = std::max(n.m.eager_threshold(), std::uint64_t{64} << 10);
+  std::vector<regpool::MessageToken> sent;
+  for (std::uint64_t i = 0; i < kSerialCount; ++i) {
+    Slice out = n.filled(serial_size(i, threshold), i);
+    std::memcpy(out.address(), &i, 8);
+    auto t = n.m.send(rx, 11, out);
+    RPT_CHECK(t.ok());
+    sent.push_back(*t);
+  }
+  for (auto t : sent) RPT_CHECK(n.m.wait(t, 60s).status == Status::ok);
+  b->barrier(60s);
+  for (std::uint64_t i = 0; i < kSerialTurns; ++i) {
+    Slice out = n.filled(serial_size(i, threshold), 1000 + i);
+    std::memcpy(out.address(), &i, 8);
+    RPT_CHECK(n.wait(n.m.send(rx, 12, out), 60s).status == Status::ok);
+  }
+  b->barrier(60s);
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("serialized Messengers (no lock of their own): every receive path, threads taking turns",
+          "[fabric][messaging]") {
+  // MessengerConfig::serialized drops the Messenger's mutex for a flag: the
+  // application promises calls never overlap. Both sides serialized;
+  // messages go unexpected and posted, eager and by rendezvous, into
+  // buffers and zero copy; then two receiver threads take turns under the
+  // test's own mutex, one waiting, one progressing. (The child starts
+  // threads after a fork, which ThreadSanitizer cannot follow: the next
+  // case is this one's turn-taking for it, in one process.)
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  MessengerConfig mc;
+  mc.serialized = true;
+  {
+    regpool::EndpointConfig ec = ep_config();
+    ec.progress_thread = true;
+    rpt::Stack s(prov, ec);
+    CHECK_THROWS_AS(Messenger(*s.ep, *s.pool, mc), regpool::Error);
+  }
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  auto kid = rpt::spawn([&] { return serial_sender(prov, port); }, 240);
+  Node n(prov, mc);
+  const PeerId from = n.s.ep->insert_peer(boot->allgather(n.s.ep->name(), 30s)[1]);
+  // Every receive takes the sender's largest message (4 x its threshold +
+  // 5; thresholds here are at most 128 KiB): sizes are read from the
+  // completions.
+  const auto expected = [](std::uint64_t seed, std::uint64_t i, std::uint64_t size) {
+    std::vector<std::byte> e(size);
+    rpt::fill(e, seed);
+    std::memcpy(e.data(), &i, 8);
+    return e;
+  };
+  // Phase 1, unexpected (the sender sent them all at once): alternately
+  // into a buffer and zero copy.
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (n.m.stats().unexpected == 0 && std::chrono::steady_clock::now() < until) (void)n.m.progress();
+  auto big = n.s.alloc(std::uint64_t{1} << 20);
+  for (std::uint64_t i = 0; i < kSerialCount; ++i) {
+    INFO("message " << i);
+    if (i % 2 == 1) {
+      const MessageCompletion c = n.wait(n.m.recv_ldo(from, 11, 0));
+      REQUIRE(c.status == Status::ok);
+      const auto e = expected(i, i, c.ldo.data().size());
+      CHECK(std::memcmp(c.ldo.data().data(), e.data(), e.size()) == 0);
+    } else {
+      const MessageCompletion c = n.wait(n.m.recv(from, 11, 0, rpt::slice_or_die(Slice::data(big))));
+      REQUIRE(c.status == Status::ok);
+      const auto e = expected(i, i, c.received);
+      CHECK(std::memcmp(big.data().data(), e.data(), e.size()) == 0);
+    }
+  }
+  CHECK(n.m.stats().unexpected > 0);
+  boot->barrier(60s);
+
+  // Phase 2: one thread posts and waits, another progresses; each call
+  // inside `turn`.
+  std::mutex turn;
+  std::atomic<bool> done{false};
+  std::thread progressor([&] {
+    while (!done.load()) {
+      {
+        std::lock_guard<std::mutex> g(turn);
+        (void)n.m.progress();
+      }
+      std::this_thread::yield();
+    }
+  });
+  std::uint64_t got = 0;
+  std::string why;
+  for (; got < kSerialTurns; ++got) {
+    regpool::Result<regpool::MessageToken> t = Status::invalid_argument;
+    {
+      std::lock_guard<std::mutex> g(turn);
+      t = n.m.recv(from, 12, 0, rpt::slice_or_die(Slice::data(big)));
+    }
+    if (!t) {
+      why = "recv refused";
+      break;
+    }
+    const auto bound = std::chrono::steady_clock::now() + 60s;
+    MessageCompletion c;
+    do {
+      std::lock_guard<std::mutex> g(turn);
+      c = n.m.wait(*t, 0ms);
+    } while (c.status == Status::in_progress && std::chrono::steady_clock::now() < bound);
+    const auto e = expected(1000 + got, got, c.received);
+    if (c.status != Status::ok || c.peer != from || std::memcmp(big.data().data(), e.data(), e.size()) != 0) {
+      why = std::string("message ") + std::to_string(got) + ": " + regpool::to_string(c.status);
+      break;
+    }
+  }
+  done.store(true);
+  progressor.join();
+  INFO(why);
+  CHECK(got == kSerialTurns);
+  boot->barrier(60s);
+  CHECK(rpt::reap(kid, 60s) == 0);
+  CHECK(n.m.stats().rejected == 0);
+}
+
+TEST_CASE("threads: a serialized Messenger used by threads taking turns", "[fabric][messaging][threads]") {
+  // b is serialized and used by two threads, each call inside the test's
+  // mutex `turn`: the waiter posts and waits, the other progresses.
+  // ThreadSanitizer follows `turn`'s happens-before as it would the
+  // Messenger's own mutex. a (serialized too) is the main thread's alone.
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  MessengerConfig mc;
+  mc.serialized = true;
+  Node a(prov, mc), b(prov, mc);
+  const PeerId to_b = a.s.ep->insert_peer(b.s.ep->name());
+  const PeerId from_a = b.s.ep->insert_peer(a.s.ep->name());
+  constexpr std::uint64_t kMessages = 1000;
+  std::mutex turn;
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> posted{0};
+  std::atomic<std::uint64_t> failures{0};
+  std::thread helper([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      {
+        std::lock_guard<std::mutex> g(turn);
+        (void)b.m.progress();
+      }
+      std::this_thread::yield();
+    }
+  });
+  const auto size_of = [](std::uint64_t i) -> std::uint64_t { return i % 4 == 3 ? 5000 : 16; };
+  std::thread waiter([&] {
+    regpool::Ldo buf;
+    {
+      std::lock_guard<std::mutex> g(turn);
+      buf = b.s.alloc(5000);
+    }
+    const Slice into = rpt::slice_or_die(Slice::data(buf));
+    for (std::uint64_t i = 0; i < kMessages; ++i) {
+      regpool::Result<regpool::MessageToken> t = Status::invalid_argument;
+      {
+        std::lock_guard<std::mutex> g(turn);
+        t = b.m.recv(from_a, 9, 0, into);
+      }
+      posted.store(i + 1, std::memory_order_release);
+      MessageCompletion c;
+      const auto until = std::chrono::steady_clock::now() + 10s;
+      do {
+        std::lock_guard<std::mutex> g(turn);
+        c = t ? b.m.wait(*t, 0ms) : MessageCompletion{};
+      } while (t && c.status == Status::in_progress && std::chrono::steady_clock::now() < until);
+      const std::uint64_t n = size_of(i);
+      if (!t || c.status != Status::ok || c.received != n || c.peer != from_a || word_at(buf.data()) != i ||
+          word_at(buf.data().subspan(n - 8)) != ~i) {
+        failures.fetch_add(1);
+        break;
+      }
+    }
+    std::lock_guard<std::mutex> g(turn);
+    buf = regpool::Ldo();
+  });
+  Slice out = a.filled(5000, 1);
+  for (std::uint64_t i = 0; i < kMessages && failures.load() == 0; ++i) {
+    // Every other message after its receive is posted (matched on
+    // arrival), the rest possibly before (unexpected).
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (i % 2 == 0 && posted.load(std::memory_order_acquire) <= i && failures.load() == 0 &&
+           std::chrono::steady_clock::now() < until) {
+      (void)a.m.progress();
+    }
+    const std::uint64_t n = size_of(i), last = ~i;
+    std::memcpy(out.address(), &i, 8);
+    std::memcpy(out.address() + n - 8, &last, 8);
+    const MessageCompletion c = a.wait(a.m.send(to_b, 9, rpt::slice_or_die(Slice::data(out.ldo(), 0, n))), 10s);
+    if (c.status != Status::ok) {
+      failures.fetch_add(1);
+      break;
+    }
+  }
+  waiter.join();
+  stop.store(true);
+  helper.join();
+  CHECK(failures.load() == 0);
+  CHECK(posted.load() == kMessages);
+  std::lock_guard<std::mutex> g(turn);
   CHECK(b.m.stats().rejected == 0);
 }
 
