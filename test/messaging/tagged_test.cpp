@@ -326,6 +326,39 @@ TEST_CASE("messages ahead of their sequence are held and delivered in order", "[
 // completes on the other thread, every wait must still return it, with its
 // bytes, in order. (Also the Messenger's threads case for ThreadSanitizer:
 // test/meson.build registers it alone in suite 'threads'.)
+namespace {
+
+// The threads cases' message i: threads_size(i) bytes, first word i, last
+// word ~i. Every fourth is 5000 bytes: on shm a split eager message (a lead
+// and a part), whose two messages two threads' progress rounds may take
+// apart and out of order (the early path).
+std::uint64_t threads_size(std::uint64_t i) { return i % 4 == 3 ? 5000 : 16; }
+
+// Their sender: messages 0..count-1 with tag 9 from `a`, each waited for;
+// message i (for i a multiple of `after_every`) only once the receiver has
+// posted receive i (`posted` > i). Stops at the first failure, counted.
+void send_numbered(Node& a, PeerId to, std::uint64_t count, std::uint64_t after_every,
+                   const std::atomic<std::uint64_t>& posted, std::atomic<std::uint64_t>& failures) {
+  Slice out = a.filled(5000, 1);
+  for (std::uint64_t i = 0; i < count && failures.load() == 0; ++i) {
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (i % after_every == 0 && posted.load(std::memory_order_acquire) <= i && failures.load() == 0 &&
+           std::chrono::steady_clock::now() < until) {
+      (void)a.m.progress();
+    }
+    const std::uint64_t n = threads_size(i), last = ~i;
+    std::memcpy(out.address(), &i, 8);
+    std::memcpy(out.address() + n - 8, &last, 8);
+    const MessageCompletion c = a.wait(a.m.send(to, 9, rpt::slice_or_die(Slice::data(out.ldo(), 0, n))), 10s);
+    if (c.status != Status::ok) {
+      failures.fetch_add(1);
+      break;
+    }
+  }
+}
+
+}  // namespace
+
 TEST_CASE("threads: a waiter gets what another thread's progress delivered", "[fabric][messaging][threads]") {
   const std::string prov = GENERATE(from_range(rpt::backends()));
   INFO("backend " << prov);
@@ -339,10 +372,7 @@ TEST_CASE("threads: a waiter gets what another thread's progress delivered", "[f
   std::thread helper([&] {
     while (!stop.load(std::memory_order_relaxed)) (void)b.m.progress();
   });
-  // Every fourth message is 5000 bytes: on shm a split eager message (a
-  // lead and a part), whose two messages the two threads' progress rounds
-  // may take apart and out of order (the early path).
-  const auto size_of = [](std::uint64_t i) -> std::uint64_t { return i % 4 == 3 ? 5000 : 16; };
+  const auto size_of = threads_size;
   std::thread waiter([&] {
     auto buf = b.s.alloc(5000);
     const Slice into = rpt::slice_or_die(Slice::data(buf));
@@ -358,24 +388,9 @@ TEST_CASE("threads: a waiter gets what another thread's progress delivered", "[f
       }
     }
   });
-  Slice out = a.filled(5000, 1);
-  for (std::uint64_t i = 0; i < kMessages && failures.load() == 0; ++i) {
-    // Each message after its receive is posted: it is matched on arrival,
-    // inside whichever thread's progress round reads it.
-    const auto until = std::chrono::steady_clock::now() + 10s;
-    while (posted.load(std::memory_order_acquire) <= i && failures.load() == 0 &&
-           std::chrono::steady_clock::now() < until) {
-      (void)a.m.progress();
-    }
-    const std::uint64_t n = size_of(i), last = ~i;
-    std::memcpy(out.address(), &i, 8);
-    std::memcpy(out.address() + n - 8, &last, 8);
-    const MessageCompletion c = a.wait(a.m.send(to_b, 9, rpt::slice_or_die(Slice::data(out.ldo(), 0, n))), 10s);
-    if (c.status != Status::ok) {
-      failures.fetch_add(1);
-      break;
-    }
-  }
+  // Each message after its receive is posted: it is matched on arrival,
+  // inside whichever thread's progress round reads it.
+  send_numbered(a, to_b, kMessages, 1, posted, failures);
   waiter.join();
   stop.store(true);
   helper.join();
@@ -661,7 +676,7 @@ TEST_CASE("threads: a serialized Messenger used by threads taking turns", "[fabr
       std::this_thread::yield();
     }
   });
-  const auto size_of = [](std::uint64_t i) -> std::uint64_t { return i % 4 == 3 ? 5000 : 16; };
+  const auto size_of = threads_size;
   std::thread waiter([&] {
     regpool::Ldo buf;
     {
@@ -692,24 +707,9 @@ TEST_CASE("threads: a serialized Messenger used by threads taking turns", "[fabr
     std::lock_guard<std::mutex> g(turn);
     buf = regpool::Ldo();
   });
-  Slice out = a.filled(5000, 1);
-  for (std::uint64_t i = 0; i < kMessages && failures.load() == 0; ++i) {
-    // Every other message after its receive is posted (matched on
-    // arrival), the rest possibly before (unexpected).
-    const auto until = std::chrono::steady_clock::now() + 10s;
-    while (i % 2 == 0 && posted.load(std::memory_order_acquire) <= i && failures.load() == 0 &&
-           std::chrono::steady_clock::now() < until) {
-      (void)a.m.progress();
-    }
-    const std::uint64_t n = size_of(i), last = ~i;
-    std::memcpy(out.address(), &i, 8);
-    std::memcpy(out.address() + n - 8, &last, 8);
-    const MessageCompletion c = a.wait(a.m.send(to_b, 9, rpt::slice_or_die(Slice::data(out.ldo(), 0, n))), 10s);
-    if (c.status != Status::ok) {
-      failures.fetch_add(1);
-      break;
-    }
-  }
+  // Every other message after its receive is posted (matched on
+  // arrival), the rest possibly before (unexpected).
+  send_numbered(a, to_b, kMessages, 2, posted, failures);
   waiter.join();
   stop.store(true);
   helper.join();
