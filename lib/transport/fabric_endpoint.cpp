@@ -2323,12 +2323,14 @@ Status FabricEndpoint::ring_send(const BackendOp& op) noexcept {
       // inject is; complete_send then checks the target as for an inject.
       injected_now_ = true;
     } else {
-      // A receiver that has not inserted us maps our ring only when it
-      // takes our knock: a sender that completed now and then closed (or
+      // A receiver that has not inserted us does not read our ring: tell it
+      // we are here (once, until it knows us). It maps our ring only when
+      // it takes the knock: a sender that completed now and then closed (or
       // exited) would unlink the ring, and the message with it, before the
       // receiver ever saw it (measured: transport-peer-death on one busy
       // core lost the new peer's send every time). Complete once the
       // receiver has read it, as a large send does.
+      (void)p.link->knock(*outbox_);
       large_sends_.push_back(LargeSend{p.link.get(), p.link->written(*outbox_), op.tag});  // reserved: max_in_flight
     }
     return Status::ok;
@@ -2362,7 +2364,8 @@ Status FabricEndpoint::ring_send(const BackendOp& op) noexcept {
 }
 
 // A message of up to kEagerMax bytes (head, then body) copied into p's
-// ring: ok, or would_block when the ring has no room now.
+// ring: ok, or would_block when the ring has no room now. The caller sees
+// to a receiver that does not read our ring yet (known, knock).
 [[gnu::always_inline]] inline Status FabricEndpoint::ring_copy(PeerAddr& p, const void* head,
                                                                std::uint64_t head_length, const void* body,
                                                                std::uint64_t body_length) noexcept {
@@ -2371,9 +2374,6 @@ Status FabricEndpoint::ring_send(const BackendOp& op) noexcept {
     return Status::would_block;
   }
   platform::bump_locked(ring_sends_);
-  // A receiver that has not inserted us does not read our ring: tell it
-  // we are here (once, until it knows us).
-  if (!p.link->known(*outbox_)) (void)p.link->knock(*outbox_);
   return Status::ok;
 }
 
