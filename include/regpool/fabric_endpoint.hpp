@@ -264,15 +264,30 @@ struct FabricEndpointOptions {
   // each peer, and which its peers map read-only. A message up to 65 KiB is
   // copied in by the sender and out by the receiver; a longer one is read
   // by the receiver straight from the sender's buffer (cross-memory
-  // attach), and its send completes when the receiver has read it. Puts,
-  // gets and atomics stay on the provider. What changes for users: the
-  // latency (bench/RESULTS.md), and a receive no longer takes a message
-  // from a sender this endpoint has not inserted: such messages wait in
-  // the sender's ring until insert_peer (or fill it, and the sender's
-  // posts answer would_block, then time out). Both ends of a pair must
+  // attach), and its send completes when the receiver has read it. Puts
+  // and gets: shm_direct_rma below; atomics stay on the provider. What
+  // changes for users: the latency (bench/RESULTS.md), and a receive no
+  // longer takes a message from a sender this endpoint has not inserted:
+  // such messages wait in the sender's ring until insert_peer (or fill it,
+  // and the sender's posts answer would_block, then time out). Both ends of a pair must
   // agree (insert_peer refuses a peer that differs, naming the option).
   // Off: the provider's fi_send/fi_recv, as before.
   bool shm_rings = true;
+  // shm only. Puts and gets move their bytes by this process's own
+  // process_vm_writev/readv into or out of the target's memory and are
+  // complete when the post returns (docs/architecture.md, "shm puts and
+  // gets"). libfabric 1.17's shm makes the same system call for them, but
+  // around it takes the target's region lock, writes a command into the
+  // target's queue and a completion entry into our queue, and the wait
+  // reads that entry back: about 0.1 us per operation and several cache
+  // lines shared with the target (bench/RESULTS.md). What a completion
+  // promises does not change (the bytes are in place: stronger than
+  // before for a put), nor do the checks: the initiator's own check of the
+  // reference, as before, since shm checks no keys. A put with
+  // delivery_complete on (the target then checks keys) and a reference in
+  // offset mode still go through the provider. Off: every put and get
+  // through fi_write/fi_read.
+  bool shm_direct_rma = true;
   // The largest message peers may send to this endpoint, where a longer one
   // would harm the connection instead of failing its own receive (net: a
   // message longer than its receive plus the overflow area behind every
@@ -324,6 +339,9 @@ struct FabricShmStats {
   std::uint64_t ring_receives = 0;
   std::uint64_t ring_full = 0;
   std::uint64_t ring_corrupt = 0;
+  // Puts and gets this endpoint moved itself
+  // (FabricEndpointOptions::shm_direct_rma).
+  std::uint64_t direct_rma = 0;
 };
 
 // Emulated-atomics traffic seen by a target (relaxed snapshot).
@@ -539,6 +557,13 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   inline Status post_data(const BackendOp& op, std::uint64_t more) noexcept;
   inline Status do_put(const BackendOp& op, std::uint64_t more) noexcept;
   inline Status do_get(const BackendOp& op, std::uint64_t more) noexcept;
+  // shm_direct_rma: whether `op` (a put or get) is moved by our own
+  // cross-memory copy, and that copy.
+  inline bool direct_rma(const BackendOp& op) const noexcept;
+  Status post_direct_rma(const BackendOp& op) noexcept;
+  bool direct_puts_ = false;
+  bool direct_gets_ = false;
+  std::atomic<std::uint64_t> direct_rma_{0};
   inline Status do_send(const BackendOp& op, std::uint64_t more) noexcept;
   // Flags of a put through fi_writemsg.
   Status rma_msg(bool write, const BackendOp& op, void* buf, void* desc, std::uint64_t dest,

@@ -952,8 +952,49 @@ void FabricEndpoint::ring_peer(std::uint64_t handle) noexcept {
 
 WaitBell FabricEndpoint::do_wait_bell() const noexcept { return bell_ ? bell_->words() : WaitBell{}; }
 
+// shm puts and gets (FabricEndpointOptions::shm_direct_rma): by our own
+// cross-memory copy where libfabric 1.17's shm would make the same copy at
+// the initiator (a peer we may attach to, a reference holding a virtual
+// address, a put without delivery-complete). Everything else the provider
+// would have done around that copy (the target's region lock, a command in
+// its queue, a completion entry in ours) served nothing regpool uses.
+[[gnu::always_inline]] inline bool FabricEndpoint::direct_rma(const BackendOp& op) const noexcept {
+  if (!(op.kind == OpKind::put ? direct_puts_ : direct_gets_)) return false;
+  const PeerAddr& p = peers_[op.peer_handle];
+  return p.cma && p.pid > 0 && op.remote->mode == AddressMode::virtual_address;
+}
+
+Status FabricEndpoint::post_direct_rma(const BackendOp& op) noexcept {
+  PeerAddr& p = peers_[op.peer_handle];
+  if (shm_peer_dead(p, op.peer_handle)) return Status::peer_unreachable;
+  // The same registration check as the provider's path: a slice of memory
+  // this domain never registered does not reach the wire by this path
+  // either.
+  if (auto region = detail::post_registration(op.local->ldo(), *domain_); !region) return region.status();
+  const int err = fabric_shm::cross_memory_copy(p.pid, op.kind == OpKind::put, op.local->address(),
+                                                op.remote_address, op.length);
+  if (err == 0) {
+    platform::bump_locked(direct_rma_);
+    // Complete: now (do_post) or at the next poll (a batch), as an inject.
+    injected_now_ = true;
+    return Status::ok;
+  }
+  if (err == ESRCH) {
+    // Gone since the last pid check: what that check would have found.
+    p.dead = true;
+    last_peer_death_ = std::chrono::steady_clock::now();
+    (void)shm_peer_dead(p, op.peer_handle);
+    return Status::peer_unreachable;
+  }
+  // EFAULT: the reference names memory the target does not have (a
+  // reference made up, or its object unmapped); EPERM: attaching is no
+  // longer allowed. Nothing was posted; the post fails with the reason.
+  return err == EFAULT || err == EPERM ? Status::access_denied : Status::transport_error;
+}
+
 [[gnu::always_inline]] Status FabricEndpoint::do_put(const BackendOp& op, std::uint64_t more) noexcept {
   if (shm_) {
+    if (direct_rma(op)) return post_direct_rma(op);
     if (const Status g = shm_peer_gate(op.peer_handle, false); g != Status::ok) return g;
   }
   auto region = detail::post_registration(op.local->ldo(), *domain_);
@@ -986,6 +1027,7 @@ Status FabricEndpoint::rma_msg(bool write, const BackendOp& op, void* buf, void*
 
 [[gnu::always_inline]] Status FabricEndpoint::do_get(const BackendOp& op, std::uint64_t more) noexcept {
   if (shm_) {
+    if (direct_rma(op)) return post_direct_rma(op);
     if (const Status g = shm_peer_gate(op.peer_handle, false); g != Status::ok) return g;
   }
   auto region = detail::post_registration(op.local->ldo(), *domain_);
@@ -1574,16 +1616,20 @@ std::size_t FabricEndpoint::poll_ctrl() noexcept {
 // queue either way; the clock read that check costs (11-20 ns on an AMD
 // EPYC guest) was on every small send's path.
 void FabricEndpoint::complete_send(std::uint32_t index, const BackendOp& op) noexcept {
-  if (shm_ && op.peer_handle < peers_.size() && peers_[op.peer_handle].used && peers_[op.peer_handle].dead) {
+  // A put or get moved by our own copy (post_direct_rma) has its bytes in
+  // place whatever became of the target since.
+  if (op.kind == OpKind::send && shm_ && op.peer_handle < peers_.size() && peers_[op.peer_handle].used && peers_[op.peer_handle].dead) {
     complete(index, Status::peer_unreachable, 0);
   } else {
     complete(index, Status::ok, op.length);
   }
 }
 
-// Injected sends (do_send) complete here, at the first poll after their
-// post: the bytes are the provider's since fi_inject returned. On shm a
-// target known to be dead will never read them (as for a send's CQ entry).
+// Injected sends (do_send), and puts and gets moved by our own copy
+// (post_direct_rma), complete here when posted in a batch, at the first
+// poll after their post: the bytes are the provider's since fi_inject
+// returned (or in place). A send's target known to be dead will never read
+// it (as for a send's CQ entry).
 // Kept by tag, as a CQ entry's context is: an op the base gave up meanwhile
 // (do_abandon for a dead peer) may have a new op in its slot by now.
 std::size_t FabricEndpoint::complete_injected(std::size_t max) noexcept {
@@ -1976,6 +2022,8 @@ void FabricEndpoint::open_shm_watch(const std::vector<std::byte>& data_name) {
   const fi_info* info = domain_->native_info();
   if (options_.inject_sends && info->tx_attr) inject_limit_ = info->tx_attr->inject_size;
   injected_.reserve(config().max_in_flight);
+  direct_gets_ = options_.shm_direct_rma;
+  direct_puts_ = options_.shm_direct_rma && !delivery_complete_;
   deaths_ = std::make_unique<fabric_shm::DeathWatch>();
   if (config().wait_mode != WaitMode::spin) {
     // No wait object on shm: a doorbell peers ring (fabric_shm.hpp). Without
@@ -2216,6 +2264,7 @@ FabricShmStats FabricEndpoint::shm_stats() const noexcept {
   st.ring_receives = ring_receives_.load(std::memory_order_relaxed);
   st.ring_full = ring_full_.load(std::memory_order_relaxed);
   st.ring_corrupt = ring_corrupt_.load(std::memory_order_relaxed);
+  st.direct_rma = direct_rma_.load(std::memory_order_relaxed);
   return st;
 }
 
@@ -2427,20 +2476,9 @@ namespace {
 // stopped short (peer_unreachable: the sender is gone; transport_error: an
 // address that is not its memory).
 Status read_large(std::int64_t pid, std::uint64_t address, std::byte* dest, std::uint64_t length) noexcept {
-  std::uint64_t done = 0;
-  while (done < length) {
-    iovec local{dest + done, static_cast<std::size_t>(length - done)};
-    iovec remote{reinterpret_cast<void*>(static_cast<std::uintptr_t>(address + done)),
-                 static_cast<std::size_t>(length - done)};
-    const ssize_t n = ::process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
-    if (n > 0) {
-      done += static_cast<std::uint64_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    return n < 0 && errno == ESRCH ? Status::peer_unreachable : Status::transport_error;
-  }
-  return Status::ok;
+  const int err = fabric_shm::cross_memory_copy(pid, false, dest, address, length);
+  if (err == 0) return Status::ok;
+  return err == ESRCH ? Status::peer_unreachable : Status::transport_error;
 }
 
 }  // namespace

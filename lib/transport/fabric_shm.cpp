@@ -108,6 +108,26 @@ int cross_memory_probe(std::int64_t pid) noexcept {
   return errno == EFAULT ? 0 : errno;
 }
 
+int cross_memory_copy(std::int64_t pid, bool write, std::byte* local, std::uint64_t remote,
+                      std::uint64_t length) noexcept {
+  std::uint64_t done = 0;
+  while (done < length) {
+    iovec here{local + done, static_cast<std::size_t>(length - done)};
+    iovec there{reinterpret_cast<void*>(static_cast<std::uintptr_t>(remote + done)),
+                static_cast<std::size_t>(length - done)};
+    const ssize_t n = write ? ::process_vm_writev(static_cast<pid_t>(pid), &here, 1, &there, 1, 0)
+                            : ::process_vm_readv(static_cast<pid_t>(pid), &here, 1, &there, 1, 0);
+    if (n > 0) {
+      done += static_cast<std::uint64_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    // n == 0 with bytes left: the kernel moved nothing, as for a fault.
+    return n < 0 ? errno : EFAULT;
+  }
+  return 0;
+}
+
 bool env_flag_true(const char* value) noexcept {
   if (value == nullptr) return false;
   for (const char* yes : {"1", "on", "true", "yes"}) {

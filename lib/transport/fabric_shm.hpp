@@ -94,6 +94,15 @@ bool process_finished(std::int64_t pid) noexcept;
 // is not dumpable), ESRCH (no such process).
 int cross_memory_probe(std::int64_t pid) noexcept;
 
+// Copies `length` bytes between `local` in this process and `remote` in
+// process `pid` by cross-memory attach: process_vm_writev when `write`,
+// else process_vm_readv, again after a short count until all are moved.
+// Returns 0, or the errno that stopped it: ESRCH (no such process), EFAULT
+// (`remote` is not that process's memory, or not all of it), EPERM (no
+// longer allowed to attach), anything else the kernel gives.
+int cross_memory_copy(std::int64_t pid, bool write, std::byte* local, std::uint64_t remote,
+                      std::uint64_t length) noexcept;
+
 // Whether `value` (an environment variable's, null when unset) is true as
 // libfabric reads a boolean parameter (fi_param_get_bool): 1, on, true or
 // yes, in any case. Anything else, unset included, is not (libfabric

@@ -258,7 +258,7 @@ inline std::unique_ptr<regpool::Endpoint> open_endpoint(const std::shared_ptr<re
                                                         const std::string& backend,
                                                         const regpool::EndpointConfig& ec,
                                                         std::uint64_t max_incoming = 0, bool inject_sends = true,
-                                                        bool shm_rings = true) {
+                                                        bool shm_rings = true, bool shm_direct_rma = true) {
 #if REGPOOL_HAVE_VERBS
   if (backend == "verbs") return regpool::VerbsEndpoint::open(std::static_pointer_cast<regpool::VerbsDomain>(domain), ec);
 #endif
@@ -269,6 +269,7 @@ inline std::unique_ptr<regpool::Endpoint> open_endpoint(const std::shared_ptr<re
     if (max_incoming != 0) fo.max_incoming_message = max_incoming;
     fo.inject_sends = inject_sends;
     fo.shm_rings = shm_rings;
+    fo.shm_direct_rma = shm_direct_rma;
     return regpool::FabricEndpoint::open(std::static_pointer_cast<regpool::FabricDomain>(domain), ec, fo);
   }
 #endif
@@ -277,6 +278,7 @@ inline std::unique_ptr<regpool::Endpoint> open_endpoint(const std::shared_ptr<re
   (void)max_incoming;
   (void)inject_sends;
   (void)shm_rings;
+  (void)shm_direct_rma;
   throw regpool::Error(regpool::Status::unsupported, 0, "test: backend " + backend + " not built");
 }
 
@@ -288,14 +290,14 @@ struct Stack {
 
   explicit Stack(const std::string& backend, regpool::EndpointConfig ec = {},
                  std::size_t arena = std::size_t{16} << 20, std::uint64_t max_incoming = 0,
-                 bool inject_sends = true, bool shm_rings = true) {
+                 bool inject_sends = true, bool shm_rings = true, bool shm_direct_rma = true) {
 #if REGPOOL_HAVE_VERBS
     if (backend == "verbs") domain = regpool::VerbsDomain::open();
 #endif
 #if REGPOOL_HAVE_FABRIC
     if (backend != "verbs") domain = regpool::FabricDomain::open(fabric_config(backend));
 #endif
-    if (domain) ep = open_endpoint(domain, backend, ec, max_incoming, inject_sends, shm_rings);
+    if (domain) ep = open_endpoint(domain, backend, ec, max_incoming, inject_sends, shm_rings, shm_direct_rma);
     if (!ep) throw regpool::Error(regpool::Status::unsupported, 0, "test: backend " + backend + " not built");
     regpool::PoolConfig pc;
     pc.arena_size = arena;

@@ -349,7 +349,10 @@ TEST_CASE("dropping the LDO handle while its put is in flight is safe", "[fabric
   auto kid = rpt::spawn(
       [&]() -> int {
         auto b = rpt::child_bootstrap(port);
-        rpt::Stack s(prov);
+        // shm moves a put itself by default, complete when the post
+        // returns (transport-shm-rma): through the provider it stays in
+        // flight until a poll, which is what this case needs.
+        rpt::Stack s(prov, {}, std::size_t{16} << 20, 0, true, true, /*shm_direct_rma=*/false);
         auto parts = regpool::unpack_blobs(b->allgather(s.ep->name(), 20s)[0]);
         const auto peer = s.ep->insert_peer(parts[0]);
         const RemoteRef ref = rpt::decode_or_die(parts[1]);

@@ -1,0 +1,291 @@
+// shm puts and gets that the endpoint moves itself, by its own
+// process_vm_writev/readv (FabricEndpointOptions::shm_direct_rma): the
+// bytes, with the option on and off; batches and kept operations;
+// references the target's memory does not back; delivery-complete puts,
+// which stay on the provider; a target process that is gone. Endpoints in
+// this process copy from this process to itself, which the kernel treats
+// as any other pair; the rest of the fabric suite runs shm puts and gets
+// between processes with the option on (its default).
+#include <sys/mman.h>
+
+#include <catch2/catch.hpp>
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "regpool/fabric_endpoint.hpp"
+#include "transport/harness.hpp"
+
+using namespace std::chrono_literals;
+using regpool::BatchOp;
+using regpool::Completion;
+using regpool::FabricEndpointOptions;
+using regpool::RemoteAccess;
+using regpool::RemoteRef;
+using regpool::Slice;
+using regpool::Status;
+using regpool::Token;
+
+namespace {
+
+constexpr std::uint64_t kTarget = (std::uint64_t{1} << 20) + 64;
+
+struct End {
+  std::shared_ptr<regpool::FabricDomain> domain;
+  std::unique_ptr<regpool::FabricEndpoint> ep;
+  std::unique_ptr<regpool::Pool> pool;
+  explicit End(bool direct,
+               FabricEndpointOptions::DeliveryComplete dc = FabricEndpointOptions::DeliveryComplete::automatic,
+               std::chrono::milliseconds peer_checks = 50ms) {
+    domain = regpool::FabricDomain::open(rpt::fabric_config("shm"));
+    FabricEndpointOptions o;
+    o.shm_direct_rma = direct;
+    o.delivery_complete = dc;
+    o.peer_check_interval = peer_checks;
+    regpool::EndpointConfig ec;
+    ec.op_timeout = 10s;
+    ec.post_timeout = 1ms;  // a post refused for want of the target's progress: post() drives it
+    ep = regpool::FabricEndpoint::open(domain, ec, o);
+    regpool::PoolConfig pc;
+    pc.arena_size = std::size_t{16} << 20;
+    pool = std::make_unique<regpool::Pool>(std::vector<std::shared_ptr<regpool::Domain>>{domain}, pc);
+  }
+  ~End() {
+    ep.reset();
+    pool.reset();
+  }
+  regpool::Ldo alloc(std::uint64_t n) { return std::move(*pool->allocate(n)); }
+};
+
+// Waits on `t` of `from` while driving `to` too: one thread plays both
+// processes (an op through the provider may need the target's progress).
+Completion finish(End& from, End& to, Token t) {
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  for (;;) {
+    (void)to.ep->progress();
+    const Completion c = from.ep->wait(t, 1ms);
+    if (c.status != Status::in_progress || std::chrono::steady_clock::now() > until) return c;
+  }
+}
+
+// Posts by `fn`, driving the target `to` between tries: shm's first
+// operation to a peer through the provider is refused until the target's
+// progress has taken the peer in.
+template <class Fn>
+regpool::Result<Token> post(End& to, Fn&& fn) {
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  for (;;) {
+    auto t = fn();
+    if (t.ok() || (t.status() != Status::would_block && t.status() != Status::timeout) ||
+        std::chrono::steady_clock::now() > until) {
+      return t;
+    }
+    (void)to.ep->progress();
+  }
+}
+
+// An initiator and a target with one exposed object, each knowing the other.
+struct Pair {
+  End a, b;
+  regpool::PeerId peer;
+  regpool::Ldo target;
+  regpool::Exposure exposure;
+  explicit Pair(bool direct,
+                FabricEndpointOptions::DeliveryComplete dc = FabricEndpointOptions::DeliveryComplete::automatic)
+      : a(direct, dc), b(direct), peer(a.ep->insert_peer(b.ep->name())), target(b.alloc(kTarget)) {
+    (void)b.ep->insert_peer(a.ep->name());
+    std::memset(target.data().data(), 0, kTarget);
+    auto e = b.ep->expose(rpt::slice_or_die(Slice::data(target)), RemoteAccess::read_write);
+    REQUIRE(e.ok());
+    exposure = std::move(*e);
+  }
+  const RemoteRef& ref() const { return exposure.ref(); }
+  std::span<const std::byte> at(std::uint64_t offset, std::uint64_t n) const {
+    return target.data().subspan(offset, n);
+  }
+};
+
+bool same(std::span<const std::byte> x, std::span<const std::byte> y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size()) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("shm puts and gets move the same bytes with the endpoint's own copy and without", "[fabric]") {
+  const bool direct = GENERATE(true, false);
+  INFO("shm_direct_rma " << direct);
+  Pair p(direct);
+  std::uint64_t ops = 0;
+  for (const std::uint64_t n : {std::uint64_t{1}, std::uint64_t{8}, std::uint64_t{4095}, std::uint64_t{65536},
+                                (std::uint64_t{1} << 20) + 3}) {
+    INFO("bytes " << n);
+    constexpr std::uint64_t kOffset = 61;  // odd: nothing rests on alignment
+    auto src = p.a.alloc(n);
+    rpt::fill(src.data(), n);
+    auto t = post(p.b, [&] { return p.a.ep->put(rpt::slice_or_die(Slice::data(src)), p.peer, p.ref(), kOffset); });
+    REQUIRE(t.ok());
+    // The endpoint's own copy is done when the post returns.
+    const Completion c = direct ? p.a.ep->wait(*t, 0ms) : finish(p.a, p.b, *t);
+    CHECK(c.status == Status::ok);
+    CHECK(c.bytes == n);
+    CHECK(same(p.at(kOffset, n), src.data()));
+    auto dst = p.a.alloc(n);
+    std::memset(dst.data().data(), 0xA5, n);
+    auto g = post(p.b, [&] { return p.a.ep->get(p.peer, p.ref(), kOffset, rpt::slice_or_die(Slice::data(dst))); });
+    REQUIRE(g.ok());
+    const Completion cg = direct ? p.a.ep->wait(*g, 0ms) : finish(p.a, p.b, *g);
+    CHECK(cg.status == Status::ok);
+    CHECK(same(dst.data(), src.data()));
+    ops += 2;
+  }
+  SECTION("kept puts and gets, reposted") {
+    auto src = p.a.alloc(4096);
+    auto dst = p.a.alloc(4096);
+    Token t, g;
+    for (std::uint64_t round = 0; round < 4; ++round) {
+      // Each put's bytes, read back by the get after it.
+      rpt::fill(src.data(), 100 + round);
+      if (round == 0) {
+        auto k = p.a.ep->put_kept(rpt::slice_or_die(Slice::data(src)), p.peer, p.ref(), 0);
+        REQUIRE(k.ok());
+        t = *k;
+      } else {
+        REQUIRE(p.a.ep->repost(t) == Status::ok);
+      }
+      CHECK((direct ? p.a.ep->wait(t, 0ms) : finish(p.a, p.b, t)).status == Status::ok);
+      if (round == 0) {
+        auto k = p.a.ep->get_kept(p.peer, p.ref(), 0, rpt::slice_or_die(Slice::data(dst)));
+        REQUIRE(k.ok());
+        g = *k;
+      } else {
+        REQUIRE(p.a.ep->repost(g) == Status::ok);
+      }
+      CHECK((direct ? p.a.ep->wait(g, 0ms) : finish(p.a, p.b, g)).status == Status::ok);
+      CHECK(same(dst.data(), src.data()));
+      ops += 2;
+    }
+    CHECK(p.a.ep->end_kept(t) == Status::ok);
+    CHECK(p.a.ep->end_kept(g) == Status::ok);
+  }
+  CHECK(p.a.ep->shm_stats().direct_rma == (direct ? ops : 0));
+  CHECK(p.b.ep->shm_stats().direct_rma == 0);
+}
+
+TEST_CASE("a batch of shm puts and gets moved by the endpoint completes at the next poll", "[fabric]") {
+  Pair p(true);
+  std::vector<regpool::Ldo> srcs;
+  std::vector<Slice> slices;
+  srcs.reserve(3);
+  slices.reserve(4);
+  for (std::uint64_t i = 0; i < 3; ++i) {
+    srcs.push_back(p.a.alloc(4096));
+    rpt::fill(srcs.back().data(), 7 + i);
+    slices.push_back(rpt::slice_or_die(Slice::data(srcs.back())));
+  }
+  auto back = p.a.alloc(4096);
+  slices.push_back(rpt::slice_or_die(Slice::data(back)));
+  std::array<BatchOp, 4> ops{BatchOp::put(slices[0], p.peer, p.ref(), 0), BatchOp::put(slices[1], p.peer, p.ref(), 4096),
+                           BatchOp::put(slices[2], p.peer, p.ref(), 8192),
+                           // Ordered behind the put before it: that copy is done when its post returns.
+                           BatchOp::get(p.peer, p.ref(), 8192, slices[3])};
+  REQUIRE(p.a.ep->post_batch(ops) == ops.size());
+  for (const BatchOp& op : ops) {
+    CHECK(op.status == Status::ok);
+    CHECK(p.a.ep->wait(op.token, 1s).status == Status::ok);
+  }
+  for (std::uint64_t i = 0; i < 3; ++i) CHECK(same(p.at(4096 * i, 4096), srcs[i].data()));
+  CHECK(same(back.data(), srcs[2].data()));
+  CHECK(p.a.ep->shm_stats().direct_rma == 4);
+}
+
+TEST_CASE("an shm put or get naming memory the target does not have fails in its post, and the endpoint goes on",
+          "[fabric]") {
+  Pair p(true);
+  // A reference as a peer could make one up: well formed, but its address
+  // is memory the target's process (this one) does not have.
+  void* hole = ::mmap(nullptr, 65536, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(hole != MAP_FAILED);
+  REQUIRE(::munmap(hole, 65536) == 0);
+  RemoteRef forged = p.ref();
+  forged.address = reinterpret_cast<std::uintptr_t>(hole);
+  forged.length = 65536;
+  REQUIRE(forged.well_formed());
+  auto src = p.a.alloc(4096);
+  rpt::fill(src.data(), 3);
+  auto t = p.a.ep->put(rpt::slice_or_die(Slice::data(src)), p.peer, forged, 0);
+  CHECK(t.status() == Status::access_denied);
+  auto g = p.a.ep->get(p.peer, forged, 4096, rpt::slice_or_die(Slice::data(src)));
+  CHECK(g.status() == Status::access_denied);
+  // Straddling: the first bytes are the target's, the rest are not.
+  RemoteRef straddle = p.ref();
+  straddle.length = kTarget + 65536;
+  void* after = ::mmap(nullptr, 65536, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(after != MAP_FAILED);
+  const auto past_end = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(after));
+  straddle.address = past_end - 4096;
+  auto s = p.a.ep->put(rpt::slice_or_die(Slice::data(src)), p.peer, straddle, 2048);
+  CHECK(s.status() == Status::access_denied);
+  ::munmap(after, 65536);
+  // Nothing counted, nothing held, and the peer still works.
+  CHECK(p.a.ep->shm_stats().direct_rma == 0);
+  auto ok = p.a.ep->put(rpt::slice_or_die(Slice::data(src)), p.peer, p.ref(), 0);
+  REQUIRE(ok.ok());
+  CHECK(p.a.ep->wait(*ok, 0ms).status == Status::ok);
+  CHECK(same(p.at(0, 4096), src.data()));
+}
+
+TEST_CASE("delivery-complete shm puts go through the provider; gets still move themselves", "[fabric]") {
+  // The target checks keys only for a delivery-complete put, which only the
+  // provider can ask of it (docs/provider-facts.md).
+  Pair p(true, FabricEndpointOptions::DeliveryComplete::on);
+  auto src = p.a.alloc(4096);
+  rpt::fill(src.data(), 11);
+  auto t = post(p.b, [&] { return p.a.ep->put(rpt::slice_or_die(Slice::data(src)), p.peer, p.ref(), 0); });
+  REQUIRE(t.ok());
+  CHECK(finish(p.a, p.b, *t).status == Status::ok);
+  CHECK(same(p.at(0, 4096), src.data()));
+  CHECK(p.a.ep->shm_stats().direct_rma == 0);
+  auto dst = p.a.alloc(4096);
+  auto g = p.a.ep->get(p.peer, p.ref(), 0, rpt::slice_or_die(Slice::data(dst)));
+  REQUIRE(g.ok());
+  CHECK(p.a.ep->wait(*g, 0ms).status == Status::ok);
+  CHECK(same(dst.data(), src.data()));
+  CHECK(p.a.ep->shm_stats().direct_rma == 1);
+}
+
+TEST_CASE("an shm target process that is gone is found by the copy itself", "[fabric]") {
+  auto boot = rpt::root_bootstrap();
+  const auto port = boot->port();
+  auto kid = rpt::spawn(
+      [&]() -> int {
+        auto b = rpt::child_bootstrap(port);
+        End t(true);
+        auto obj = t.alloc(4096);
+        auto e = t.ep->expose(rpt::slice_or_die(Slice::data(obj)), RemoteAccess::read_write);
+        RPT_CHECK(e.ok());
+        (void)b->allgather(regpool::pack_blobs({t.ep->name(), rpt::encoded(*e)}), 20s);
+        (void)b->allgather({}, 30s);  // the parent's first put is done: leave
+        return 0;
+      },
+      60);
+  // No pid checks: only the copy's own ESRCH can tell.
+  End a(true, FabricEndpointOptions::DeliveryComplete::automatic, 0ms);
+  const auto parts = regpool::unpack_blobs(boot->allgather({}, 20s)[1]);
+  const auto peer = a.ep->insert_peer(parts[0]);
+  const RemoteRef ref = rpt::decode_or_die(parts[1]);
+  auto src = a.alloc(4096);
+  rpt::fill(src.data(), 5);
+  auto t = a.ep->put(rpt::slice_or_die(Slice::data(src)), peer, ref, 0);
+  REQUIRE(t.ok());
+  CHECK(a.ep->wait(*t, 0ms).status == Status::ok);
+  (void)boot->allgather({}, 20s);
+  REQUIRE(rpt::reap(kid, 20s) == 0);
+  auto late = a.ep->put(rpt::slice_or_die(Slice::data(src)), peer, ref, 0);
+  CHECK(late.status() == Status::peer_unreachable);
+  CHECK(a.ep->shm_stats().dead_peers == 1);
+  auto later = a.ep->get(peer, ref, 0, rpt::slice_or_die(Slice::data(src)));
+  CHECK(later.status() == Status::peer_unreachable);
+  CHECK(a.ep->shm_stats().direct_rma == 1);
+}
