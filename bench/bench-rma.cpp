@@ -3,7 +3,7 @@
 // libfabric (own fabric, domain, endpoint, CQ and fi_mr_reg'd buffers), in
 // the same binary and run, alternating the two every repetition.
 //
-//   bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke]
+//   bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke] [--shm-direct-rma on|off]
 //   bench-rma --loop put|get|put-kept|get-kept|send|send-kept|kept-both|tagged --impl regpool|direct
 //             [--iters N] [--size B]
 //
@@ -98,6 +98,9 @@ struct Options {
   std::string loop_impl = "regpool";
   std::uint64_t loop_iters = 1000;
   std::uint64_t loop_size = 8;
+  // regpool's shm puts and gets by its own cross-memory copy
+  // (FabricEndpointOptions::shm_direct_rma; off: through fi_write/fi_read).
+  bool direct_rma = true;
 };
 
 // --------------------------------------------------------------- direct
@@ -223,7 +226,7 @@ struct Stack {
   std::shared_ptr<regpool::FabricDomain> domain;
   std::unique_ptr<regpool::Pool> pool;
   std::unique_ptr<regpool::FabricEndpoint> ep;
-  explicit Stack(const std::string& provider, const regpool::EndpointConfig& ec = {}) {
+  explicit Stack(const std::string& provider, bool direct_rma, const regpool::EndpointConfig& ec = {}) {
     regpool::FabricConfig fc;
     fc.provider = provider;
     if (provider == "tcp") fc.node = "127.0.0.1";
@@ -231,7 +234,9 @@ struct Stack {
     regpool::PoolConfig pc;
     pc.arena_size = 32u << 20;
     pool = std::make_unique<regpool::Pool>(std::vector<std::shared_ptr<regpool::Domain>>{domain}, pc);
-    ep = regpool::FabricEndpoint::open(domain, ec);
+    regpool::FabricEndpointOptions fo;
+    fo.shm_direct_rma = direct_rma;
+    ep = regpool::FabricEndpoint::open(domain, ec, fo);
   }
   ~Stack() {
     ep.reset();
@@ -277,7 +282,7 @@ int run_target(const Options& o, const std::string& host, std::uint16_t port) {
   bc.host = host;
   bc.port = port;
   regpool::TcpBootstrap boot(bc);
-  Stack s(o.provider);
+  Stack s(o.provider, o.direct_rma);
   Direct d(s.domain->native_info(), kMaxSize * (kRecvSlots + 1), s.ep->uses_delivery_complete());
   auto target = s.alloc(kMaxSize);
   auto exposure = s.ep->expose(must(Slice::data(target)), regpool::RemoteAccess::read_write);
@@ -366,7 +371,7 @@ double median(std::vector<double> v) {
 }
 
 int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
-  Stack s(o.provider);
+  Stack s(o.provider, o.direct_rma);
   Direct d(s.domain->native_info(), kMaxSize * 2, s.ep->uses_delivery_complete());
   auto all = boot.allgather(regpool::pack_blobs({s.ep->name(), {}, d.name(), {}}), 30s);
   auto theirs = regpool::unpack_blobs(all[1]);
@@ -527,7 +532,8 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
   boot.barrier(30s);
 
   if (o.json) {
-    std::printf("{\"provider\": \"%s\", \"results\": [", s.domain->provider_name().c_str());
+    std::printf("{\"provider\": \"%s\", \"shm_direct_rma\": %s, \"results\": [", s.domain->provider_name().c_str(),
+                o.direct_rma ? "true" : "false");
     for (std::size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       std::printf("%s{\"op\": \"%s\", \"size\": %llu, \"metric\": \"%s\", \"regpool\": %.4f, \"direct\": %.4f, "
@@ -537,8 +543,9 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
     }
     std::printf("]}\n");
   } else {
-    std::printf("provider %s, %d repetitions (medians), delivery complete %s\n", s.domain->provider_name().c_str(),
-                o.reps, s.ep->uses_delivery_complete() ? "on" : "off");
+    std::printf("provider %s, %d repetitions (medians), delivery complete %s, shm direct rma %s\n",
+                s.domain->provider_name().c_str(), o.reps, s.ep->uses_delivery_complete() ? "on" : "off",
+                o.direct_rma ? "on" : "off");
     // ratio: regpool / direct of the two medians; paired: the median of the
     // per-repetition regpool / direct (latency: > 1 is slower; bandwidth:
     // < 1 is slower).
@@ -555,9 +562,10 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
     // retried (a peer's shm region lock seen held), and polls it skipped.
     const regpool::EndpointStats es = s.ep->stats();
     const regpool::FabricShmStats fs = s.ep->shm_stats();
-    std::printf("regpool initiator: %llu ops posted, %llu post retries, %llu shm lock skips\n",
+    std::printf("regpool initiator: %llu ops posted, %llu post retries, %llu shm lock skips, "
+                "%llu puts and gets by its own copy\n",
                 static_cast<unsigned long long>(es.posted), static_cast<unsigned long long>(es.post_retries),
-                static_cast<unsigned long long>(fs.lock_skips));
+                static_cast<unsigned long long>(fs.lock_skips), static_cast<unsigned long long>(fs.direct_rma));
   }
   return 0;
 }
@@ -581,7 +589,7 @@ int run_loop(const Options& o) {
   // between attempts (the rest of the path is the default one).
   regpool::EndpointConfig ec;
   ec.post_timeout = std::chrono::milliseconds(1);
-  Stack a(o.provider, ec), b(o.provider, ec);
+  Stack a(o.provider, o.direct_rma, ec), b(o.provider, o.direct_rma, ec);
   if (o.loop_impl == "direct") {
     Direct da(a.domain->native_info(), size, a.ep->uses_delivery_complete());
     Direct db(b.domain->native_info(), size, b.ep->uses_delivery_complete());
@@ -759,11 +767,13 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       std::printf(
-          "usage: bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke]\n"
+          "usage: bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke] [--shm-direct-rma on|off]\n"
           "                 [--no-fork [--port P] | --target HOST:PORT]\n"
           "       bench-rma [--provider shm|tcp] --loop put|get|put-kept|get-kept|send|send-kept|kept-both|tagged\n"
           "                 [--impl regpool|direct]\n"
           "                 [--iters N] [--size B]\n"
+          "  --shm-direct-rma on|off: regpool's shm puts and gets by its own\n"
+          "  cross-memory copy (on, the default) or through fi_write/fi_read.\n"
           "  By default the target side is forked. --no-fork waits on port P (0: any,\n"
           "  printed on stderr) for a target started as 'bench-rma --target HOST:PORT'\n"
           "  with the same --provider/--reps/--smoke.\n"
@@ -773,6 +783,13 @@ int main(int argc, char** argv) {
     }
     if (a == "--provider" && i + 1 < argc) {
       o.provider = argv[++i];
+    } else if (a == "--shm-direct-rma" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (v != "on" && v != "off") {
+        std::fprintf(stderr, "bench-rma: --shm-direct-rma takes on or off, not '%s'\n", v.c_str());
+        return 2;
+      }
+      o.direct_rma = v == "on";
     } else if (a == "--json") {
       o.json = true;
     } else if (a == "--smoke") {
