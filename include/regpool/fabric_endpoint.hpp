@@ -85,6 +85,10 @@
 //    user, kernel.yama.ptrace_scope >= 1, not dumpable, no
 //    CAP_SYS_PTRACE in a sandbox); the message names the cause and the
 //    remedy (docs/provider-facts.md, "shm without cross-memory attach").
+//    Those copies go to the process the peer's name names: insert_peer
+//    throws Error(malformed) for a name whose process does not map the
+//    shm region the name names (/proc/<pid>/maps), so a made-up name
+//    cannot steer them into a third process (docs/bad-input.md).
 //  - net and dead peers (libfabric 1.17 answers -FI_EAGAIN for ever to a
 //    post aimed at a peer whose process is gone, as it does for a while to
 //    a live peer that has not taken the connection yet): when posts to a

@@ -2068,6 +2068,29 @@ void FabricEndpoint::shm_peer_check(PeerAddr& p, std::span<const std::byte> data
     throw Error(Status::unsupported, probe, "fabric endpoint: insert_peer: " + why);
   }
   p.cma = probe == 0;
+  if (!p.cma) return;
+  // The pid is the name's word, and it decides whose memory our puts, gets
+  // and large-message reads (and libfabric's own copies) go into: a name
+  // naming another process than the one behind its region would steer
+  // them there (a process with CAP_SYS_PTRACE may attach to any). The
+  // process must map the region its name names, as every open shm
+  // endpoint maps its own (fabric_shm::process_maps_region).
+  const std::string region = fabric_shm::region_name(data, addr_scheme_);
+  switch (fabric_shm::process_maps_region(p.pid, region)) {
+    case fabric_shm::MapsRegion::yes:
+    case fabric_shm::MapsRegion::unreadable:  // nothing proven either way: as before
+      return;
+    case fabric_shm::MapsRegion::gone:
+      p.cma = false;  // as a process gone at the probe (ESRCH)
+      return;
+    case fabric_shm::MapsRegion::no:
+      break;
+  }
+  throw Error(Status::malformed, 0,
+              "fabric endpoint: insert_peer: the shm address names process " + std::to_string(p.pid) +
+                  ", which does not map the region it names (/dev/shm/" + region +
+                  "): a name made up to steer cross-memory copies into another process, or an endpoint closed "
+                  "since its name was taken");
 }
 
 void FabricEndpoint::shm_peer_insert(PeerAddr& p, std::span<const std::byte> data, std::span<const std::byte> ctrl) {
@@ -2588,6 +2611,11 @@ void FabricEndpoint::accept_knocks() noexcept {
         std::any_of(anon_links_.begin(), anon_links_.end(), [&](const auto& l) { return same(l.get()); })) {
       continue;
     }
+    // Its large messages are read from the knock's pid: that process must
+    // be the one behind the region (shm_peer_check). One read of its maps,
+    // once per sender.
+    const fabric_shm::MapsRegion maps = fabric_shm::process_maps_region(k.pid, k.region);
+    if (maps != fabric_shm::MapsRegion::yes && maps != fabric_shm::MapsRegion::unreadable) continue;
     try {
       auto link = std::make_unique<shm_rings::Link>();
       if (!link->open(k.region, k.pid).empty() || link->peer_nonce() != k.nonce) continue;

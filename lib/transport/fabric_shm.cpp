@@ -265,6 +265,50 @@ bool RegionLock::waited_on() noexcept {
 #endif
 }
 
+namespace {
+
+// Whether the maps file open on `fd` has a line ending in `needle` (a
+// mapped path): read in blocks, lines split across blocks joined.
+bool maps_path(int fd, const char* needle, std::size_t needle_len) noexcept {
+  char buf[8192];
+  std::size_t have = 0;
+  bool maps = false;
+  for (;;) {
+    const ssize_t n = ::read(fd, buf + have, sizeof buf - 1 - have);
+    if (n <= 0) break;
+    have += static_cast<std::size_t>(n);
+    buf[have] = '\0';
+    char* line_end = nullptr;
+    char* start = buf;
+    while ((line_end = std::strchr(start, '\n')) != nullptr) {
+      const std::size_t len = static_cast<std::size_t>(line_end - start);
+      if (len >= needle_len && std::memcmp(line_end - needle_len, needle, needle_len) == 0) maps = true;
+      start = line_end + 1;
+    }
+    have = static_cast<std::size_t>(buf + have - start);
+    std::memmove(buf, start, have);
+    if (have == sizeof buf - 1) have = 0;  // an absurdly long line: drop it
+    if (maps) break;
+  }
+  return maps;
+}
+
+}  // namespace
+
+MapsRegion process_maps_region(std::int64_t pid, std::string_view region) noexcept {
+  if (pid <= 0 || region.empty() || region.size() > 255) return MapsRegion::no;
+  char needle[300];
+  std::snprintf(needle, sizeof needle, "/dev/shm/%.*s", static_cast<int>(region.size()), region.data());
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%lld/maps", static_cast<long long>(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT || errno == ESRCH ? MapsRegion::gone : MapsRegion::unreadable;
+  const bool maps = maps_path(fd, needle, std::strlen(needle));
+  ::close(fd);
+  if (maps) return MapsRegion::yes;
+  return process_alive(pid) ? MapsRegion::no : MapsRegion::gone;
+}
+
 Mappers region_mappers(const std::string& name) noexcept {
   Mappers m;
   DIR* proc = ::opendir("/proc");
@@ -290,27 +334,7 @@ Mappers region_mappers(const std::string& name) noexcept {
       if (errno != ENOENT) ++m.unreadable;
       continue;
     }
-    // Lines end in the mapped path; look for ours at a line end.
-    char buf[8192];
-    std::size_t have = 0;
-    bool maps = false;
-    for (;;) {
-      const ssize_t n = ::read(fd, buf + have, sizeof buf - 1 - have);
-      if (n <= 0) break;
-      have += static_cast<std::size_t>(n);
-      buf[have] = '\0';
-      char* line_end = nullptr;
-      char* start = buf;
-      while ((line_end = std::strchr(start, '\n')) != nullptr) {
-        const std::size_t len = static_cast<std::size_t>(line_end - start);
-        if (len >= needle_len && std::memcmp(line_end - needle_len, needle, needle_len) == 0) maps = true;
-        start = line_end + 1;
-      }
-      have = static_cast<std::size_t>(buf + have - start);
-      std::memmove(buf, start, have);
-      if (have == sizeof buf - 1) have = 0;  // an absurdly long line: drop it
-      if (maps) break;
-    }
+    const bool maps = maps_path(fd, needle, needle_len);
     ::close(fd);
     if (!maps || !process_alive(pid)) continue;
     ++m.live;

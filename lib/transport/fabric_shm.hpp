@@ -94,6 +94,19 @@ bool process_finished(std::int64_t pid) noexcept;
 // is not dumpable), ESRCH (no such process).
 int cross_memory_probe(std::int64_t pid) noexcept;
 
+// Whether process `pid` maps /dev/shm/<region> (read from
+// /proc/<pid>/maps): an shm endpoint maps its own region for as long as it
+// is open, so `yes` proves that the process a peer's name names is the one
+// behind the region the name names. A name is the peer's word; the pid in
+// it decides whose memory cross-memory attach reads and writes (ours for
+// puts, gets and large messages; libfabric's for its own copies), and a
+// process allowed to attach to others (CAP_SYS_PTRACE) must not be steered
+// into a third process by a peer that names it. `gone`: no such process
+// (or a zombie); `unreadable`: its maps may not be read (then nothing is
+// proven either way).
+enum class MapsRegion : std::uint8_t { yes, no, gone, unreadable };
+MapsRegion process_maps_region(std::int64_t pid, std::string_view region) noexcept;
+
 // Copies `length` bytes between `local` in this process and `remote` in
 // process `pid` by cross-memory attach: process_vm_writev when `write`,
 // else process_vm_readv, again after a short count until all are moved.

@@ -2,20 +2,26 @@
 // process_vm_writev/readv (FabricEndpointOptions::shm_direct_rma): the
 // bytes, with the option on and off; batches and kept operations;
 // references the target's memory does not back; delivery-complete puts,
-// which stay on the provider; a target process that is gone. Endpoints in
+// which stay on the provider; a target process that is gone; and whose
+// memory a copy may touch at all: a name whose pid is not the process
+// behind its region is refused. Endpoints in
 // this process copy from this process to itself, which the kernel treats
 // as any other pair; the rest of the fabric suite runs shm puts and gets
 // between processes with the option on (its default).
+#include <signal.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <array>
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "regpool/fabric_endpoint.hpp"
+#include "transport/fabric_shm.hpp"
 #include "transport/harness.hpp"
 
 using namespace std::chrono_literals;
@@ -38,10 +44,11 @@ struct End {
   std::unique_ptr<regpool::Pool> pool;
   explicit End(bool direct,
                FabricEndpointOptions::DeliveryComplete dc = FabricEndpointOptions::DeliveryComplete::automatic,
-               std::chrono::milliseconds peer_checks = 50ms) {
+               std::chrono::milliseconds peer_checks = 50ms, bool rings = true) {
     domain = regpool::FabricDomain::open(rpt::fabric_config("shm"));
     FabricEndpointOptions o;
     o.shm_direct_rma = direct;
+    o.shm_rings = rings;
     o.delivery_complete = dc;
     o.peer_check_interval = peer_checks;
     regpool::EndpointConfig ec;
@@ -288,4 +295,86 @@ TEST_CASE("an shm target process that is gone is found by the copy itself", "[fa
   auto later = a.ep->get(peer, ref, 0, rpt::slice_or_die(Slice::data(src)));
   CHECK(later.status() == Status::peer_unreachable);
   CHECK(a.ep->shm_stats().direct_rma == 1);
+}
+
+namespace {
+
+// The shm region a name's data address names ("fi_shm://<region>").
+std::string region_of(const std::vector<std::byte>& name) {
+  const std::string text(reinterpret_cast<const char*>(name.data()), name.size());
+  const std::size_t at = text.find("fi_shm://");
+  REQUIRE(at != std::string::npos);
+  const std::size_t end = text.find('\0', at);
+  return text.substr(at + 9, end - at - 9);
+}
+
+// `name` with the pid at the front of its region replaced by `pid`, the
+// data length field kept in step (the name's header: u16 at offset 4).
+std::vector<std::byte> with_pid(const std::vector<std::byte>& name, pid_t pid) {
+  const std::string text(reinterpret_cast<const char*>(name.data()), name.size());
+  const std::size_t at = text.find("fi_shm://") + 9;
+  const std::size_t colon = text.find(':', at);
+  REQUIRE(colon != std::string::npos);
+  const std::string digits = std::to_string(pid);
+  std::vector<std::byte> out(name.begin(), name.begin() + static_cast<std::ptrdiff_t>(at));
+  for (const char c : digits) out.push_back(static_cast<std::byte>(c));
+  out.insert(out.end(), name.begin() + static_cast<std::ptrdiff_t>(colon), name.end());
+  const std::size_t len = static_cast<std::size_t>(name[4]) | (static_cast<std::size_t>(name[5]) << 8);
+  const std::size_t new_len = len - (colon - at) + digits.size();
+  out[4] = static_cast<std::byte>(new_len & 0xff);
+  out[5] = static_cast<std::byte>(new_len >> 8);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("process_maps_region tells the process behind an shm region from any other", "[fabric]") {
+  namespace fs = regpool::fabric_shm;
+  // Forked before any endpoint exists: it maps no region of ours.
+  auto other = rpt::spawn([] { ::pause(); return 0; }, 60);
+  End a(true);
+  const std::string region = region_of(a.ep->name());
+  CHECK(fs::process_maps_region(::getpid(), region) == fs::MapsRegion::yes);
+  CHECK(fs::process_maps_region(other.pid, region) == fs::MapsRegion::no);
+  CHECK(fs::process_maps_region(::getpid(), region + "x") == fs::MapsRegion::no);
+  const pid_t gone = other.pid;
+  ::kill(gone, SIGKILL);
+  REQUIRE(rpt::reap(other, 10s) == 128 + SIGKILL);
+  CHECK(fs::process_maps_region(gone, region) == fs::MapsRegion::gone);
+  CHECK(fs::process_maps_region(0, region) == fs::MapsRegion::no);
+}
+
+TEST_CASE("an shm name naming another process than the one behind its region is refused at insert", "[fabric]") {
+  // What a hostile peer would send to steer our cross-memory copies (puts,
+  // gets, large messages; libfabric's own too) into a third process: its
+  // name with that process's pid. The region file is there under the new
+  // name (a link to the real one), and without message rings no ring file
+  // is looked for: only the pid check stands between.
+  auto victim = rpt::spawn([] { ::pause(); return 0; }, 60);
+  const auto dc = FabricEndpointOptions::DeliveryComplete::automatic;
+  End a(true, dc, 50ms, false), b(true, dc, 50ms, false);
+  const auto good = b.ep->name();
+  const auto forged = with_pid(good, victim.pid);
+  const std::string real = "/dev/shm/" + region_of(good);
+  const std::string fake = "/dev/shm/" + region_of(forged);
+  REQUIRE(region_of(forged).rfind(std::to_string(victim.pid) + ":", 0) == 0);
+  REQUIRE(::link(real.c_str(), fake.c_str()) == 0);
+  std::string what;
+  Status st = Status::ok;
+  try {
+    (void)a.ep->insert_peer(forged);
+  } catch (const regpool::Error& e) {
+    what = e.what();
+    st = e.status();
+  }
+  ::unlink(fake.c_str());
+  INFO(what);
+  CHECK(st == Status::malformed);
+  CHECK(what.find("does not map the region") != std::string::npos);
+  CHECK(a.ep->peer_count() == 0);
+  // The genuine name still goes in, and the peer works.
+  const auto peer = a.ep->insert_peer(good);
+  CHECK(a.ep->usable(peer));
+  ::kill(victim.pid, SIGKILL);
+  CHECK(rpt::reap(victim, 10s) == 128 + SIGKILL);
 }
