@@ -273,8 +273,9 @@ struct FabricEndpointOptions {
   // changes for users: the latency (bench/RESULTS.md), and a receive no
   // longer takes a message from a sender this endpoint has not inserted:
   // such messages wait in the sender's ring until insert_peer (or fill it,
-  // and the sender's posts answer would_block, then time out). Both ends of a pair must
-  // agree (insert_peer refuses a peer that differs, naming the option).
+  // and the sender's posts answer would_block, then time out). Both ends
+  // of a pair must agree (insert_peer refuses a peer that differs, naming
+  // the option).
   // Off: the provider's fi_send/fi_recv, as before.
   bool shm_rings = true;
   // shm only. Puts and gets move their bytes by this process's own

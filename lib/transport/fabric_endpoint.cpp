@@ -1618,7 +1618,8 @@ std::size_t FabricEndpoint::poll_ctrl() noexcept {
 void FabricEndpoint::complete_send(std::uint32_t index, const BackendOp& op) noexcept {
   // A put or get moved by our own copy (post_direct_rma) has its bytes in
   // place whatever became of the target since.
-  if (op.kind == OpKind::send && shm_ && op.peer_handle < peers_.size() && peers_[op.peer_handle].used && peers_[op.peer_handle].dead) {
+  if (op.kind == OpKind::send && shm_ && op.peer_handle < peers_.size() && peers_[op.peer_handle].used &&
+      peers_[op.peer_handle].dead) {
     complete(index, Status::peer_unreachable, 0);
   } else {
     complete(index, Status::ok, op.length);

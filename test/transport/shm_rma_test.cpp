@@ -193,10 +193,11 @@ TEST_CASE("a batch of shm puts and gets moved by the endpoint completes at the n
   }
   auto back = p.a.alloc(4096);
   slices.push_back(rpt::slice_or_die(Slice::data(back)));
-  std::array<BatchOp, 4> ops{BatchOp::put(slices[0], p.peer, p.ref(), 0), BatchOp::put(slices[1], p.peer, p.ref(), 4096),
-                           BatchOp::put(slices[2], p.peer, p.ref(), 8192),
-                           // Ordered behind the put before it: that copy is done when its post returns.
-                           BatchOp::get(p.peer, p.ref(), 8192, slices[3])};
+  std::array<BatchOp, 4> ops{BatchOp::put(slices[0], p.peer, p.ref(), 0),
+                             BatchOp::put(slices[1], p.peer, p.ref(), 4096),
+                             BatchOp::put(slices[2], p.peer, p.ref(), 8192),
+                             // Behind the put before it: that copy is done when its post returns.
+                             BatchOp::get(p.peer, p.ref(), 8192, slices[3])};
   REQUIRE(p.a.ep->post_batch(ops) == ops.size());
   for (const BatchOp& op : ops) {
     CHECK(op.status == Status::ok);
