@@ -14,7 +14,8 @@
 // Metrics: latency_us = one put/get completing at the initiator with one op
 // in flight (send: half a ping-pong round trip); bandwidth_gbps = gigabits
 // per second with a window of operations in flight (send: the window is
-// closed by a ping-pong so every byte has arrived). Medians over --reps,
+// closed by a ping-pong so every byte has arrived), 128 MiB or at least
+// 32 operations per size and repetition. Medians over --reps,
 // and the median of the per-repetition ratios (paired: regpool's and the
 // direct path's runs of one repetition are back to back, so a host that
 // changes speed between repetitions, as this VM's does every few minutes,
@@ -480,7 +481,10 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
           if (kept_op) (void)s.ep->end_kept(kept_op);
           value = send ? us / 2 : us;
         } else {
-          const std::uint64_t n = std::max<std::uint64_t>(bw_bytes / r.size, 4);
+          // At least 32 operations (16 MiB: 512 MiB moved): with 128 MiB,
+          // a 16 MiB row was 8 operations at a window of 2, and one
+          // repetition's ratio scattered by +-7 % (bench/RESULTS.md).
+          const std::uint64_t n = std::max<std::uint64_t>(bw_bytes / r.size, o.smoke ? 4 : 32);
           const std::size_t window = std::min<std::uint64_t>(r.size >= (16u << 20) ? 2 : 16, n);
           if (send) src.data()[0] = kBulk, d.buf[0] = kBulk;
           const auto t0 = Clock::now();
