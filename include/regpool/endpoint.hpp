@@ -209,10 +209,14 @@ struct Enforcement {
 //    max_incoming_message; tcp;ofi_rxm: the rxm layer's eager limit;
 //    elsewhere no limit. A Messenger keeps its eager payloads within it.
 //  fast_message_limit: the longest message (bytes) the backend sends by its
-//    fastest path; longer ones take a slower one. libfabric shm: its inject
-//    size (4096 in 1.17): every longer message goes by CMA, a system call on
-//    the receiving side (0.38 against 2.18 us for 4160 bytes, measured;
-//    docs/messaging.md). 0 = no such step.
+//    fastest path; longer ones take a slower one. libfabric shm with
+//    regpool's message rings (FabricEndpointOptions::shm_rings, the
+//    default): FabricEndpointOptions::shm_ring_copy_max (65 KiB by
+//    default), the longest send copied through a ring; a longer one the
+//    receiver reads from the sender's buffer (a system call). Without
+//    the rings: the provider's inject size (4096 in 1.17), above which
+//    every message goes by CMA (0.38 against 2.18 us for 4160 bytes,
+//    measured; docs/messaging.md). 0 = no such step.
 //  split_crossover: messages up to this many bytes were measured faster
 //    sent as several messages within fast_message_limit than as one: the
 //    default of MessengerConfig::eager_split. 0 = never.

@@ -265,8 +265,9 @@ struct FabricEndpointOptions {
   // through regpool's own rings instead of the provider's queues
   // (docs/architecture.md, "shm message rings"): each endpoint owns a file
   // /dev/shm/regpool-rings.<its region> in which it writes its messages to
-  // each peer, and which its peers map read-only. A message up to 65 KiB is
-  // copied in by the sender and out by the receiver; a longer one is read
+  // each peer, and which its peers map read-only. A message up to 65 KiB
+  // (shm_ring_copy_max below) is copied in by the sender and out by the
+  // receiver; a longer one is read
   // by the receiver straight from the sender's buffer (cross-memory
   // attach), and its send completes when the receiver has read it. Puts
   // and gets: shm_direct_rma below; atomics stay on the provider. What
@@ -278,6 +279,18 @@ struct FabricEndpointOptions {
   // the option).
   // Off: the provider's fi_send/fi_recv, as before.
   bool shm_rings = true;
+  // shm with shm_rings only. The longest send (bytes) copied through the
+  // ring; a longer one is read by the receiver straight from the sender's
+  // buffer (one process_vm_readv), and completes once read. At most
+  // 66560 (65 KiB, the largest record a ring carries), the default. Which
+  // is faster depends on where the host puts the two processes' CPUs
+  // (bench/RESULTS.md, "shm sends above 16 KiB as large records"): with
+  // the CPUs near each other the two copies win at every size up to
+  // 65 KiB (a 24 KiB send's half round trip 0.93 against 2.3 us; 64 KiB
+  // bandwidth 43 against 27 GB/s); with them far apart a stream of 64 KiB
+  // sends from one unchanging buffer is read faster (1.3 against 0.87 of
+  // libfabric's own shm). Each end chooses for its own sends only.
+  std::uint64_t shm_ring_copy_max = 65 * 1024;
   // shm only. Puts and gets move their bytes by this process's own
   // process_vm_writev/readv into or out of the target's memory and are
   // complete when the post returns (docs/architecture.md, "shm puts and
@@ -331,7 +344,8 @@ struct FabricShmStats {
   std::uint64_t bell_peers = 0;
   std::uint64_t bell_rings = 0;
   // Message rings (FabricEndpointOptions::shm_rings): whether this endpoint
-  // uses them; messages sent through them, of which longer than 65 KiB
+  // uses them; messages sent through them, of which longer than
+  // FabricEndpointOptions::shm_ring_copy_max
   // (read by the receiver from the sender's memory); messages received;
   // sends that found the ring full (posted again after progress); and what
   // peers wrote into their rings or directories that could not be believed

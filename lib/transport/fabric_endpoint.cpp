@@ -2303,6 +2303,12 @@ FabricShmStats FabricEndpoint::shm_stats() const noexcept {
 
 void FabricEndpoint::open_rings(const std::vector<std::byte>& data_name) {
   if (!shm_ || !options_.shm_rings) return;
+  if (options_.shm_ring_copy_max > shm_rings::kEagerMax) {
+    throw Error(Status::invalid_argument, 0,
+                "fabric endpoint: FabricEndpointOptions::shm_ring_copy_max is " +
+                    std::to_string(options_.shm_ring_copy_max) + ", above the largest record a ring carries (" +
+                    std::to_string(shm_rings::kEagerMax) + " bytes)");
+  }
   auto box = std::make_unique<shm_rings::Outbox>();
   if (std::string why = box->create(fabric_shm::region_name(data_name, addr_scheme_)); !why.empty()) {
     throw Error(Status::transport_error, 0,
@@ -2314,9 +2320,11 @@ void FabricEndpoint::open_rings(const std::vector<std::byte>& data_name) {
   large_sends_.reserve(config().max_in_flight);
   knocks_.reserve(shm_rings::kKnockSlots);
   outbox_ = std::move(box);
-  // Every message up to kEagerMax is one record: no step at the provider's
-  // inject size any more, and nothing gained by splitting a message.
-  transfer_traits_.fast_message_limit = shm_rings::kEagerMax;
+  // Every send up to shm_ring_copy_max is one record read where it lies; a
+  // longer one costs the receiver a cross-memory read (a system call). No
+  // step at the provider's inject size any more, and nothing gained by
+  // splitting a message.
+  transfer_traits_.fast_message_limit = options_.shm_ring_copy_max;
   transfer_traits_.split_crossover = 0;
 }
 
@@ -2387,7 +2395,7 @@ Status FabricEndpoint::ring_send(const BackendOp& op) noexcept {
   PeerAddr& p = peers_[op.peer_handle];
   if (shm_peer_dead(p, op.peer_handle)) return Status::peer_unreachable;
   if (p.ring_broken) return Status::peer_unreachable;
-  if (op.length <= shm_rings::kEagerMax) {
+  if (op.length <= options_.shm_ring_copy_max) {
     const Status st = ring_copy(p, op.local->address(), op.length, nullptr, 0);
     if (st != Status::ok) return st;
     if (p.link->known(*outbox_)) {

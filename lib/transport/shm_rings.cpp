@@ -83,9 +83,10 @@ bool parse_record(std::uint32_t kind, std::uint32_t length, std::uint64_t offset
 }
 
 bool large_ok(std::uint64_t address, std::uint64_t length) noexcept {
-  // Above kEagerMax (a shorter message is never sent this way), below
-  // kLargeMax, and an address range that does not wrap.
-  return length > kEagerMax && length <= kLargeMax && address != 0 && address + length > address;
+  // A message (of any length a sender chooses to send this way: the
+  // threshold is the sender's, FabricEndpointOptions::shm_ring_copy_max), up to kLargeMax, and an
+  // address range that does not wrap.
+  return length != 0 && length <= kLargeMax && address != 0 && address + length > address;
 }
 
 bool parse_knock(std::span<const std::byte> slot, Knock& out) {

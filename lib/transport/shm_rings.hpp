@@ -30,7 +30,8 @@
 // ring's start). The sequence number is written last with release: a
 // receiver that sees the one it expects sees the whole record.
 //
-// A message longer than kEagerMax goes as a `large` record naming the
+// A send longer than the sender's copy limit (FabricEndpointOptions::
+// shm_ring_copy_max, at most kEagerMax) goes as a `large` record naming the
 // sender's buffer; the receiver copies it straight from the sender's
 // memory (process_vm_readv, which regpool's shm already requires), and the
 // sender's send completes when the receiver's consumed position passes
@@ -38,7 +39,8 @@
 //
 // Everything read from a peer's file is checked before use (pure
 // functions below, fuzzed in test/fuzz/shm_rings_fuzz.cpp): a record of
-// unknown kind, with a length past the ring's end or above kEagerMax, or
+// unknown kind, with a length past the ring's end or above kEagerMax, a
+// large record naming no message or an address range that wraps, or
 // a consumed position outside what was sent, is the peer's corruption,
 // never ours. A peer's file could change under us at any time: header
 // fields are read once into locals, lengths are checked before copying,
@@ -61,16 +63,18 @@ namespace regpool::shm_rings {
 
 inline constexpr std::string_view kFilePrefix = "regpool-rings.";
 inline constexpr std::uint64_t kMagic = 0x31474e4952505252ULL;  // "RRPRING1" little endian
-inline constexpr std::uint32_t kVersion = 1;
+// 2: large records of any length (version 1 refused those of kEagerMax
+// bytes or fewer, which senders now send).
+inline constexpr std::uint32_t kVersion = 2;
 inline constexpr std::uint32_t kSlots = 256;
 inline constexpr std::uint64_t kRingBytes = 256 * 1024;
 inline constexpr std::uint64_t kRecordAlign = 64;
 inline constexpr std::uint64_t kRecordHeader = 16;
-// The largest message copied through a ring: 64 KiB and room for a
-// Messenger header (its default eager threshold on shm is 64 KiB). Above it
-// the receiver reads the sender's buffer itself: at 64 KiB the two copies
-// still beat one cross-memory read here (bench-shm-floor against CMA,
-// bench/RESULTS.md; a tagged 64 KiB message 5.7 against 6.9 us).
+// The largest record of data a ring carries: 64 KiB and room for a
+// Messenger header, and the default of FabricEndpointOptions::
+// shm_ring_copy_max, the longest send a sender copies into its ring (a
+// longer one goes as a large record). The Messenger copies its own sends
+// into the ring up to a lower limit (send_copy).
 inline constexpr std::uint64_t kEagerMax = 65 * 1024;
 // Where a sender that finds its ring empty starts over from the beginning
 // (Link::write).

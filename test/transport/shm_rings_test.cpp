@@ -248,7 +248,9 @@ TEST_CASE("a large record names the sender's buffer and is acknowledged once rea
   Pair p;
   p.claim_a();
   p.claim_b();
-  std::vector<std::byte> big(sr::kEagerMax + 1);
+  // Of any length: where a send stops being copied is the sender's choice
+  // (FabricEndpointOptions::shm_ring_copy_max).
+  std::vector<std::byte> big(1000);
   std::uint64_t end = 0;
   REQUIRE(p.a_to_b.send_large(p.a, big.data(), big.size(), end));
   CHECK(p.a_to_b.acked(p.a) < end);
@@ -283,6 +285,19 @@ TEST_CASE("what a hostile peer writes into its files is refused, never believed"
     std::memcpy(rec + 8, &bad, 8);
     sr::Incoming in;
     CHECK(p.b_to_a.peek(p.b, in) == sr::Read::corrupt);
+  }
+  SECTION("a large record naming no bytes, or a range that wraps") {
+    Scribbler w(sr::file_name(p.ra), sr::kFileBytes);
+    std::byte* rec = w.at(sr::kRingsOffset + static_cast<std::size_t>(p.a_to_b.slot()) * sr::kRingBytes);
+    const std::uint64_t large = 3 | (std::uint64_t{16} << 32);
+    std::memcpy(rec + 8, &large, 8);
+    const std::uint64_t bad[2][2] = {{4096, 0}, {~std::uint64_t{0} - 100, 4096}};  // address, length
+    for (const auto& [address, length] : bad) {
+      std::memcpy(rec + sr::kRecordHeader, &address, 8);
+      std::memcpy(rec + sr::kRecordHeader + 8, &length, 8);
+      sr::Incoming in;
+      CHECK(p.b_to_a.peek(p.b, in) == sr::Read::corrupt);
+    }
   }
   SECTION("a consumed position past what was sent is not believed") {
     sr::Incoming in;
@@ -344,10 +359,11 @@ struct ShmEnd {
   std::shared_ptr<regpool::FabricDomain> domain;
   std::unique_ptr<regpool::FabricEndpoint> ep;
   std::unique_ptr<regpool::Pool> pool;
-  explicit ShmEnd(bool rings) {
+  explicit ShmEnd(bool rings, std::uint64_t copy_max = 65 * 1024) {
     domain = regpool::FabricDomain::open(rpt::fabric_config("shm"));
     regpool::FabricEndpointOptions o;
     o.shm_rings = rings;
+    o.shm_ring_copy_max = copy_max;
     regpool::EndpointConfig ec;
     ec.op_timeout = 5s;
     ec.post_timeout = 5s;
@@ -403,6 +419,37 @@ TEST_CASE("shm endpoints refuse a peer whose message rings setting differs", "[f
   CHECK_THROWS_AS(off.ep->insert_peer(on.ep->name()), regpool::Error);
 }
 
+TEST_CASE("a sender's copy limit decides which sends its receiver reads from it", "[fabric]") {
+  SECTION("above the limit, a large record; at it, a copy; the receiver takes both") {
+    ShmEnd a(true, 16 * 1024), b(true);
+    const auto to_b = a.ep->insert_peer(b.ep->name());
+    const auto to_a = b.ep->insert_peer(a.ep->name());
+    CHECK(a.ep->transfer_traits().fast_message_limit == 16 * 1024);
+    std::uint64_t i = 0;
+    for (const std::size_t len : {std::size_t{16} << 10, (std::size_t{16} << 10) + 1, std::size_t{64} << 10}) {
+      const auto c = round(a, to_b, b, i++, len);
+      CHECK(c.status == Status::ok);
+      CHECK(c.bytes == len);
+    }
+    CHECK(a.ep->shm_stats().ring_sends == 3);
+    CHECK(a.ep->shm_stats().ring_large_sends == 2);
+    // The other way, b's default limit copies all three.
+    for (const std::size_t len : {std::size_t{16} << 10, (std::size_t{16} << 10) + 1, std::size_t{64} << 10}) {
+      CHECK(round(b, to_a, a, i++, len).status == Status::ok);
+    }
+    CHECK(b.ep->shm_stats().ring_large_sends == 0);
+  }
+  SECTION("a limit above the largest record is refused at open, naming the option") {
+    try {
+      ShmEnd bad(true, sr::kEagerMax + 1);
+      FAIL("a copy limit above the ring's largest record was taken");
+    } catch (const regpool::Error& e) {
+      CHECK(e.status() == Status::invalid_argument);
+      CHECK(std::string(e.what()).find("shm_ring_copy_max") != std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("shm endpoints send through their rings: eager, large, unknown senders", "[fabric]") {
   ShmEnd a(true), b(true);
   const auto to_b = a.ep->insert_peer(b.ep->name());
@@ -450,7 +497,7 @@ TEST_CASE("shm endpoints send through their rings: eager, large, unknown senders
     REQUIRE(r2.ok());
     CHECK(b.ep->wait(*r2, 5s).status == Status::ok);
   }
-  SECTION("messages above the eager size are read from the sender") {
+  SECTION("sends above the copy limit are read from the sender") {
     (void)b.ep->insert_peer(a.ep->name());
     for (const std::size_t len : {sr::kEagerMax, sr::kEagerMax + 1, std::size_t{1} << 20}) {
       const auto c = round(a, to_b, b, len, len);
