@@ -4,6 +4,7 @@
 // the same binary and run, alternating the two every repetition.
 //
 //   bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke] [--shm-direct-rma on|off]
+//             [--fresh] [--shm-ring-copy-max B]
 //   bench-rma --loop put|get|put-kept|get-kept|send|send-kept|kept-both|tagged --impl regpool|direct
 //             [--iters N] [--size B]
 //
@@ -102,6 +103,13 @@ struct Options {
   // regpool's shm puts and gets by its own cross-memory copy
   // (FabricEndpointOptions::shm_direct_rma; off: through fi_write/fi_read).
   bool direct_rma = true;
+  // FabricEndpointOptions::shm_ring_copy_max of both regpool stacks.
+  std::uint64_t ring_copy_max = 65 * 1024;
+  // --fresh: bandwidth rows write each operation's source bytes before its
+  // post, into a slot of their own per window entry, as a sender of new
+  // data does. Without it every operation sends the same unchanged bytes,
+  // which on shm the receiver's cache may already hold.
+  bool fresh = false;
 };
 
 // --------------------------------------------------------------- direct
@@ -202,12 +210,12 @@ struct Direct {
       (void)fi_cq_read(cq, &e, 0);
     }
   }
-  void write(std::size_t n, std::uint64_t raddr, std::uint64_t key, void* c) {
+  void write(std::size_t n, std::uint64_t raddr, std::uint64_t key, void* c, std::uint64_t at = 0) {
     if (!dc) {
-      post([&] { return fi_write(ep, buf, n, desc, peer, raddr, key, c); });
+      post([&] { return fi_write(ep, buf + at, n, desc, peer, raddr, key, c); });
       return;
     }
-    iovec iov{buf, n};
+    iovec iov{buf + at, n};
     fi_rma_iov rma{raddr, n, key};
     fi_msg_rma m{};
     m.msg_iov = &iov;
@@ -227,7 +235,8 @@ struct Stack {
   std::shared_ptr<regpool::FabricDomain> domain;
   std::unique_ptr<regpool::Pool> pool;
   std::unique_ptr<regpool::FabricEndpoint> ep;
-  explicit Stack(const std::string& provider, bool direct_rma, const regpool::EndpointConfig& ec = {}) {
+  Stack(const std::string& provider, bool direct_rma, std::uint64_t ring_copy_max,
+        const regpool::EndpointConfig& ec = {}) {
     regpool::FabricConfig fc;
     fc.provider = provider;
     if (provider == "tcp") fc.node = "127.0.0.1";
@@ -237,6 +246,7 @@ struct Stack {
     pool = std::make_unique<regpool::Pool>(std::vector<std::shared_ptr<regpool::Domain>>{domain}, pc);
     regpool::FabricEndpointOptions fo;
     fo.shm_direct_rma = direct_rma;
+    fo.shm_ring_copy_max = ring_copy_max;
     ep = regpool::FabricEndpoint::open(domain, ec, fo);
   }
   ~Stack() {
@@ -283,7 +293,7 @@ int run_target(const Options& o, const std::string& host, std::uint16_t port) {
   bc.host = host;
   bc.port = port;
   regpool::TcpBootstrap boot(bc);
-  Stack s(o.provider, o.direct_rma);
+  Stack s(o.provider, o.direct_rma, o.ring_copy_max);
   Direct d(s.domain->native_info(), kMaxSize * (kRecvSlots + 1), s.ep->uses_delivery_complete());
   auto target = s.alloc(kMaxSize);
   auto exposure = s.ep->expose(must(Slice::data(target)), regpool::RemoteAccess::read_write);
@@ -372,7 +382,7 @@ double median(std::vector<double> v) {
 }
 
 int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
-  Stack s(o.provider, o.direct_rma);
+  Stack s(o.provider, o.direct_rma, o.ring_copy_max);
   Direct d(s.domain->native_info(), kMaxSize * 2, s.ep->uses_delivery_complete());
   auto all = boot.allgather(regpool::pack_blobs({s.ep->name(), {}, d.name(), {}}), 30s);
   auto theirs = regpool::unpack_blobs(all[1]);
@@ -409,13 +419,14 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
     rp_wait(std::move(in));
   };
   // direct building blocks
-  auto d_op = [&](const char* op, std::uint64_t size, void* c) {
+  // `at`: where in the source the bytes of a put or send start.
+  auto d_op = [&](const char* op, std::uint64_t size, void* c, std::uint64_t at = 0) {
     if (op[0] == 'p') {
-      d.write(size, d_raddr, kDirectKey, c);
+      d.write(size, d_raddr, kDirectKey, c, at);
     } else if (op[0] == 'g') {
       d.post([&] { return fi_read(d.ep, d.buf, size, d.desc, d.peer, d_raddr, kDirectKey, c); });
     } else {
-      d.post([&] { return fi_send(d.ep, d.buf, size, d.desc, d.peer, c); });
+      d.post([&] { return fi_send(d.ep, d.buf + at, size, d.desc, d.peer, c); });
     }
   };
   auto d_ping = [&](std::uint64_t size) {
@@ -487,17 +498,29 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
           const std::uint64_t n = std::max<std::uint64_t>(bw_bytes / r.size, o.smoke ? 4 : 32);
           const std::size_t window = std::min<std::uint64_t>(r.size >= (16u << 20) ? 2 : 16, n);
           if (send) src.data()[0] = kBulk, d.buf[0] = kBulk;
+          // --fresh: the slot of window entry w, written before each post
+          // (the first byte stays kBulk: the target tells bulk from a ping).
+          const bool fresh = o.fresh && r.op[0] != 'g' && r.size * window <= kMaxSize;
+          const auto slot_at = [&](std::uint64_t w) { return fresh ? w * r.size : 0; };
+          const auto refresh = [&](std::byte* base, std::uint64_t w, std::uint64_t i) {
+            if (!fresh) return;
+            std::memset(base + slot_at(w) + 1, static_cast<int>(i & 0x7f), r.size - 1);
+            base[slot_at(w)] = send ? kBulk : std::byte{0x11};
+          };
           const auto t0 = Clock::now();
           if (rp) {
-            auto slice = must(Slice::data(src, 0, r.size));
+            std::vector<Slice> slices;
+            for (std::size_t w = 0; w < window; ++w) slices.push_back(must(Slice::data(src, slot_at(w), r.size)));
             std::vector<regpool::Token> ring(window);
             for (std::uint64_t i = 0; i < n; ++i) {
               auto& t = ring[i % window];
               if (t && s.ep->wait(t, 30s).status != Status::ok) die("regpool bw op");
+              refresh(src.data().data(), i % window, i);
               if (kept && t) {
                 rp_again(t);
                 continue;
               }
+              const Slice& slice = slices[i % window];
               auto nt = kept ? rp_kept(r.op, slice) : rp_op(r.op, slice);
               if (!nt) die("regpool bw post");
               t = *nt;
@@ -510,7 +533,11 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
           } else {
             std::uint64_t posted = 0, done = 0;
             while (done < n) {
-              while (posted < n && posted - done < window) d_op(r.op, r.size, &d.ctx[2 + posted % window]), ++posted;
+              while (posted < n && posted - done < window) {
+                refresh(d.buf, posted % window, posted);
+                d_op(r.op, r.size, &d.ctx[2 + posted % window], slot_at(posted % window));
+                ++posted;
+              }
               (void)d.reap();
               ++done;
             }
@@ -536,8 +563,9 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
   boot.barrier(30s);
 
   if (o.json) {
-    std::printf("{\"provider\": \"%s\", \"shm_direct_rma\": %s, \"results\": [", s.domain->provider_name().c_str(),
-                o.direct_rma ? "true" : "false");
+    std::printf("{\"provider\": \"%s\", \"shm_direct_rma\": %s, \"shm_ring_copy_max\": %llu, \"results\": [",
+                s.domain->provider_name().c_str(), o.direct_rma ? "true" : "false",
+                static_cast<unsigned long long>(o.ring_copy_max));
     for (std::size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       std::printf("%s{\"op\": \"%s\", \"size\": %llu, \"metric\": \"%s\", \"regpool\": %.4f, \"direct\": %.4f, "
@@ -547,9 +575,9 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
     }
     std::printf("]}\n");
   } else {
-    std::printf("provider %s, %d repetitions (medians), delivery complete %s, shm direct rma %s\n",
+    std::printf("provider %s, %d repetitions (medians), delivery complete %s, shm direct rma %s, shm ring copy max %llu\n",
                 s.domain->provider_name().c_str(), o.reps, s.ep->uses_delivery_complete() ? "on" : "off",
-                o.direct_rma ? "on" : "off");
+                o.direct_rma ? "on" : "off", static_cast<unsigned long long>(o.ring_copy_max));
     // ratio: regpool / direct of the two medians; paired: the median of the
     // per-repetition regpool / direct (latency: > 1 is slower; bandwidth:
     // < 1 is slower).
@@ -593,7 +621,7 @@ int run_loop(const Options& o) {
   // between attempts (the rest of the path is the default one).
   regpool::EndpointConfig ec;
   ec.post_timeout = std::chrono::milliseconds(1);
-  Stack a(o.provider, o.direct_rma, ec), b(o.provider, o.direct_rma, ec);
+  Stack a(o.provider, o.direct_rma, o.ring_copy_max, ec), b(o.provider, o.direct_rma, o.ring_copy_max, ec);
   if (o.loop_impl == "direct") {
     Direct da(a.domain->native_info(), size, a.ep->uses_delivery_complete());
     Direct db(b.domain->native_info(), size, b.ep->uses_delivery_complete());
@@ -772,10 +800,18 @@ int main(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::printf(
           "usage: bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke] [--shm-direct-rma on|off]\n"
+          "                 [--fresh] [--shm-ring-copy-max B]\n"
           "                 [--no-fork [--port P] | --target HOST:PORT]\n"
           "       bench-rma [--provider shm|tcp] --loop put|get|put-kept|get-kept|send|send-kept|kept-both|tagged\n"
           "                 [--impl regpool|direct]\n"
           "                 [--iters N] [--size B]\n"
+          "  --fresh: bandwidth rows write each put's or send's bytes before its post,\n"
+          "  one slot per operation in flight, as a sender of new data does (default:\n"
+          "  the same unchanged bytes every time, which a shm receiver may hold in\n"
+          "  its cache already).\n"
+          "  --shm-ring-copy-max B: the longest shm send regpool copies through its\n"
+          "  ring (default and at most 66560); longer ones the receiver reads from\n"
+          "  the sender's buffer (FabricEndpointOptions::shm_ring_copy_max).\n"
           "  --shm-direct-rma on|off: regpool's shm puts and gets by its own\n"
           "  cross-memory copy (on, the default) or through fi_write/fi_read.\n"
           "  By default the target side is forked. --no-fork waits on port P (0: any,\n"
@@ -787,6 +823,15 @@ int main(int argc, char** argv) {
     }
     if (a == "--provider" && i + 1 < argc) {
       o.provider = argv[++i];
+    } else if (a == "--fresh") {
+      o.fresh = true;
+    } else if (a == "--shm-ring-copy-max" && i + 1 < argc) {
+      char* end = nullptr;
+      o.ring_copy_max = std::strtoull(argv[++i], &end, 0);
+      if (*end != '\0' || o.ring_copy_max > 65 * 1024) {
+        std::fprintf(stderr, "bench-rma: --shm-ring-copy-max takes a byte count up to 66560, not '%s'\n", argv[i]);
+        return 2;
+      }
     } else if (a == "--shm-direct-rma" && i + 1 < argc) {
       const std::string v = argv[++i];
       if (v != "on" && v != "off") {

@@ -37,6 +37,9 @@ inline constexpr std::uint64_t kMaxBandwidthBytes = std::uint64_t{1} << 30;
 inline constexpr std::uint64_t kMaxColdBytes = std::uint64_t{2} << 30;
 // Bound on --verbs-inline (rxe grants up to 240 bytes; hardware up to ~1 KiB).
 inline constexpr std::int64_t kMaxVerbsInline = 4096;
+// Bound on --shm-ring-copy-max: the largest record a ring carries
+// (FabricEndpointOptions::shm_ring_copy_max).
+inline constexpr std::uint64_t kMaxShmRingCopy = 65 * 1024;
 // --sizes: each from 1 byte to 4 GiB, at most this many.
 inline constexpr std::uint64_t kMaxSize = std::uint64_t{1} << 32;
 inline constexpr std::size_t kMaxSizes = 64;
@@ -120,6 +123,10 @@ struct Config {
   // --shm-rings: shm messages through regpool's own rings
   // (FabricEndpointOptions::shm_rings, the default) or the provider's path.
   bool shm_rings = true;
+  // --shm-ring-copy-max: the longest shm send copied through a ring; longer
+  // ones the receiver reads from the sender (FabricEndpointOptions::
+  // shm_ring_copy_max).
+  std::uint64_t shm_ring_copy_max = kMaxShmRingCopy;
   // --messenger: the tagged phase's Messengers take their own mutex
   // (locked, the default) or none (MessengerConfig::serialized).
   bool messenger_serialized = false;
@@ -175,6 +182,7 @@ struct Config {
     line("ahead", recv_ahead ? "on" : "off");
     line("rma", rma_kept ? "kept" : "fresh");
     line("shm_rings", shm_rings ? "on" : "off");
+    num("shm_ring_copy_max", shm_ring_copy_max);
     line("messenger", messenger_serialized ? "serialized" : "locked");
     std::string sz;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -195,7 +203,7 @@ struct Config {
         "provider",     "wait",         "iters",       "window",       "ops",       "cold_bytes",
         "tagged_threshold", "tagged_split", "tagged_eager_split", "expose_mode", "perftest", "verbs_inline",
         "verbs_signal", "loop_mean",    "recv",        "sends",        "ahead",     "rma",       "shm_rings",
-        "messenger",    "sizes"};
+        "shm_ring_copy_max", "messenger", "sizes"};
     std::size_t at = 0;
     for (const std::string_view key : kKeys) {
       const std::size_t nl = text.find('\n', at);
@@ -333,6 +341,7 @@ struct Config {
     if (key == "ahead") return flag(v, "on", "off", c.recv_ahead);
     if (key == "rma") return flag(v, "kept", "fresh", c.rma_kept);
     if (key == "shm_rings") return flag(v, "on", "off", c.shm_rings);
+    if (key == "shm_ring_copy_max") return in(number(v), 0, kMaxShmRingCopy, c.shm_ring_copy_max);
     if (key == "messenger") return flag(v, "serialized", "locked", c.messenger_serialized);
     if (key == "sizes") {
       // Ascending and distinct, as the command line sorts them.

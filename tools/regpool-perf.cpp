@@ -196,6 +196,9 @@ void usage(std::FILE* to) {
       "  --shm-rings R    shm only, both sides: on (default: messages through regpool's\n"
       "                   own rings, FabricEndpointOptions::shm_rings) or off (through\n"
       "                   the provider's fi_inject/fi_send/fi_recv)\n"
+      "  --shm-ring-copy-max B  shm with rings, both sides: the longest send copied\n"
+      "                   through a ring (default and at most 65K); a longer one the\n"
+      "                   receiver reads from the sender's buffer\n"
       "  --messenger M    the tagged phase, both sides: locked (default: the\n"
       "                   Messenger's own mutex, any thread may call) or serialized\n"
       "                   (MessengerConfig::serialized: calls never overlap, no lock)\n"
@@ -435,6 +438,14 @@ Options parse_args(int argc, char** argv, bool& help) {
       o.config.shm_rings = one_of_two(argc, argv, i, "--shm-rings", "on", "off");
       not_for_peers = a;
       client_only_option = true;
+    } else if (is_option(a, "--shm-ring-copy-max")) {
+      o.config.shm_ring_copy_max =
+          regpool_tools::parse_size(option_value(argc, argv, i, "--shm-ring-copy-max"), "--shm-ring-copy-max");
+      if (o.config.shm_ring_copy_max > regpool_tools::perf::kMaxShmRingCopy) {
+        throw UsageError("--shm-ring-copy-max: at most " + format_size(regpool_tools::perf::kMaxShmRingCopy));
+      }
+      not_for_peers = a;
+      client_only_option = true;
     } else if (is_option(a, "--messenger")) {
       o.config.messenger_serialized = one_of_two(argc, argv, i, "--messenger", "serialized", "locked");
       not_for_peers = a;
@@ -583,6 +594,7 @@ struct Side {
     regpool::FabricEndpointOptions fo;
     if (serve_atomics) fo.emulated_atomics = regpool::FabricEndpointOptions::EmulatedAtomics::serve;
     fo.shm_rings = c.shm_rings;
+    fo.shm_ring_copy_max = c.shm_ring_copy_max;
     auto fep = regpool::FabricEndpoint::open(fd, ec, fo);
     emulated_atomics = fep->emulates_atomics();
     ep = std::move(fep);
@@ -2326,6 +2338,7 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     s += ",\"receives_ahead\":" + std::string(c.recv_ahead ? "true" : "false");
     s += ",\"rma\":" + json_escape(c.rma_kept ? "kept" : "fresh");
     s += ",\"shm_rings\":" + std::string(c.shm_rings ? "true" : "false");
+    s += ",\"shm_ring_copy_max\":" + std::to_string(c.shm_ring_copy_max);
     s += ",\"messenger\":" + json_escape(c.messenger_serialized ? "serialized" : "locked");
     s += ",\"sample_ticks_per_us\":" + (g_ticks_per_us > 0 ? json_number(g_ticks_per_us) : std::string("null"));
     s += ",\"expose_mode\":" + json_escape(regpool::to_string(c.expose_mode));

@@ -46,6 +46,7 @@ void check_bounds(const perf::Config& c) {
     if (c.sizes[i] < 1 || c.sizes[i] > perf::kMaxSize || (i > 0 && c.sizes[i] <= c.sizes[i - 1])) std::abort();
   }
   if (c.cold_bytes > perf::kMaxColdBytes) std::abort();
+  if (c.shm_ring_copy_max > perf::kMaxShmRingCopy) std::abort();
   if (c.verbs_inline < -1 || c.verbs_inline > perf::kMaxVerbsInline) std::abort();
   if (c.tagged_threshold != 0 &&
       (c.tagged_threshold < perf::kMinTaggedThreshold || c.tagged_threshold > perf::kMaxTaggedThreshold)) {
@@ -98,6 +99,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   f.rma_kept = bits & 64;
   f.shm_rings = bits & 128;
   f.messenger_serialized = b.take(1) & 1;
+  f.shm_ring_copy_max = b.in(0, perf::kMaxShmRingCopy, 3);
   f.verbs_inline = static_cast<std::int64_t>(b.in(0, perf::kMaxVerbsInline + 1, 2)) - 1;
   f.sizes.clear();
   const std::uint64_t nsizes = b.in(1, perf::kMaxSizes, 1);
