@@ -63,8 +63,8 @@ struct Node {
   rpt::Stack s;
   Messenger m;
   Node(const std::string& prov, const MessengerConfig& mc = {}, std::size_t arena = std::size_t{32} << 20,
-       bool shm_rings = true)
-      : s(prov, ep_config(), arena, 0, true, shm_rings), m(*s.ep, *s.pool, mc) {}
+       bool shm_rings = true, std::uint64_t shm_ring_copy_max = 65 * 1024)
+      : s(prov, ep_config(), arena, 0, true, shm_rings, true, shm_ring_copy_max), m(*s.ep, *s.pool, mc) {}
   Slice filled(std::uint64_t n, std::uint64_t seed) {
     auto l = s.alloc(n);
     rpt::fill(l.data(), seed);
@@ -1362,6 +1362,75 @@ TEST_CASE("messages in place: sends copied into the ring, receives matched where
   boot->barrier(60s);
   CHECK(rpt::reap(kid, 60s) == 0);
   CHECK(n.m.stats().rejected == 0);
+}
+
+TEST_CASE("a sender with a lower shm copy limit: its longer messages are read from its buffer, on every receive path",
+          "[fabric][messaging]") {
+  // FabricEndpointOptions::shm_ring_copy_max is the sender's alone: above
+  // it a message (a Messenger's control messages too, with a limit of 0)
+  // goes as a large record that the receiver copies out of the sender's
+  // memory, and the send completes once read. The receiver keeps the
+  // default. Unexpected, then posted; every byte checked.
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  if (prov != "shm") {
+    SUCCEED("the copy limit is the shm rings' (other backends: the tagged eager case)");
+    return;
+  }
+  const std::uint64_t limit = GENERATE(std::uint64_t{0}, std::uint64_t{16} << 10);
+  INFO("sender's copy limit " << limit);
+  Node a(prov, {}, std::size_t{32} << 20, true, limit), b(prov);
+  REQUIRE(a.s.ep->transfer_traits().fast_message_limit == limit);
+  const PeerId to_b = a.s.ep->insert_peer(b.s.ep->name());
+  const PeerId from_a = b.s.ep->insert_peer(a.s.ep->name());
+  static constexpr std::uint64_t kSizes[] = {8, 4096, 16384, 16385, 40000, 65536};
+  constexpr std::uint64_t kCount = std::size(kSizes);
+  for (int phase = 0; phase < 2; ++phase) {
+    INFO((phase == 0 ? "unexpected" : "posted"));
+    std::vector<regpool::Ldo> bufs;
+    std::vector<regpool::Result<regpool::MessageToken>> recvs;
+    if (phase == 1) {
+      for (const std::uint64_t n : kSizes) {
+        bufs.push_back(b.s.alloc(n));
+        recvs.push_back(b.m.recv(from_a, 7, 0, rpt::slice_or_die(Slice::data(bufs.back()))));
+      }
+    }
+    // Sent without waiting: a message read from a's buffer completes only
+    // once b has read it, which b's progress below does.
+    std::vector<regpool::Result<regpool::MessageToken>> sends;
+    for (std::uint64_t i = 0; i < kCount; ++i) sends.push_back(a.m.send(to_b, 7, a.filled(kSizes[i], 10 * phase + i)));
+    if (phase == 0) {
+      const auto until = std::chrono::steady_clock::now() + 30s;
+      while (b.m.stats().unexpected_held < kCount && std::chrono::steady_clock::now() < until) {
+        (void)b.m.progress();
+        (void)a.m.progress();
+      }
+      REQUIRE(b.m.stats().unexpected_held == kCount);
+      for (const std::uint64_t n : kSizes) {
+        bufs.push_back(b.s.alloc(n));
+        recvs.push_back(b.m.recv(from_a, 7, 0, rpt::slice_or_die(Slice::data(bufs.back()))));
+      }
+    }
+    for (std::uint64_t i = 0; i < kCount; ++i) {
+      const MessageCompletion c = b.wait(std::move(recvs[i]));
+      INFO("message " << i << ", " << kSizes[i] << " bytes");
+      REQUIRE(c.status == Status::ok);
+      CHECK(c.length == kSizes[i]);
+      std::vector<std::byte> expect(kSizes[i]);
+      rpt::fill(expect, 10 * phase + i);
+      CHECK(std::memcmp(bufs[i].data().data(), expect.data(), kSizes[i]) == 0);
+    }
+    for (auto& t : sends) CHECK(a.wait(std::move(t)).status == Status::ok);
+  }
+#if REGPOOL_HAVE_FABRIC
+  const auto* fa = dynamic_cast<const regpool::FabricEndpoint*>(a.s.ep.get());
+  REQUIRE(fa != nullptr);
+  // Every message above the limit, both phases (and with 0, the protocol's
+  // own messages too).
+  CHECK(fa->shm_stats().ring_large_sends >= 2 * (limit == 0 ? kCount : 3));
+#endif
+  CHECK(b.m.stats().rejected == 0);
+  CHECK(b.m.stats().unexpected_held == 0);
 }
 
 // ------------------------------------------------------------ split eager

@@ -258,7 +258,8 @@ inline std::unique_ptr<regpool::Endpoint> open_endpoint(const std::shared_ptr<re
                                                         const std::string& backend,
                                                         const regpool::EndpointConfig& ec,
                                                         std::uint64_t max_incoming = 0, bool inject_sends = true,
-                                                        bool shm_rings = true, bool shm_direct_rma = true) {
+                                                        bool shm_rings = true, bool shm_direct_rma = true,
+                                                        std::uint64_t shm_ring_copy_max = 65 * 1024) {
 #if REGPOOL_HAVE_VERBS
   if (backend == "verbs") return regpool::VerbsEndpoint::open(std::static_pointer_cast<regpool::VerbsDomain>(domain), ec);
 #endif
@@ -270,6 +271,7 @@ inline std::unique_ptr<regpool::Endpoint> open_endpoint(const std::shared_ptr<re
     fo.inject_sends = inject_sends;
     fo.shm_rings = shm_rings;
     fo.shm_direct_rma = shm_direct_rma;
+    fo.shm_ring_copy_max = shm_ring_copy_max;
     return regpool::FabricEndpoint::open(std::static_pointer_cast<regpool::FabricDomain>(domain), ec, fo);
   }
 #endif
@@ -279,6 +281,7 @@ inline std::unique_ptr<regpool::Endpoint> open_endpoint(const std::shared_ptr<re
   (void)inject_sends;
   (void)shm_rings;
   (void)shm_direct_rma;
+  (void)shm_ring_copy_max;
   throw regpool::Error(regpool::Status::unsupported, 0, "test: backend " + backend + " not built");
 }
 
@@ -290,14 +293,18 @@ struct Stack {
 
   explicit Stack(const std::string& backend, regpool::EndpointConfig ec = {},
                  std::size_t arena = std::size_t{16} << 20, std::uint64_t max_incoming = 0,
-                 bool inject_sends = true, bool shm_rings = true, bool shm_direct_rma = true) {
+                 bool inject_sends = true, bool shm_rings = true, bool shm_direct_rma = true,
+                 std::uint64_t shm_ring_copy_max = 65 * 1024) {
 #if REGPOOL_HAVE_VERBS
     if (backend == "verbs") domain = regpool::VerbsDomain::open();
 #endif
 #if REGPOOL_HAVE_FABRIC
     if (backend != "verbs") domain = regpool::FabricDomain::open(fabric_config(backend));
 #endif
-    if (domain) ep = open_endpoint(domain, backend, ec, max_incoming, inject_sends, shm_rings, shm_direct_rma);
+    if (domain) {
+      ep = open_endpoint(domain, backend, ec, max_incoming, inject_sends, shm_rings, shm_direct_rma,
+                         shm_ring_copy_max);
+    }
     if (!ep) throw regpool::Error(regpool::Status::unsupported, 0, "test: backend " + backend + " not built");
     regpool::PoolConfig pc;
     pc.arena_size = arena;
