@@ -267,9 +267,9 @@ struct FabricEndpointOptions {
   // /dev/shm/regpool-rings.<its region> in which it writes its messages to
   // each peer, and which its peers map read-only. A message up to 65 KiB
   // (shm_ring_copy_max below) is copied in by the sender and out by the
-  // receiver; a longer one is read
-  // by the receiver straight from the sender's buffer (cross-memory
-  // attach), and its send completes when the receiver has read it. Puts
+  // receiver; a longer one is read by the receiver straight from the
+  // sender's buffer (cross-memory attach), and its send completes when the
+  // receiver has read it. Puts
   // and gets: shm_direct_rma below; atomics stay on the provider. What
   // changes for users: the latency (bench/RESULTS.md), and a receive no
   // longer takes a message from a sender this endpoint has not inserted:
@@ -286,10 +286,11 @@ struct FabricEndpointOptions {
   // is faster depends on where the host puts the two processes' CPUs
   // (bench/RESULTS.md, "shm sends above 16 KiB as large records"): with
   // the CPUs near each other the two copies win at every size up to
-  // 65 KiB (a 24 KiB send's half round trip 0.93 against 2.3 us; 64 KiB
-  // bandwidth 43 against 27 GB/s); with them far apart a stream of 64 KiB
+  // 65 KiB (a 24 KiB send's half round trip 0.89 against 2.2 us; 64 KiB
+  // bandwidth 44 against 29 GB/s); with them far apart a stream of 64 KiB
   // sends from one unchanging buffer is read faster (1.3 against 0.87 of
-  // libfabric's own shm). Each end chooses for its own sends only.
+  // libfabric's own shm). Each end chooses for its own sends only; a
+  // receiver takes both.
   std::uint64_t shm_ring_copy_max = 65 * 1024;
   // shm only. Puts and gets move their bytes by this process's own
   // process_vm_writev/readv into or out of the target's memory and are
@@ -345,8 +346,8 @@ struct FabricShmStats {
   std::uint64_t bell_rings = 0;
   // Message rings (FabricEndpointOptions::shm_rings): whether this endpoint
   // uses them; messages sent through them, of which longer than
-  // FabricEndpointOptions::shm_ring_copy_max
-  // (read by the receiver from the sender's memory); messages received;
+  // FabricEndpointOptions::shm_ring_copy_max (read by the receiver from the
+  // sender's memory); messages received;
   // sends that found the ring full (posted again after progress); and what
   // peers wrote into their rings or directories that could not be believed
   // (records of unknown kind or impossible length, consumed positions

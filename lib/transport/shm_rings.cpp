@@ -83,8 +83,8 @@ bool parse_record(std::uint32_t kind, std::uint32_t length, std::uint64_t offset
 }
 
 bool large_ok(std::uint64_t address, std::uint64_t length) noexcept {
-  // A message (of any length a sender chooses to send this way: the
-  // threshold is the sender's, FabricEndpointOptions::shm_ring_copy_max), up to kLargeMax, and an
+  // A message of any length up to kLargeMax (where a sender stops copying
+  // is its own choice: FabricEndpointOptions::shm_ring_copy_max), and an
   // address range that does not wrap.
   return length != 0 && length <= kLargeMax && address != 0 && address + length > address;
 }
