@@ -159,15 +159,17 @@ struct MessengerConfig {
   // Decided by the receiver; any sender serves a grant.
   std::uint64_t rendezvous_split = 0;
   // Split eager: where the backend sends messages up to some size by a
-  // faster path than longer ones (TransferTraits::fast_message_limit;
-  // libfabric shm: 4096 bytes, past which every message goes by CMA, a
-  // system call at the receiver), an eager payload of at most this many
-  // bytes that the 64-byte header pushes past that size leaves as several
-  // messages within it (a lead and parts, one credit each, sent only when
-  // the peer's credits cover them all; docs/messaging.md, "Split eager").
-  // The receiver reassembles them whatever its own setting. 0 = the
-  // backend's measured default (TransferTraits::split_crossover: shm
-  // 16 KiB); never more than 8 messages or the eager threshold; no effect
+  // faster path than longer ones (TransferTraits::fast_message_limit), an
+  // eager payload of at most this many bytes that the 64-byte header
+  // pushes past that size leaves as several messages within it (a lead
+  // and parts, one credit each, sent only when the peer's credits cover
+  // them all; docs/messaging.md, "Split eager"). libfabric shm without
+  // regpool's rings: 4096 bytes, past which every message goes by CMA, a
+  // system call at the receiver; with the rings (the default):
+  // FabricEndpointOptions::shm_ring_copy_max. The receiver reassembles
+  // them whatever its own setting. 0 = the backend's measured default
+  // (TransferTraits::split_crossover: shm without rings 16 KiB, with them
+  // never); never more than 8 messages or the eager threshold; no effect
   // where the backend has no such limit. UINT64_MAX = never.
   std::uint64_t eager_split = 0;
   // A rendezvous sender waiting for the receiver's fin, a receive whose
