@@ -103,8 +103,9 @@ struct Options {
   // regpool's shm puts and gets by its own cross-memory copy
   // (FabricEndpointOptions::shm_direct_rma; off: through fi_write/fi_read).
   bool direct_rma = true;
-  // FabricEndpointOptions::shm_ring_copy_max of both regpool stacks.
-  std::uint64_t ring_copy_max = 65 * 1024;
+  // FabricEndpointOptions::shm_ring_copy_max of both regpool stacks (its
+  // default is also its largest value).
+  std::uint64_t ring_copy_max = regpool::FabricEndpointOptions{}.shm_ring_copy_max;
   // --fresh: bandwidth rows write each operation's source bytes before its
   // post, into a slot of their own per window entry, as a sender of new
   // data does. Without it every operation sends the same unchanged bytes,
@@ -507,11 +508,16 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
             std::memset(base + slot_at(w) + 1, static_cast<int>(i & 0x7f), r.size - 1);
             base[slot_at(w)] = send ? kBulk : std::byte{0x11};
           };
+          // regpool's slices and tokens are made before the clock starts,
+          // as the direct path's buffer and descriptors are.
+          std::vector<Slice> slices;
+          std::vector<regpool::Token> ring;
+          if (rp) {
+            for (std::size_t w = 0; w < window; ++w) slices.push_back(must(Slice::data(src, slot_at(w), r.size)));
+            ring.resize(window);
+          }
           const auto t0 = Clock::now();
           if (rp) {
-            std::vector<Slice> slices;
-            for (std::size_t w = 0; w < window; ++w) slices.push_back(must(Slice::data(src, slot_at(w), r.size)));
-            std::vector<regpool::Token> ring(window);
             for (std::uint64_t i = 0; i < n; ++i) {
               auto& t = ring[i % window];
               if (t && s.ep->wait(t, 30s).status != Status::ok) die("regpool bw op");
@@ -828,7 +834,7 @@ int main(int argc, char** argv) {
     } else if (a == "--shm-ring-copy-max" && i + 1 < argc) {
       char* end = nullptr;
       o.ring_copy_max = std::strtoull(argv[++i], &end, 0);
-      if (*end != '\0' || o.ring_copy_max > 65 * 1024) {
+      if (*end != '\0' || o.ring_copy_max > regpool::FabricEndpointOptions{}.shm_ring_copy_max) {
         std::fprintf(stderr, "bench-rma: --shm-ring-copy-max takes a byte count up to 66560, not '%s'\n", argv[i]);
         return 2;
       }

@@ -359,7 +359,7 @@ struct ShmEnd {
   std::shared_ptr<regpool::FabricDomain> domain;
   std::unique_ptr<regpool::FabricEndpoint> ep;
   std::unique_ptr<regpool::Pool> pool;
-  explicit ShmEnd(bool rings, std::uint64_t copy_max = 65 * 1024) {
+  explicit ShmEnd(bool rings, std::uint64_t copy_max = sr::kEagerMax) {
     domain = regpool::FabricDomain::open(rpt::fabric_config("shm"));
     regpool::FabricEndpointOptions o;
     o.shm_rings = rings;
