@@ -289,9 +289,19 @@ struct FabricEndpointOptions {
   // 65 KiB (a 24 KiB send's half round trip 0.89 against 2.2 us; 64 KiB
   // bandwidth 44 against 29 GB/s); with them far apart a stream of 64 KiB
   // sends is read faster, new bytes each send or not (1.30 against 0.92 of
-  // libfabric's own shm). Each end chooses for its own sends only; a
-  // receiver takes both.
+  // libfabric's own shm). Hence shm_ring_adaptive below. Each end chooses
+  // for its own sends only; a receiver takes both.
   std::uint64_t shm_ring_copy_max = 65 * 1024;
+  // shm with shm_rings only. A send longer than 16 KiB and no longer than
+  // shm_ring_copy_max goes by whichever of the two paths above this pair
+  // of processes measured cheaper, measured as they run: each copy and
+  // read of over 16 KiB is timed (a few ns on microseconds), the receiver
+  // publishes its figures to the sender in its ring file, and one send in
+  // 128 takes the other path to keep both figures current
+  // (docs/architecture.md, "shm message rings"; bench/RESULTS.md, "shm
+  // sends that choose their path"). Off: every send up to
+  // shm_ring_copy_max is copied, the same path every time.
+  bool shm_ring_adaptive = true;
   // shm only. Puts and gets move their bytes by this process's own
   // process_vm_writev/readv into or out of the target's memory and are
   // complete when the post returns (docs/architecture.md, "shm puts and
@@ -345,9 +355,9 @@ struct FabricShmStats {
   std::uint64_t bell_peers = 0;
   std::uint64_t bell_rings = 0;
   // Message rings (FabricEndpointOptions::shm_rings): whether this endpoint
-  // uses them; messages sent through them, of which longer than
-  // FabricEndpointOptions::shm_ring_copy_max (read by the receiver from the
-  // sender's memory); messages received;
+  // uses them; messages sent through them, of which read by the receiver
+  // from the sender's memory (longer than FabricEndpointOptions::
+  // shm_ring_copy_max, or sent so by shm_ring_adaptive); messages received;
   // sends that found the ring full (posted again after progress); and what
   // peers wrote into their rings or directories that could not be believed
   // (records of unknown kind or impossible length, consumed positions

@@ -3,6 +3,7 @@
 #include "platform/coarse_clock.hpp"
 #include "platform/copy.hpp"
 #include "platform/counter.hpp"
+#include "platform/ticks.hpp"
 #include "pool/post_registration.hpp"
 #include "transport/fabric_provider.hpp"
 #include "transport/fabric_shm.hpp"
@@ -2395,7 +2396,12 @@ Status FabricEndpoint::ring_send(const BackendOp& op) noexcept {
   PeerAddr& p = peers_[op.peer_handle];
   if (shm_peer_dead(p, op.peer_handle)) return Status::peer_unreachable;
   if (p.ring_broken) return Status::peer_unreachable;
-  if (op.length <= options_.shm_ring_copy_max) {
+  // Up to kAdaptFrom copied; above it, up to the copy limit, by the path
+  // this pair measured cheaper (shm_rings.hpp, "costs").
+  const bool copy = op.length <= options_.shm_ring_copy_max &&
+                    (op.length <= shm_rings::kAdaptFrom || !options_.shm_ring_adaptive ||
+                     !p.link->send_large_now(*outbox_, op.length));
+  if (copy) {
     const Status st = ring_copy(p, op.local->address(), op.length, nullptr, 0);
     if (st != Status::ok) return st;
     if (p.link->known(*outbox_)) {
@@ -2541,10 +2547,17 @@ Status read_large(std::int64_t pid, std::uint64_t address, std::byte* dest, std:
     const std::uint64_t bytes = std::min(in.length, op.length);
     auto* dest = static_cast<std::byte*>(op.local->address());
     const Status st = in.length > op.length ? Status::out_of_bounds : Status::ok;
+    // A copy or read of over kAdaptFrom is timed for the sender's choice of
+    // path (shm_rings.hpp, "costs"): two counter reads on microseconds.
+    const bool timed = bytes > shm_rings::kAdaptFrom;
+    const std::uint64_t t0 = timed ? platform::ticks() : 0;
     if (in.kind == shm_rings::RecordKind::data) {
       platform::copy_message(dest, in.data, bytes);
+      if (timed) link.note_cost(*outbox_, false, platform::ticks() - t0, bytes);
     } else {
-      if (const Status failed = read_large(link.pid(), in.address, dest, bytes); failed != Status::ok) {
+      const Status failed = read_large(link.pid(), in.address, dest, bytes);
+      if (timed && failed == Status::ok) link.note_cost(*outbox_, true, platform::ticks() - t0, bytes);
+      if (failed != Status::ok) {
         // A message that cannot be read is dropped, and the receive waits
         // for the next one (its buffer's bytes are not the user's until it
         // completes): its sender died after posting it (the pid checks

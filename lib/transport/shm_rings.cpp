@@ -12,6 +12,7 @@
 #include <new>
 
 #include "platform/copy.hpp"
+#include "platform/ticks.hpp"
 #include "transport/fabric_shm.hpp"
 
 namespace regpool::shm_rings {
@@ -193,6 +194,7 @@ void Outbox::publish(int slot) noexcept {
   entry_word(slot, kEntryNonce)->store(s.peer_nonce, std::memory_order_release);
   entry_word(slot, kEntryRing)->store(0, std::memory_order_release);
   entry_word(slot, kEntryConsumed)->store(s.pos, std::memory_order_release);
+  entry_word(slot, kEntryCosts)->store(pack_costs(s.copy_out, s.read), std::memory_order_release);
   entry_word(slot, kEntryRing)->store(s.ring, std::memory_order_release);
   entry_word(slot, kEntryState)->store((s.generation << 8) | static_cast<std::uint64_t>(s.state),
                                        std::memory_order_release);
@@ -457,8 +459,13 @@ bool Link::write(Outbox& own, RecordKind kind, const void* payload, std::uint64_
     s.head += pad;
     offset = 0;
   }
+  // A long copy is timed (costs, in the header): two counter reads on a
+  // copy of microseconds.
+  const bool timed = kind == RecordKind::data && bytes > kAdaptFrom;
+  const std::uint64_t t0 = timed ? platform::ticks() : 0;
   if (length != 0) platform::copy_message(ring + offset + kRecordHeader, payload, length);
   if (extra_length != 0) platform::copy_message(ring + offset + kRecordHeader + length, extra, extra_length);
+  if (timed) s.copy_in = cost_average(s.copy_in, platform::ticks() - t0, bytes);
   head(offset, kind, bytes);
   s.head += need;
   return true;
@@ -480,6 +487,19 @@ bool Link::send_large(Outbox& own, const void* address, std::uint64_t length, st
   if (!write(own, RecordKind::large, &a, sizeof a, &length, sizeof length)) return false;
   end = own.slots_[static_cast<std::size_t>(slot_)].head;
   return true;
+}
+
+bool Link::send_large_now(Outbox& own, std::uint64_t length) noexcept {
+  if (length <= kAdaptFrom || length > kEagerMax) return length > kEagerMax;
+  Outbox::Slot& s = own.slots_[static_cast<std::size_t>(slot_)];
+  // The receiver's costs for our ring: its entry for us, the line it
+  // writes at every message it reads (one load on a send of over 16 KiB).
+  // Not found yet: nothing measured, the ring.
+  const std::uint64_t costs = resolve(own) ? peer_entry_word(kEntryCosts) : 0;
+  const bool large = prefer_large(s.copy_in, costs);
+  // The other path, once in kProbeEvery sends, keeps its figure current:
+  // a placement that changed shows within a few probes.
+  return ++s.adaptive % kProbeEvery == 0 ? !large : large;
 }
 
 std::uint64_t Link::written(const Outbox& own) const noexcept {
@@ -521,6 +541,14 @@ Read Link::peek(Outbox& own, Incoming& in) noexcept {
   }
   // Two pads in a row: a sender that only pads. Nothing to read now.
   return Read::none;
+}
+
+void Link::note_cost(Outbox& own, bool large, std::uint64_t ticks, std::uint64_t bytes) noexcept {
+  if (bytes <= kAdaptFrom) return;
+  Outbox::Slot& s = own.slots_[static_cast<std::size_t>(slot_)];
+  std::uint32_t& average = large ? s.read : s.copy_out;
+  average = cost_average(average, ticks, bytes);
+  own.entry_word(slot_, kEntryCosts)->store(pack_costs(s.copy_out, s.read), std::memory_order_release);
 }
 
 void Link::consume(Outbox& own, const Incoming& in) noexcept {

@@ -18,7 +18,8 @@
 //    at every change of the directory;
 //  - kSlots directory entries, one per peer the owner has inserted: state
 //    and generation, the peer's nonce, and what the owner has consumed of
-//    that peer's ring for it (position, and which ring incarnation);
+//    that peer's ring for it (position, and which ring incarnation), and
+//    what reading that ring has cost it (costs, below);
 //  - kSlots rings of kRingBytes, one per entry: the owner's messages to
 //    that peer.
 // A sender writes records into its ring for the receiver; the receiver
@@ -31,11 +32,12 @@
 // receiver that sees the one it expects sees the whole record.
 //
 // A send longer than the sender's copy limit (FabricEndpointOptions::
-// shm_ring_copy_max, at most kEagerMax) goes as a `large` record naming the
-// sender's buffer; the receiver copies it straight from the sender's
-// memory (process_vm_readv, which regpool's shm already requires), and the
-// sender's send completes when the receiver's consumed position passes
-// that record. Order is kept: one ring per pair carries every message.
+// shm_ring_copy_max, at most kEagerMax), or longer than kAdaptFrom where
+// the pair measured that cheaper (costs, below), goes as a `large` record
+// naming the sender's buffer; the receiver copies it straight from the
+// sender's memory (process_vm_readv, which regpool's shm already
+// requires), and the sender's send completes when the receiver's consumed
+// position passes that record. Order is kept: one ring per pair carries every message.
 //
 // Everything read from a peer's file is checked before use (pure
 // functions below, fuzzed in test/fuzz/shm_rings_fuzz.cpp): a record of
@@ -51,6 +53,7 @@
 
 #include <sys/types.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -101,6 +104,7 @@ inline constexpr std::size_t kEntryState = 0;     // generation << 8 | EntryStat
 inline constexpr std::size_t kEntryNonce = 8;     // the peer this entry is for
 inline constexpr std::size_t kEntryConsumed = 16; // bytes consumed of that peer's ring for us
 inline constexpr std::size_t kEntryRing = 24;     // which ring: ring_id(peer's slot, its generation); 0 none
+inline constexpr std::size_t kEntryCosts = 32;    // what reading that peer's messages costs us (costs below)
 
 // Knocks. A receiver reads the rings of the peers it has inserted; a sender
 // it has not inserted (a client it has not met yet: receives take messages
@@ -194,6 +198,78 @@ struct Incoming {
 // each header word once; `in.data` points into `ring`.
 Read read_record(const std::byte* ring, std::uint64_t offset, std::uint64_t expected, Incoming& in) noexcept;
 
+// Costs: which path a send between kAdaptFrom and the sender's copy limit
+// takes, chosen per pair from what each path was measured to cost there.
+//
+// Why: the two paths' costs depend on where the host puts the two
+// processes' CPUs, and the host moves them (bench/RESULTS.md, "shm sends
+// above 16 KiB as large records"). With the CPUs near each other (a
+// shared cache) the two copies through the ring win at every size up to
+// 65 KiB, by 1.5-2.5x; far apart, each copy moves every line between the
+// caches, and one read straight from the sender's buffer wins a stream of
+// 64 KiB sends by 1.4x. No fixed limit is right for both.
+//
+// What is measured, in ticks (platform/ticks.hpp) per KiB, each an
+// average over recent messages longer than kAdaptFrom: the sender's copy
+// into its ring (copy_in, its own), and the receiver's copy out of it
+// (copy_out) and its read of a large record (read), which the receiver
+// publishes in its directory entry for the sender (kEntryCosts: copy_out
+// in the low half, read in the high half, 0 for not measured yet). The
+// sender sends large when the read costs at most 7/8 of the two copies
+// together. Together, not the slower of them: in a ping-pong they add up,
+// and in a stream they were measured not to overlap either (64 KiB sends
+// with the CPUs apart: copies of 85 and 82 ticks a KiB, a stream of
+// 16-18 GB/s, the rate of their sum). The margin keeps a pair whose
+// figures are close on the ring, the default before this choice existed.
+// One send in kProbeEvery goes the other way, to keep the other path's
+// figure current (each path's figure is measured only while it is
+// taken).
+//
+// The published word is the peer's: any value is taken (it only picks
+// between two paths the sender can always take), and its halves are
+// bounded by the type.
+inline constexpr std::uint64_t kAdaptFrom = 16 * 1024;
+inline constexpr std::uint32_t kProbeEvery = 128;
+
+// The running figure of one path's cost: a sample of `ticks` for `bytes`
+// (> 0) taken into `average` (ticks per KiB, 0 for none yet). Lower
+// samples count a quarter, higher ones a sixteenth and at most twice the
+// figure (rounded up): a copy that an interrupt or a preemption stretched a hundredfold
+// (measured: one in a few hundred, on two busy CPUs) moves it by a sixteenth
+// instead of flipping the choice for the next dozens of sends, while a
+// path that really became slower shows within a dozen samples. Both paths
+// are kept alike, so the comparison stays fair. Saturates instead of
+// wrapping.
+constexpr std::uint32_t cost_average(std::uint32_t average, std::uint64_t ticks, std::uint64_t bytes) noexcept {
+  if (bytes == 0) return average;
+  constexpr std::uint64_t kCap = 0xffffffffULL;
+  // ticks * 1024 / bytes without overflow (bytes < 2^54: a remainder
+  // times 1024 fits).
+  const std::uint64_t whole = ticks / bytes;
+  const std::uint64_t sample =
+      whole > kCap / 1024 ? kCap : std::min(kCap, whole * 1024 + (ticks % bytes) * 1024 / bytes);
+  const std::uint64_t s = sample == 0 ? 1 : sample;  // 0 means none yet
+  const std::uint64_t a = average;
+  if (a == 0) return static_cast<std::uint32_t>(s);
+  if (s <= a) return static_cast<std::uint32_t>(a - (a - s) / 4);
+  // Rounded up: a small figure rises too.
+  return static_cast<std::uint32_t>(std::min(kCap, a + (std::min(s, 2 * a) - a + 15) / 16));
+}
+
+constexpr std::uint64_t pack_costs(std::uint32_t copy_out, std::uint32_t read) noexcept {
+  return copy_out | (static_cast<std::uint64_t>(read) << 32);
+}
+
+// Whether a sender whose copy into the ring costs `copy_in` should send
+// large to a receiver that published `costs` (pack_costs): only when all
+// three are measured and the read costs at most 7/8 of the slower copy.
+constexpr bool prefer_large(std::uint32_t copy_in, std::uint64_t costs) noexcept {
+  const auto copy_out = static_cast<std::uint32_t>(costs);
+  const auto read = static_cast<std::uint32_t>(costs >> 32);
+  if (copy_in == 0 || copy_out == 0 || read == 0) return false;
+  return 8 * static_cast<std::uint64_t>(read) <= 7 * (static_cast<std::uint64_t>(copy_in) + copy_out);
+}
+
 class Link;
 
 // This endpoint's own file. Owns the per-slot state that never needs to be
@@ -246,10 +322,14 @@ class Outbox {
     std::uint64_t head = 0;  // bytes written
     std::uint64_t seq = 0;   // records written
     std::uint64_t acked = 0; // the peer's consumed position, as last believed
+    std::uint32_t copy_in = 0;  // our copies into the ring (costs above)
+    std::uint32_t adaptive = 0; // sends the choice was made for (probes)
     // Consumer: the peer's ring for us.
     std::uint64_t ring = 0;  // ring_id we read, 0 none yet
     std::uint64_t pos = 0;
     std::uint64_t next_seq = 1;
+    std::uint32_t copy_out = 0;  // our copies out of the peer's ring
+    std::uint32_t read = 0;      // our reads of its large records
   };
   std::atomic<std::uint64_t>* word(std::size_t offset) const noexcept;
   std::atomic<std::uint64_t>* entry_word(int slot, std::size_t offset) const noexcept {
@@ -295,6 +375,10 @@ class Link {
   // A large record for the sender's buffer; `end` is the position the
   // receiver's consumed position must reach for the message to be read.
   bool send_large(Outbox& own, const void* address, std::uint64_t length, std::uint64_t& end) noexcept;
+  // Whether a send of `length` bytes (kAdaptFrom < length <= kEagerMax)
+  // should go as a large record (costs above): reads the receiver's
+  // published costs, and counts the send for the probes.
+  bool send_large_now(Outbox& own, std::uint64_t length) noexcept;
   // The position just past the last record written: the receiver's
   // consumed position reaches it once it has read everything sent so far.
   std::uint64_t written(const Outbox& own) const noexcept;
@@ -312,6 +396,11 @@ class Link {
   // Consumer.
   Read peek(Outbox& own, Incoming& in) noexcept;
   void consume(Outbox& own, const Incoming& in) noexcept;
+  // What copying a data record out (`large` false) or reading a large one
+  // (true) of `bytes` took, in ticks: averaged and published for the
+  // sender (costs above). Messages of kAdaptFrom bytes or fewer are not
+  // counted.
+  void note_cost(Outbox& own, bool large, std::uint64_t ticks, std::uint64_t bytes) noexcept;
 
   std::uint64_t corrupt() const noexcept { return corrupt_; }
 

@@ -10,7 +10,9 @@
 //       receiver then reads records from it as Link::peek does, checking
 //       every record it accepts stays inside the ring and every position
 //       stays aligned, and that reading always ends;
-//  - 3: consumed positions (consumed_ok), and large records' fields.
+//  - 3: consumed positions (consumed_ok), large records' fields, and the
+//       costs a receiver publishes for its sender (prefer_large), with the
+//       running figures they come from (cost_average).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -128,6 +130,22 @@ void fuzz_positions(const std::uint8_t* data, std::size_t size) {
   if (sr::parse_record(kind, len, offset, r) && (offset % sr::kRecordAlign != 0 || offset + r.advance > sr::kRingBytes)) {
     std::abort();
   }
+  // The peer's costs word only ever picks between two paths: never large
+  // on a figure not measured.
+  const auto copy_in = static_cast<std::uint32_t>(take_u64(data, size));
+  const std::uint64_t costs = take_u64(data, size);
+  if (sr::prefer_large(copy_in, costs) &&
+      (copy_in == 0 || static_cast<std::uint32_t>(costs) == 0 || (costs >> 32) == 0)) {
+    std::abort();
+  }
+  // A sample never makes a figure "not measured", and never raises it by
+  // more than a sixteenth (rounded up).
+  const auto average = static_cast<std::uint32_t>(take_u64(data, size));
+  const std::uint64_t ticks = take_u64(data, size);
+  const std::uint64_t bytes = take_u64(data, size);
+  const std::uint32_t next = sr::cost_average(average, ticks, bytes);
+  if (bytes == 0 ? next != average : next == 0) std::abort();
+  if (average != 0 && next > average && next - average > average / 16 + 1) std::abort();
 }
 
 }  // namespace

@@ -263,6 +263,84 @@ TEST_CASE("a large record names the sender's buffer and is acknowledged once rea
   CHECK(p.a_to_b.acked(p.a) == end);
 }
 
+TEST_CASE("a path's cost figure follows its samples, and a stretched one barely moves it", "[unit]") {
+  // Ticks per KiB, 0 for none yet.
+  CHECK(sr::cost_average(0, 1000, 1024) == 1000);
+  CHECK(sr::cost_average(0, 4000, 4096) == 1000);
+  CHECK(sr::cost_average(0, 0, 1024) == 1);  // measured, however fast
+  CHECK(sr::cost_average(1000, 5, 0) == 1000);
+  // Down by a quarter of the gap; up by a sixteenth, rounded up, at most
+  // twice the figure's worth.
+  CHECK(sr::cost_average(1000, 200, 1024) == 800);
+  CHECK(sr::cost_average(1000, 1800, 1024) == 1050);
+  CHECK(sr::cost_average(1000, 100000, 1024) == 1063);
+  CHECK(sr::cost_average(1, 100000, 1024) == 2);
+  // Saturates.
+  CHECK(sr::cost_average(0, ~std::uint64_t{0}, 1) == 0xffffffffU);
+  CHECK(sr::cost_average(0xffffffffU, ~std::uint64_t{0}, 1) == 0xffffffffU);
+  // A path that really became twice as slow shows within a dozen samples.
+  std::uint32_t a = 1000;
+  for (int i = 0; i < 12; ++i) a = sr::cost_average(a, 2 * 4000 * 32, 32 * 1024);
+  CHECK(a >= 2000);
+  // A few stretched samples among many steady ones leave it near.
+  a = 1000;
+  for (int i = 0; i < 300; ++i) a = sr::cost_average(a, i % 100 == 0 ? 1000000 * 32 : 1000 * 32, 32 * 1024);
+  CHECK(a < 1100);
+}
+
+TEST_CASE("a sender sends large only when the read beats both copies, measured", "[unit]") {
+  // Nothing measured yet: the ring.
+  CHECK_FALSE(sr::prefer_large(0, sr::pack_costs(100, 10)));
+  CHECK_FALSE(sr::prefer_large(100, sr::pack_costs(0, 10)));
+  CHECK_FALSE(sr::prefer_large(100, sr::pack_costs(100, 0)));
+  // The read at 7/8 of the two copies together, or below.
+  CHECK(sr::prefer_large(100, sr::pack_costs(100, 175)));
+  CHECK_FALSE(sr::prefer_large(100, sr::pack_costs(100, 176)));
+  CHECK(sr::prefer_large(0xffffffffU, sr::pack_costs(0xffffffffU, 0xffffffffU)));
+}
+
+TEST_CASE("a sender follows the costs its receiver publishes, and probes the other path", "[unit]") {
+  Pair p;
+  p.claim_a();
+  p.claim_b();
+  constexpr std::uint64_t kLen = 32 * 1024;
+  // At or below kAdaptFrom always copied, above kEagerMax always large,
+  // neither counted.
+  CHECK_FALSE(p.a_to_b.send_large_now(p.a, sr::kAdaptFrom));
+  CHECK(p.a_to_b.send_large_now(p.a, sr::kEagerMax + 1));
+  // One copy of a's measured (its own figure), and b's copy out of it.
+  std::vector<std::byte> bytes(kLen, std::byte{7}), out;
+  REQUIRE(p.a_to_b.send_data(p.a, bytes.data(), bytes.size()));
+  REQUIRE(take(p, out));
+  // What b publishes: nothing yet of reads, so the ring, but for one send
+  // in kProbeEvery.
+  auto count = [&](int sends) {
+    int large = 0;
+    for (int i = 0; i < sends; ++i) large += p.a_to_b.send_large_now(p.a, kLen) ? 1 : 0;
+    return large;
+  };
+  CHECK(count(2 * static_cast<int>(sr::kProbeEvery)) == 2);
+  // b measured its copies out at 1000 ticks a KiB and its reads at 100:
+  // large, but for one send in kProbeEvery (a's own copy costs more than
+  // nothing, so the read wins by more than the margin).
+  constexpr int kProbe = static_cast<int>(sr::kProbeEvery);
+  p.b_to_a.note_cost(p.b, false, 1000 * 32, kLen);
+  p.b_to_a.note_cost(p.b, true, 100 * 32, kLen);
+  CHECK(count(2 * kProbe) == 2 * kProbe - 2);
+  // Messages of kAdaptFrom bytes or fewer are not counted: still large.
+  p.b_to_a.note_cost(p.b, true, 1'000'000'000, sr::kAdaptFrom);
+  CHECK(count(kProbe) == kProbe - 1);
+  // Reads became dear: back to the ring once the figure has risen past
+  // the copies', a sixteenth a sample (a's copy's figure is its own
+  // measurement: the bound leaves room for a slow one).
+  bool ring = false;
+  for (int i = 0; i < 200 && !ring; ++i) {
+    p.b_to_a.note_cost(p.b, true, 1'000'000'000, kLen);
+    ring = count(kProbe) == 1;
+  }
+  CHECK(ring);
+}
+
 TEST_CASE("what a hostile peer writes into its files is refused, never believed", "[unit]") {
   Pair p;
   p.claim_a();
@@ -359,11 +437,12 @@ struct ShmEnd {
   std::shared_ptr<regpool::FabricDomain> domain;
   std::unique_ptr<regpool::FabricEndpoint> ep;
   std::unique_ptr<regpool::Pool> pool;
-  explicit ShmEnd(bool rings, std::uint64_t copy_max = sr::kEagerMax) {
+  explicit ShmEnd(bool rings, std::uint64_t copy_max = sr::kEagerMax, bool adaptive = true) {
     domain = regpool::FabricDomain::open(rpt::fabric_config("shm"));
     regpool::FabricEndpointOptions o;
     o.shm_rings = rings;
     o.shm_ring_copy_max = copy_max;
+    o.shm_ring_adaptive = adaptive;
     regpool::EndpointConfig ec;
     ec.op_timeout = 5s;
     ec.post_timeout = 5s;
@@ -446,6 +525,34 @@ TEST_CASE("a sender's copy limit decides which sends its receiver reads from it"
     } catch (const regpool::Error& e) {
       CHECK(e.status() == Status::invalid_argument);
       CHECK(std::string(e.what()).find("shm_ring_copy_max") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("sends over 16 KiB take the path the pair measured, both paths byte for byte", "[fabric]") {
+  // Which path wins here depends on the host; what does not: every message
+  // arrives whole, the probes take the other path (so both are exercised
+  // whichever wins), and with the choice off every send is copied.
+  for (const bool adaptive : {true, false}) {
+    ShmEnd a(true, sr::kEagerMax, adaptive), b(true);
+    const auto to_b = a.ep->insert_peer(b.ep->name());
+    (void)b.ep->insert_peer(a.ep->name());
+    constexpr std::uint64_t kSends = 3 * sr::kProbeEvery;
+    for (std::uint64_t i = 0; i < kSends; ++i) {
+      const std::size_t len = i % 3 == 0 ? 64 * 1024 : (i % 3 == 1 ? 24 * 1024 + 8 : 16 * 1024);
+      const auto c = round(a, to_b, b, i, len);
+      REQUIRE(c.status == Status::ok);
+      REQUIRE(c.bytes == len);
+    }
+    const auto st = a.ep->shm_stats();
+    CHECK(st.ring_sends == kSends);
+    CHECK(st.ring_corrupt == 0);
+    if (adaptive) {
+      // Two thirds of the sends are over 16 KiB: at least one in
+      // kProbeEvery of those went large, whichever path the figures favour.
+      CHECK(st.ring_large_sends >= 1);
+    } else {
+      CHECK(st.ring_large_sends == 0);
     }
   }
 }
