@@ -106,6 +106,8 @@ struct Options {
   // FabricEndpointOptions::shm_ring_copy_max of both regpool stacks (its
   // default is also its largest value).
   std::uint64_t ring_copy_max = regpool::FabricEndpointOptions{}.shm_ring_copy_max;
+  // FabricEndpointOptions::shm_ring_adaptive of both regpool stacks.
+  bool ring_adaptive = regpool::FabricEndpointOptions{}.shm_ring_adaptive;
   // --fresh: bandwidth rows write each operation's source bytes before its
   // post, into a slot of their own per window entry, as a sender of new
   // data does. Without it every operation sends the same unchanged bytes,
@@ -236,7 +238,7 @@ struct Stack {
   std::shared_ptr<regpool::FabricDomain> domain;
   std::unique_ptr<regpool::Pool> pool;
   std::unique_ptr<regpool::FabricEndpoint> ep;
-  Stack(const std::string& provider, bool direct_rma, std::uint64_t ring_copy_max,
+  Stack(const std::string& provider, bool direct_rma, std::uint64_t ring_copy_max, bool ring_adaptive,
         const regpool::EndpointConfig& ec = {}) {
     regpool::FabricConfig fc;
     fc.provider = provider;
@@ -248,6 +250,7 @@ struct Stack {
     regpool::FabricEndpointOptions fo;
     fo.shm_direct_rma = direct_rma;
     fo.shm_ring_copy_max = ring_copy_max;
+    fo.shm_ring_adaptive = ring_adaptive;
     ep = regpool::FabricEndpoint::open(domain, ec, fo);
   }
   ~Stack() {
@@ -294,7 +297,7 @@ int run_target(const Options& o, const std::string& host, std::uint16_t port) {
   bc.host = host;
   bc.port = port;
   regpool::TcpBootstrap boot(bc);
-  Stack s(o.provider, o.direct_rma, o.ring_copy_max);
+  Stack s(o.provider, o.direct_rma, o.ring_copy_max, o.ring_adaptive);
   Direct d(s.domain->native_info(), kMaxSize * (kRecvSlots + 1), s.ep->uses_delivery_complete());
   auto target = s.alloc(kMaxSize);
   auto exposure = s.ep->expose(must(Slice::data(target)), regpool::RemoteAccess::read_write);
@@ -383,7 +386,7 @@ double median(std::vector<double> v) {
 }
 
 int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
-  Stack s(o.provider, o.direct_rma, o.ring_copy_max);
+  Stack s(o.provider, o.direct_rma, o.ring_copy_max, o.ring_adaptive);
   Direct d(s.domain->native_info(), kMaxSize * 2, s.ep->uses_delivery_complete());
   auto all = boot.allgather(regpool::pack_blobs({s.ep->name(), {}, d.name(), {}}), 30s);
   auto theirs = regpool::unpack_blobs(all[1]);
@@ -569,9 +572,10 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
   boot.barrier(30s);
 
   if (o.json) {
-    std::printf("{\"provider\": \"%s\", \"shm_direct_rma\": %s, \"shm_ring_copy_max\": %llu, \"results\": [",
+    std::printf("{\"provider\": \"%s\", \"shm_direct_rma\": %s, \"shm_ring_copy_max\": %llu, "
+                "\"shm_ring_adaptive\": %s, \"results\": [",
                 s.domain->provider_name().c_str(), o.direct_rma ? "true" : "false",
-                static_cast<unsigned long long>(o.ring_copy_max));
+                static_cast<unsigned long long>(o.ring_copy_max), o.ring_adaptive ? "true" : "false");
     for (std::size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       std::printf("%s{\"op\": \"%s\", \"size\": %llu, \"metric\": \"%s\", \"regpool\": %.4f, \"direct\": %.4f, "
@@ -581,9 +585,11 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
     }
     std::printf("]}\n");
   } else {
-    std::printf("provider %s, %d repetitions (medians), delivery complete %s, shm direct rma %s, shm ring copy max %llu\n",
-                s.domain->provider_name().c_str(), o.reps, s.ep->uses_delivery_complete() ? "on" : "off",
-                o.direct_rma ? "on" : "off", static_cast<unsigned long long>(o.ring_copy_max));
+    std::printf(
+        "provider %s, %d repetitions (medians), delivery complete %s, shm direct rma %s, shm ring copy max %llu, "
+        "adaptive %s\n",
+        s.domain->provider_name().c_str(), o.reps, s.ep->uses_delivery_complete() ? "on" : "off",
+        o.direct_rma ? "on" : "off", static_cast<unsigned long long>(o.ring_copy_max), o.ring_adaptive ? "on" : "off");
     // ratio: regpool / direct of the two medians; paired: the median of the
     // per-repetition regpool / direct (latency: > 1 is slower; bandwidth:
     // < 1 is slower).
@@ -627,7 +633,8 @@ int run_loop(const Options& o) {
   // between attempts (the rest of the path is the default one).
   regpool::EndpointConfig ec;
   ec.post_timeout = std::chrono::milliseconds(1);
-  Stack a(o.provider, o.direct_rma, o.ring_copy_max, ec), b(o.provider, o.direct_rma, o.ring_copy_max, ec);
+  Stack a(o.provider, o.direct_rma, o.ring_copy_max, o.ring_adaptive, ec),
+      b(o.provider, o.direct_rma, o.ring_copy_max, o.ring_adaptive, ec);
   if (o.loop_impl == "direct") {
     Direct da(a.domain->native_info(), size, a.ep->uses_delivery_complete());
     Direct db(b.domain->native_info(), size, b.ep->uses_delivery_complete());
@@ -806,7 +813,7 @@ int main(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::printf(
           "usage: bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke] [--shm-direct-rma on|off]\n"
-          "                 [--fresh] [--shm-ring-copy-max B]\n"
+          "                 [--fresh] [--shm-ring-copy-max B] [--shm-ring-adaptive on|off]\n"
           "                 [--no-fork [--port P] | --target HOST:PORT]\n"
           "       bench-rma [--provider shm|tcp] --loop put|get|put-kept|get-kept|send|send-kept|kept-both|tagged\n"
           "                 [--impl regpool|direct]\n"
@@ -818,6 +825,9 @@ int main(int argc, char** argv) {
           "  --shm-ring-copy-max B: the longest shm send regpool copies through its\n"
           "  ring (default and at most 66560); longer ones the receiver reads from\n"
           "  the sender's buffer (FabricEndpointOptions::shm_ring_copy_max).\n"
+          "  --shm-ring-adaptive on|off: shm sends over 16 KiB up to that limit take\n"
+          "  the path each pair measured cheaper (on, the default) or are always\n"
+          "  copied (FabricEndpointOptions::shm_ring_adaptive).\n"
           "  --shm-direct-rma on|off: regpool's shm puts and gets by its own\n"
           "  cross-memory copy (on, the default) or through fi_write/fi_read.\n"
           "  By default the target side is forked. --no-fork waits on port P (0: any,\n"
@@ -838,6 +848,13 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "bench-rma: --shm-ring-copy-max takes a byte count up to 66560, not '%s'\n", argv[i]);
         return 2;
       }
+    } else if (a == "--shm-ring-adaptive" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (v != "on" && v != "off") {
+        std::fprintf(stderr, "bench-rma: --shm-ring-adaptive takes on or off, not '%s'\n", v.c_str());
+        return 2;
+      }
+      o.ring_adaptive = v == "on";
     } else if (a == "--shm-direct-rma" && i + 1 < argc) {
       const std::string v = argv[++i];
       if (v != "on" && v != "off") {

@@ -127,6 +127,10 @@ struct Config {
   // ones the receiver reads from the sender (FabricEndpointOptions::
   // shm_ring_copy_max).
   std::uint64_t shm_ring_copy_max = kMaxShmRingCopy;
+  // --shm-ring-adaptive: shm sends over 16 KiB up to that limit take the
+  // path each pair measured cheaper, or are always copied
+  // (FabricEndpointOptions::shm_ring_adaptive).
+  bool shm_ring_adaptive = true;
   // --messenger: the tagged phase's Messengers take their own mutex
   // (locked, the default) or none (MessengerConfig::serialized).
   bool messenger_serialized = false;
@@ -183,6 +187,7 @@ struct Config {
     line("rma", rma_kept ? "kept" : "fresh");
     line("shm_rings", shm_rings ? "on" : "off");
     num("shm_ring_copy_max", shm_ring_copy_max);
+    line("shm_ring_adaptive", shm_ring_adaptive ? "on" : "off");
     line("messenger", messenger_serialized ? "serialized" : "locked");
     std::string sz;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -203,7 +208,7 @@ struct Config {
         "provider",     "wait",         "iters",       "window",       "ops",       "cold_bytes",
         "tagged_threshold", "tagged_split", "tagged_eager_split", "expose_mode", "perftest", "verbs_inline",
         "verbs_signal", "loop_mean",    "recv",        "sends",        "ahead",     "rma",       "shm_rings",
-        "shm_ring_copy_max", "messenger", "sizes"};
+        "shm_ring_copy_max", "shm_ring_adaptive", "messenger", "sizes"};
     std::size_t at = 0;
     for (const std::string_view key : kKeys) {
       const std::size_t nl = text.find('\n', at);
@@ -342,6 +347,7 @@ struct Config {
     if (key == "rma") return flag(v, "kept", "fresh", c.rma_kept);
     if (key == "shm_rings") return flag(v, "on", "off", c.shm_rings);
     if (key == "shm_ring_copy_max") return in(number(v), 0, kMaxShmRingCopy, c.shm_ring_copy_max);
+    if (key == "shm_ring_adaptive") return flag(v, "on", "off", c.shm_ring_adaptive);
     if (key == "messenger") return flag(v, "serialized", "locked", c.messenger_serialized);
     if (key == "sizes") {
       // Ascending and distinct, as the command line sorts them.

@@ -199,6 +199,10 @@ void usage(std::FILE* to) {
       "  --shm-ring-copy-max B  shm with rings, both sides: the longest send copied\n"
       "                   through a ring (default and at most 65K); a longer one the\n"
       "                   receiver reads from the sender's buffer\n"
+      "  --shm-ring-adaptive A  shm with rings, both sides: on (default: a send over\n"
+      "                   16K up to that limit takes the path the pair measured\n"
+      "                   cheaper, FabricEndpointOptions::shm_ring_adaptive) or off\n"
+      "                   (always copied)\n"
       "  --messenger M    the tagged phase, both sides: locked (default: the\n"
       "                   Messenger's own mutex, any thread may call) or serialized\n"
       "                   (MessengerConfig::serialized: calls never overlap, no lock)\n"
@@ -446,6 +450,10 @@ Options parse_args(int argc, char** argv, bool& help) {
       }
       not_for_peers = a;
       client_only_option = true;
+    } else if (is_option(a, "--shm-ring-adaptive")) {
+      o.config.shm_ring_adaptive = one_of_two(argc, argv, i, "--shm-ring-adaptive", "on", "off");
+      not_for_peers = a;
+      client_only_option = true;
     } else if (is_option(a, "--messenger")) {
       o.config.messenger_serialized = one_of_two(argc, argv, i, "--messenger", "serialized", "locked");
       not_for_peers = a;
@@ -595,6 +603,7 @@ struct Side {
     if (serve_atomics) fo.emulated_atomics = regpool::FabricEndpointOptions::EmulatedAtomics::serve;
     fo.shm_rings = c.shm_rings;
     fo.shm_ring_copy_max = c.shm_ring_copy_max;
+    fo.shm_ring_adaptive = c.shm_ring_adaptive;
     auto fep = regpool::FabricEndpoint::open(fd, ec, fo);
     emulated_atomics = fep->emulates_atomics();
     ep = std::move(fep);
@@ -2339,6 +2348,7 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     s += ",\"rma\":" + json_escape(c.rma_kept ? "kept" : "fresh");
     s += ",\"shm_rings\":" + std::string(c.shm_rings ? "true" : "false");
     s += ",\"shm_ring_copy_max\":" + std::to_string(c.shm_ring_copy_max);
+    s += ",\"shm_ring_adaptive\":" + std::string(c.shm_ring_adaptive ? "true" : "false");
     s += ",\"messenger\":" + json_escape(c.messenger_serialized ? "serialized" : "locked");
     s += ",\"sample_ticks_per_us\":" + (g_ticks_per_us > 0 ? json_number(g_ticks_per_us) : std::string("null"));
     s += ",\"expose_mode\":" + json_escape(regpool::to_string(c.expose_mode));

@@ -98,7 +98,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   f.recv_ahead = bits & 32;
   f.rma_kept = bits & 64;
   f.shm_rings = bits & 128;
-  f.messenger_serialized = b.take(1) & 1;
+  const std::uint64_t more = b.take(1);
+  f.messenger_serialized = more & 1;
+  f.shm_ring_adaptive = more & 2;
   f.shm_ring_copy_max = b.in(0, perf::kMaxShmRingCopy, 3);
   f.verbs_inline = static_cast<std::int64_t>(b.in(0, perf::kMaxVerbsInline + 1, 2)) - 1;
   f.sizes.clear();

@@ -667,12 +667,14 @@ def hostile_scenarios(tool, base, tmp, servers):
     good = ("provider=shm\nwait=spin\niters=5\nwindow=4\nops=put,\ncold_bytes=0\ntagged_threshold=0\n"
             "tagged_split=0\ntagged_eager_split=0\nexpose_mode=standard\nperftest=0\nverbs_inline=-1\n"
             "verbs_signal=selective\nloop_mean=0\nrecv=kept\nsends=kept\nahead=on\nrma=kept\nshm_rings=on\n"
-            "shm_ring_copy_max=66560\nmessenger=locked\nsizes=8\n")
+            "shm_ring_copy_max=66560\nshm_ring_adaptive=on\nmessenger=locked\nsizes=8\n")
     for tag, payload, named in (("cut", good[:40], "missing or unterminated"),
                                 ("order", good.replace("sizes=8", "sizes=4096,8"), "sizes: bad value '4096,8'"),
                                 ("provider", good.replace("provider=shm", "provider=sh\x07m"), "provider: bad value"),
                                 ("copy", good.replace("copy_max=66560", "copy_max=66561"),
-                                 "shm_ring_copy_max: bad value '66561'")):
+                                 "shm_ring_copy_max: bad value '66561'"),
+                                ("adaptive", good.replace("adaptive=on", "adaptive=yes"),
+                                 "shm_ring_adaptive: bad value 'yes'")):
         port = free_port()
         srv, errname = start_server(tool, port, base, tmp, "config-" + tag)
         servers.append(srv)
