@@ -296,11 +296,14 @@ struct FabricEndpointOptions {
   // shm_ring_copy_max goes by whichever of the two paths above this pair
   // of processes measured cheaper, measured as they run: each copy and
   // read of over 16 KiB is timed (a few ns on microseconds), the receiver
-  // publishes its figures to the sender in its ring file, and one send in
-  // 128 takes the other path to keep both figures current
-  // (docs/architecture.md, "shm message rings"; bench/RESULTS.md, "shm
-  // sends that choose their path"). Off: every send up to
-  // shm_ring_copy_max is copied, the same path every time.
+  // publishes its figures to the sender in its ring file, and now and
+  // then (one send in 64 after the choice changed, down to one in 1024
+  // while it holds) a send takes the other path to keep both figures
+  // current (docs/architecture.md, "shm message rings"; bench/RESULTS.md,
+  // "shm sends that choose their path"). A receiver whose Messenger takes
+  // such messages where they lie in the ring, for which copying is always
+  // cheaper, has them copied. Off: every send up to shm_ring_copy_max is
+  // copied, the same path every time.
   bool shm_ring_adaptive = true;
   // shm only. Puts and gets move their bytes by this process's own
   // process_vm_writev/readv into or out of the target's memory and are

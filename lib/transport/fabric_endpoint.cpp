@@ -2536,6 +2536,9 @@ Status read_large(std::int64_t pid, std::uint64_t address, std::byte* dest, std:
     // The Messenger takes what it can where it lies (one copy, no receive).
     if (sink && in.kind == shm_rings::RecordKind::data &&
         offer_in_place(peer, {static_cast<const std::byte*>(in.data), static_cast<std::size_t>(in.length)})) {
+      // Taken where it lies: for such messages copying is always cheaper
+      // (shm_rings.hpp, "costs").
+      if (in.length > shm_rings::kAdaptFrom) link.set_ring_only(*outbox_, true);
       link.consume(*outbox_, in);
       platform::bump_locked(ring_receives_);
       ++events;

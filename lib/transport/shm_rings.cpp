@@ -194,7 +194,7 @@ void Outbox::publish(int slot) noexcept {
   entry_word(slot, kEntryNonce)->store(s.peer_nonce, std::memory_order_release);
   entry_word(slot, kEntryRing)->store(0, std::memory_order_release);
   entry_word(slot, kEntryConsumed)->store(s.pos, std::memory_order_release);
-  entry_word(slot, kEntryCosts)->store(pack_costs(s.copy_out, s.read), std::memory_order_release);
+  entry_word(slot, kEntryCosts)->store(costs(s), std::memory_order_release);
   entry_word(slot, kEntryRing)->store(s.ring, std::memory_order_release);
   entry_word(slot, kEntryState)->store((s.generation << 8) | static_cast<std::uint64_t>(s.state),
                                        std::memory_order_release);
@@ -496,10 +496,19 @@ bool Link::send_large_now(Outbox& own, std::uint64_t length) noexcept {
   // writes at every message it reads (one load on a send of over 16 KiB).
   // Not found yet: nothing measured, the ring.
   const std::uint64_t costs = resolve(own) ? peer_entry_word(kEntryCosts) : 0;
+  if (costs == kCostsRingOnly) return false;
   const bool large = prefer_large(s.copy_in, costs);
-  // The other path, once in kProbeEvery sends, keeps its figure current:
-  // a placement that changed shows within a few probes.
-  return ++s.adaptive % kProbeEvery == 0 ? !large : large;
+  // Probes (costs, in the header): often after the choice changed, ever
+  // rarer while it holds.
+  if (large != s.chose_large) {
+    s.chose_large = large;
+    s.probe_every = kProbeFirst;
+    s.probe_in = std::min(s.probe_in, kProbeFirst);
+  }
+  if (--s.probe_in != 0) return large;
+  s.probe_every = std::min(2 * s.probe_every, kProbeMost);
+  s.probe_in = s.probe_every;
+  return !large;
 }
 
 std::uint64_t Link::written(const Outbox& own) const noexcept {
@@ -548,7 +557,10 @@ void Link::note_cost(Outbox& own, bool large, std::uint64_t ticks, std::uint64_t
   Outbox::Slot& s = own.slots_[static_cast<std::size_t>(slot_)];
   std::uint32_t& average = large ? s.read : s.copy_out;
   average = cost_average(average, ticks, bytes);
-  own.entry_word(slot_, kEntryCosts)->store(pack_costs(s.copy_out, s.read), std::memory_order_release);
+  // A message copied out or read into a posted receive: not one taken
+  // where it lies (any more).
+  s.ring_only = false;
+  own.entry_word(slot_, kEntryCosts)->store(own.costs(s), std::memory_order_release);
 }
 
 void Link::consume(Outbox& own, const Incoming& in) noexcept {

@@ -221,15 +221,30 @@ Read read_record(const std::byte* ring, std::uint64_t offset, std::uint64_t expe
 // with the CPUs apart: copies of 85 and 82 ticks a KiB, a stream of
 // 16-18 GB/s, the rate of their sum). The margin keeps a pair whose
 // figures are close on the ring, the default before this choice existed.
-// One send in kProbeEvery goes the other way, to keep the other path's
+// Now and then a send goes the other way, to keep the other path's
 // figure current (each path's figure is measured only while it is
-// taken).
+// taken): kProbeFirst sends after a change of choice, then at twice the
+// last interval while the choice holds, up to kProbeMost. A pair whose
+// placement stays put pays one send in 1024 on its slower path (with one
+// in 128, the probes showed in a ping-pong's 99th percentile, 2x the
+// median); a placement that changes shows within a few intervals, then
+// the probes come often again.
+//
+// A receiver whose last message over kAdaptFrom was taken where it lay in
+// the ring (by a Messenger: Endpoint::offer_in_place) publishes
+// kCostsRingOnly instead: for such a message a read always costs more, a
+// posted receive and the Messenger's own copy out of it, and probes cost
+// most (measured: one large record in 128 made a Messenger's 24-64 KiB
+// stream 15-27 % slower). Its senders copy and never probe, until a
+// message is copied out or read into a posted receive again.
 //
 // The published word is the peer's: any value is taken (it only picks
 // between two paths the sender can always take), and its halves are
 // bounded by the type.
 inline constexpr std::uint64_t kAdaptFrom = 16 * 1024;
-inline constexpr std::uint32_t kProbeEvery = 128;
+inline constexpr std::uint32_t kProbeFirst = 64;
+inline constexpr std::uint32_t kProbeMost = 1024;
+inline constexpr std::uint64_t kCostsRingOnly = ~std::uint64_t{0};
 
 // The running figure of one path's cost: a sample of `ticks` for `bytes`
 // (> 0) taken into `average` (ticks per KiB, 0 for none yet). Lower
@@ -262,8 +277,10 @@ constexpr std::uint64_t pack_costs(std::uint32_t copy_out, std::uint32_t read) n
 
 // Whether a sender whose copy into the ring costs `copy_in` should send
 // large to a receiver that published `costs` (pack_costs): only when all
-// three are measured and the read costs at most 7/8 of the slower copy.
+// three are measured and the read costs at most 7/8 of the two copies
+// together; never to a receiver that published kCostsRingOnly.
 constexpr bool prefer_large(std::uint32_t copy_in, std::uint64_t costs) noexcept {
+  if (costs == kCostsRingOnly) return false;
   const auto copy_out = static_cast<std::uint32_t>(costs);
   const auto read = static_cast<std::uint32_t>(costs >> 32);
   if (copy_in == 0 || copy_out == 0 || read == 0) return false;
@@ -323,14 +340,20 @@ class Outbox {
     std::uint64_t seq = 0;   // records written
     std::uint64_t acked = 0; // the peer's consumed position, as last believed
     std::uint32_t copy_in = 0;  // our copies into the ring (costs above)
-    std::uint32_t adaptive = 0; // sends the choice was made for (probes)
+    std::uint32_t probe_every = kProbeFirst;  // the interval between probes
+    std::uint32_t probe_in = kProbeFirst;     // sends to the next probe
+    bool chose_large = false;                 // the choice, last we looked
     // Consumer: the peer's ring for us.
     std::uint64_t ring = 0;  // ring_id we read, 0 none yet
     std::uint64_t pos = 0;
     std::uint64_t next_seq = 1;
     std::uint32_t copy_out = 0;  // our copies out of the peer's ring
     std::uint32_t read = 0;      // our reads of its large records
+    bool ring_only = false;      // we publish kCostsRingOnly
   };
+  std::uint64_t costs(const Slot& s) const noexcept {
+    return s.ring_only ? kCostsRingOnly : pack_costs(s.copy_out, s.read);
+  }
   std::atomic<std::uint64_t>* word(std::size_t offset) const noexcept;
   std::atomic<std::uint64_t>* entry_word(int slot, std::size_t offset) const noexcept {
     return word(kHeaderBytes + static_cast<std::size_t>(slot) * kEntryBytes + offset);
@@ -401,6 +424,14 @@ class Link {
   // sender (costs above). Messages of kAdaptFrom bytes or fewer are not
   // counted.
   void note_cost(Outbox& own, bool large, std::uint64_t ticks, std::uint64_t bytes) noexcept;
+  // Whether we took the peer's last data record over kAdaptFrom where it
+  // lay (costs, above): published when it changes. note_cost clears it.
+  void set_ring_only(Outbox& own, bool ring_only) noexcept {
+    Outbox::Slot& s = own.slots_[static_cast<std::size_t>(slot_)];
+    if (s.ring_only == ring_only) return;
+    s.ring_only = ring_only;
+    own.entry_word(slot_, kEntryCosts)->store(own.costs(s), std::memory_order_release);
+  }
 
   std::uint64_t corrupt() const noexcept { return corrupt_; }
 

@@ -135,7 +135,7 @@ void fuzz_positions(const std::uint8_t* data, std::size_t size) {
   const auto copy_in = static_cast<std::uint32_t>(take_u64(data, size));
   const std::uint64_t costs = take_u64(data, size);
   if (sr::prefer_large(copy_in, costs) &&
-      (copy_in == 0 || static_cast<std::uint32_t>(costs) == 0 || (costs >> 32) == 0)) {
+      (copy_in == 0 || static_cast<std::uint32_t>(costs) == 0 || (costs >> 32) == 0 || costs == sr::kCostsRingOnly)) {
     std::abort();
   }
   // A sample never makes a figure "not measured", and never raises it by

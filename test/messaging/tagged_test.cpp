@@ -1433,6 +1433,47 @@ TEST_CASE("a sender with a lower shm copy limit: its longer messages are read fr
   CHECK(b.m.stats().unexpected_held == 0);
 }
 
+TEST_CASE("a Messenger that takes messages where they lie in the ring has its long ones copied, never probed",
+          "[fabric][messaging]") {
+  // FabricEndpointOptions::shm_ring_adaptive (on by default) lets a send
+  // over 16 KiB go as a read from the sender's buffer now and then, to
+  // measure that path. A receiver whose Messenger takes such messages in
+  // place asks for copies instead (a read costs it a posted receive and a
+  // copy more): after the first message, none is sent large.
+  const std::string prov = GENERATE(from_range(rpt::backends()));
+  INFO("backend " << prov);
+  if (prov != "shm") {
+    SUCCEED("the choice of path is the shm rings'");
+    return;
+  }
+  Node a(prov), b(prov);
+  const PeerId to_b = a.s.ep->insert_peer(b.s.ep->name());
+  const PeerId from_a = b.s.ep->insert_peer(a.s.ep->name());
+  // Four times the first probe's distance: without the receiver's word,
+  // several would have gone large.
+  constexpr std::uint64_t kMessages = 256;
+  constexpr std::uint64_t kSize = 32 * 1024;
+  auto in = b.s.alloc(kSize);
+  std::vector<std::byte> expect(kSize);
+  for (std::uint64_t i = 0; i < kMessages; ++i) {
+    auto r = b.m.recv(from_a, 9, 0, rpt::slice_or_die(Slice::data(in)));
+    auto t = a.m.send(to_b, 9, a.filled(kSize, i));
+    const MessageCompletion c = b.wait(std::move(r));
+    REQUIRE(c.status == Status::ok);
+    REQUIRE(c.length == kSize);
+    rpt::fill(expect, i);
+    REQUIRE(std::memcmp(in.data().data(), expect.data(), kSize) == 0);
+    REQUIRE(a.wait(std::move(t)).status == Status::ok);
+  }
+#if REGPOOL_HAVE_FABRIC
+  const auto* fa = dynamic_cast<const regpool::FabricEndpoint*>(a.s.ep.get());
+  REQUIRE(fa != nullptr);
+  CHECK(fa->shm_stats().ring_sends >= kMessages);
+  CHECK(fa->shm_stats().ring_large_sends == 0);
+#endif
+  CHECK(b.m.stats().rejected == 0);
+}
+
 // ------------------------------------------------------------ split eager
 // Split eager (messaging_wire.hpp, "Split eager"): messages the header
 // pushes past the backend's fast message limit (shm) leave as a lead and

@@ -296,7 +296,9 @@ TEST_CASE("a sender sends large only when the read beats both copies, measured",
   // The read at 7/8 of the two copies together, or below.
   CHECK(sr::prefer_large(100, sr::pack_costs(100, 175)));
   CHECK_FALSE(sr::prefer_large(100, sr::pack_costs(100, 176)));
-  CHECK(sr::prefer_large(0xffffffffU, sr::pack_costs(0xffffffffU, 0xffffffffU)));
+  CHECK(sr::prefer_large(0xffffffffU, sr::pack_costs(0xffffffffU, 0xfffffffeU)));  // no overflow
+  // Both halves saturated is kCostsRingOnly: a receiver that wants copies.
+  CHECK_FALSE(sr::prefer_large(1, sr::kCostsRingOnly));
 }
 
 TEST_CASE("a sender follows the costs its receiver publishes, and probes the other path", "[unit]") {
@@ -312,31 +314,43 @@ TEST_CASE("a sender follows the costs its receiver publishes, and probes the oth
   std::vector<std::byte> bytes(kLen, std::byte{7}), out;
   REQUIRE(p.a_to_b.send_data(p.a, bytes.data(), bytes.size()));
   REQUIRE(take(p, out));
-  // What b publishes: nothing yet of reads, so the ring, but for one send
-  // in kProbeEvery.
+  // What b publishes: nothing yet of reads, so the ring, but for the
+  // probes: kProbeFirst sends in, then at twice the interval while the
+  // choice holds, up to kProbeMost.
   auto count = [&](int sends) {
     int large = 0;
     for (int i = 0; i < sends; ++i) large += p.a_to_b.send_large_now(p.a, kLen) ? 1 : 0;
     return large;
   };
-  CHECK(count(2 * static_cast<int>(sr::kProbeEvery)) == 2);
+  constexpr int kFirst = static_cast<int>(sr::kProbeFirst);
+  constexpr int kMost = static_cast<int>(sr::kProbeMost);
+  for (int every = kFirst; every <= kMost; every *= 2) CHECK(count(every) == 1);
+  CHECK(count(kMost) == 1);  // no rarer than that
   // b measured its copies out at 1000 ticks a KiB and its reads at 100:
-  // large, but for one send in kProbeEvery (a's own copy costs more than
-  // nothing, so the read wins by more than the margin).
-  constexpr int kProbe = static_cast<int>(sr::kProbeEvery);
+  // large (a's own copy costs more than nothing, so the read wins by more
+  // than the margin), and the probes are frequent again after the change.
   p.b_to_a.note_cost(p.b, false, 1000 * 32, kLen);
   p.b_to_a.note_cost(p.b, true, 100 * 32, kLen);
-  CHECK(count(2 * kProbe) == 2 * kProbe - 2);
+  CHECK(count(kFirst) == kFirst - 1);
+  CHECK(count(2 * kFirst) == 2 * kFirst - 1);
   // Messages of kAdaptFrom bytes or fewer are not counted: still large.
   p.b_to_a.note_cost(p.b, true, 1'000'000'000, sr::kAdaptFrom);
-  CHECK(count(kProbe) == kProbe - 1);
+  CHECK(count(4 * kFirst) == 4 * kFirst - 1);
+  // A receiver that took a message where it lay (a Messenger's) wants
+  // copies: no large sends, no probes, until it copies one out into a
+  // posted receive again.
+  p.b_to_a.set_ring_only(p.b, true);
+  CHECK(count(2 * kMost) == 0);
+  p.b_to_a.note_cost(p.b, false, 1000 * 32, kLen);
+  CHECK(count(8 * kFirst) == 8 * kFirst - 1);
   // Reads became dear: back to the ring once the figure has risen past
   // the copies', a sixteenth a sample (a's copy's figure is its own
-  // measurement: the bound leaves room for a slow one).
+  // measurement: the bound leaves room for a slow one), and a probe
+  // within kProbeFirst sends of the change.
   bool ring = false;
   for (int i = 0; i < 200 && !ring; ++i) {
     p.b_to_a.note_cost(p.b, true, 1'000'000'000, kLen);
-    ring = count(kProbe) == 1;
+    ring = count(kFirst) == 1;
   }
   CHECK(ring);
 }
@@ -537,7 +551,7 @@ TEST_CASE("sends over 16 KiB take the path the pair measured, both paths byte fo
     ShmEnd a(true, sr::kEagerMax, adaptive), b(true);
     const auto to_b = a.ep->insert_peer(b.ep->name());
     (void)b.ep->insert_peer(a.ep->name());
-    constexpr std::uint64_t kSends = 3 * sr::kProbeEvery;
+    constexpr std::uint64_t kSends = 3 * sr::kProbeFirst;
     for (std::uint64_t i = 0; i < kSends; ++i) {
       const std::size_t len = i % 3 == 0 ? 64 * 1024 : (i % 3 == 1 ? 24 * 1024 + 8 : 16 * 1024);
       const auto c = round(a, to_b, b, i, len);
@@ -548,8 +562,9 @@ TEST_CASE("sends over 16 KiB take the path the pair measured, both paths byte fo
     CHECK(st.ring_sends == kSends);
     CHECK(st.ring_corrupt == 0);
     if (adaptive) {
-      // Two thirds of the sends are over 16 KiB: at least one in
-      // kProbeEvery of those went large, whichever path the figures favour.
+      // Two thirds of the sends are over 16 KiB, twice kProbeFirst: at
+      // least the first probe went large, whichever path the figures
+      // favour.
       CHECK(st.ring_large_sends >= 1);
     } else {
       CHECK(st.ring_large_sends == 0);
