@@ -225,10 +225,13 @@ Read read_record(const std::byte* ring, std::uint64_t offset, std::uint64_t expe
 // figure current (each path's figure is measured only while it is
 // taken): kProbeFirst sends after a change of choice, then at twice the
 // last interval while the choice holds, up to kProbeMost. A pair whose
-// placement stays put pays one send in 1024 on its slower path (with one
-// in 128, the probes showed in a ping-pong's 99th percentile, 2x the
-// median); a placement that changes shows within a few intervals, then
-// the probes come often again.
+// placement stays put pays one send in 256 on its slower path: with one
+// in 128 the probes showed in a ping-pong's 99th percentile (2x the
+// median); with one in 1024 a stream that followed a ping-pong (whose
+// probes had measured the read at its dearest) had too few probes to
+// bring its figure down within 4000 sends. A change, of placement or of
+// traffic, shows within a few intervals, then the probes come often
+// again.
 //
 // A receiver whose last message over kAdaptFrom was taken where it lay in
 // the ring (by a Messenger: Endpoint::offer_in_place) publishes
@@ -243,7 +246,7 @@ Read read_record(const std::byte* ring, std::uint64_t offset, std::uint64_t expe
 // bounded by the type.
 inline constexpr std::uint64_t kAdaptFrom = 16 * 1024;
 inline constexpr std::uint32_t kProbeFirst = 64;
-inline constexpr std::uint32_t kProbeMost = 1024;
+inline constexpr std::uint32_t kProbeMost = 256;
 inline constexpr std::uint64_t kCostsRingOnly = ~std::uint64_t{0};
 
 // The running figure of one path's cost: a sample of `ticks` for `bytes`
