@@ -225,13 +225,11 @@ Read read_record(const std::byte* ring, std::uint64_t offset, std::uint64_t expe
 // figure current (each path's figure is measured only while it is
 // taken): kProbeFirst sends after a change of choice, then at twice the
 // last interval while the choice holds, up to kProbeMost. A pair whose
-// placement stays put pays one send in 256 on its slower path: with one
-// in 128 the probes showed in a ping-pong's 99th percentile (2x the
-// median); with one in 1024 a stream that followed a ping-pong (whose
-// probes had measured the read at its dearest) had too few probes to
-// bring its figure down within 4000 sends. A change, of placement or of
-// traffic, shows within a few intervals, then the probes come often
-// again.
+// placement stays put pays one send in 1024 on its slower path: with one
+// in 128 or 256 the probes showed in a ping-pong's 99th percentile (1.4-2x
+// the median: each side probes, so a round trip meets one twice as
+// often). A change, of placement or of traffic, shows within a few
+// intervals, then the probes come often again.
 //
 // A receiver whose last message over kAdaptFrom was taken where it lay in
 // the ring (by a Messenger: Endpoint::offer_in_place) publishes
@@ -246,18 +244,19 @@ Read read_record(const std::byte* ring, std::uint64_t offset, std::uint64_t expe
 // bounded by the type.
 inline constexpr std::uint64_t kAdaptFrom = 16 * 1024;
 inline constexpr std::uint32_t kProbeFirst = 64;
-inline constexpr std::uint32_t kProbeMost = 256;
+inline constexpr std::uint32_t kProbeMost = 1024;
 inline constexpr std::uint64_t kCostsRingOnly = ~std::uint64_t{0};
 
 // The running figure of one path's cost: a sample of `ticks` for `bytes`
 // (> 0) taken into `average` (ticks per KiB, 0 for none yet). Lower
-// samples count a quarter, higher ones a sixteenth and at most twice the
-// figure (rounded up): a copy that an interrupt or a preemption stretched a hundredfold
-// (measured: one in a few hundred, on two busy CPUs) moves it by a sixteenth
-// instead of flipping the choice for the next dozens of sends, while a
-// path that really became slower shows within a dozen samples. Both paths
-// are kept alike, so the comparison stays fair. Saturates instead of
-// wrapping.
+// samples count a half, higher ones a sixteenth (rounded up) and at most
+// twice the figure: a copy that an interrupt or a preemption stretched a
+// hundredfold (measured: one in a few hundred, on two busy CPUs) moves it
+// by a sixteenth instead of flipping the choice for the next dozens of
+// sends, while a path that really became slower shows within a dozen
+// samples, and one that became cheaper within two or three (a path not
+// taken has a sample only at each probe). Both paths are kept alike, so
+// the comparison stays fair. Saturates instead of wrapping.
 constexpr std::uint32_t cost_average(std::uint32_t average, std::uint64_t ticks, std::uint64_t bytes) noexcept {
   if (bytes == 0) return average;
   constexpr std::uint64_t kCap = 0xffffffffULL;
@@ -269,7 +268,7 @@ constexpr std::uint32_t cost_average(std::uint32_t average, std::uint64_t ticks,
   const std::uint64_t s = sample == 0 ? 1 : sample;  // 0 means none yet
   const std::uint64_t a = average;
   if (a == 0) return static_cast<std::uint32_t>(s);
-  if (s <= a) return static_cast<std::uint32_t>(a - (a - s) / 4);
+  if (s <= a) return static_cast<std::uint32_t>(a - (a - s) / 2);
   // Rounded up: a small figure rises too.
   return static_cast<std::uint32_t>(std::min(kCap, a + (std::min(s, 2 * a) - a + 15) / 16));
 }

@@ -269,9 +269,9 @@ TEST_CASE("a path's cost figure follows its samples, and a stretched one barely 
   CHECK(sr::cost_average(0, 4000, 4096) == 1000);
   CHECK(sr::cost_average(0, 0, 1024) == 1);  // measured, however fast
   CHECK(sr::cost_average(1000, 5, 0) == 1000);
-  // Down by a quarter of the gap; up by a sixteenth, rounded up, at most
+  // Down by half the gap; up by a sixteenth, rounded up, at most
   // twice the figure's worth.
-  CHECK(sr::cost_average(1000, 200, 1024) == 800);
+  CHECK(sr::cost_average(1000, 200, 1024) == 600);
   CHECK(sr::cost_average(1000, 1800, 1024) == 1050);
   CHECK(sr::cost_average(1000, 100000, 1024) == 1063);
   CHECK(sr::cost_average(1, 100000, 1024) == 2);
