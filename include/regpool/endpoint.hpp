@@ -213,7 +213,8 @@ struct Enforcement {
 //    regpool's message rings (FabricEndpointOptions::shm_rings, the
 //    default): FabricEndpointOptions::shm_ring_copy_max (65 KiB by
 //    default), the longest send copied through a ring; a longer one the
-//    receiver reads from the sender's buffer (a system call). Without
+//    receiver reads from the sender's buffer (a system call), as it does
+//    a send over 16 KiB that shm_ring_adaptive found cheaper so. Without
 //    the rings: the provider's inject size (4096 in 1.17), above which
 //    every message goes by CMA (0.38 against 2.18 us for 4160 bytes,
 //    measured; docs/messaging.md). 0 = no such step.
