@@ -848,20 +848,13 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "bench-rma: --shm-ring-copy-max takes a byte count up to 66560, not '%s'\n", argv[i]);
         return 2;
       }
-    } else if (a == "--shm-ring-adaptive" && i + 1 < argc) {
+    } else if ((a == "--shm-ring-adaptive" || a == "--shm-direct-rma") && i + 1 < argc) {
       const std::string v = argv[++i];
       if (v != "on" && v != "off") {
-        std::fprintf(stderr, "bench-rma: --shm-ring-adaptive takes on or off, not '%s'\n", v.c_str());
+        std::fprintf(stderr, "bench-rma: %s takes on or off, not '%s'\n", a.c_str(), v.c_str());
         return 2;
       }
-      o.ring_adaptive = v == "on";
-    } else if (a == "--shm-direct-rma" && i + 1 < argc) {
-      const std::string v = argv[++i];
-      if (v != "on" && v != "off") {
-        std::fprintf(stderr, "bench-rma: --shm-direct-rma takes on or off, not '%s'\n", v.c_str());
-        return 2;
-      }
-      o.direct_rma = v == "on";
+      (a == "--shm-direct-rma" ? o.direct_rma : o.ring_adaptive) = v == "on";
     } else if (a == "--json") {
       o.json = true;
     } else if (a == "--smoke") {
