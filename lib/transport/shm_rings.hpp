@@ -37,7 +37,8 @@
 // naming the sender's buffer; the receiver copies it straight from the
 // sender's memory (process_vm_readv, which regpool's shm already
 // requires), and the sender's send completes when the receiver's consumed
-// position passes that record. Order is kept: one ring per pair carries every message.
+// position passes that record. Order is kept: one ring per pair carries
+// every message.
 //
 // Everything read from a peer's file is checked before use (pure
 // functions below, fuzzed in test/fuzz/shm_rings_fuzz.cpp): a record of
