@@ -505,8 +505,13 @@ bool Link::send_large_now(Outbox& own, std::uint64_t length) noexcept {
     s.probe_every = kProbeFirst;
     s.probe_in = std::min(s.probe_in, kProbeFirst);
   }
+  // A stream (records we wrote still unread; the position is on the line
+  // just loaded) probes up to kProbeStream sends apart, a ping-pong up to
+  // kProbeMost.
+  const std::uint32_t most = acked(own) != s.head ? kProbeStream : kProbeMost;
+  if (s.probe_in > most) s.probe_in = most;
   if (--s.probe_in != 0) return large;
-  s.probe_every = std::min(2 * s.probe_every, kProbeMost);
+  s.probe_every = std::min(2 * s.probe_every, most);
   s.probe_in = s.probe_every;
   return !large;
 }

@@ -353,6 +353,15 @@ TEST_CASE("a sender follows the costs its receiver publishes, and probes the oth
     ring = count(kFirst) == 1;
   }
   CHECK(ring);
+  // A stream (a record b has not read yet): probes no rarer than
+  // kProbeStream. Read, a ping-pong again: back up to kProbeMost.
+  constexpr int kStream = static_cast<int>(sr::kProbeStream);
+  REQUIRE(p.a_to_b.send_data(p.a, bytes.data(), bytes.size()));
+  (void)count(4 * kStream);  // the interval grows to its cap
+  for (int i = 0; i < 4; ++i) CHECK(count(kStream) == 1);
+  REQUIRE(take(p, out));
+  (void)count(4 * kMost);
+  CHECK(count(4 * kStream) == 1);
 }
 
 TEST_CASE("what a hostile peer writes into its files is refused, never believed", "[unit]") {
