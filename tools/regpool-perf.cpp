@@ -45,9 +45,6 @@
 // reported per op and size.
 
 #include <signal.h>
-#if defined(__x86_64__)
-#include <x86intrin.h>
-#endif
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -70,6 +67,7 @@
 #include <vector>
 
 #include "platform/mapping.hpp"
+#include "platform/ticks.hpp"
 #include "regpool/bootstrap.hpp"
 #include "regpool/endpoint.hpp"
 #include "regpool/messaging.hpp"
@@ -1254,12 +1252,12 @@ class ProgressLine {
 };
 
 // Back-to-back latency samples (each the time since the previous mark), as
-// perftest takes them. On x86-64 a mark reads the time-stamp counter (about
-// 12 ns even in the Soft-RoCE guest, where steady_clock::now() is a system
-// call reading an emulated HPET, about 1.5 us, which would be inside every
-// sample), and the counts are converted with the counter's rate measured
-// against steady_clock over the whole test; elsewhere marks read
-// steady_clock.
+// perftest takes them. A mark reads the CPU's counter (platform::ticks: on
+// x86-64 the time-stamp counter, about 12 ns even in the Soft-RoCE guest,
+// where steady_clock::now() is a system call reading an emulated HPET,
+// about 1.5 us, which would be inside every sample), and the counts are
+// converted with the counter's rate measured against steady_clock over the
+// whole test.
 // The counter's rate of the last test (reported in the JSON: perftest
 // converts its counts with /proc/cpuinfo's MHz instead, which under qemu TCG
 // need not be the counter's rate).
@@ -1271,17 +1269,17 @@ class SampleTimer {
   // The start of the first sample (and of the rate's calibration).
   void start() noexcept {
     c0_ = Clock::now();
-    t0_ = prev_ = ticks();
+    t0_ = prev_ = regpool::platform::ticks();
   }
   void mark() {
-    const std::uint64_t t = ticks();
+    const std::uint64_t t = regpool::platform::ticks();
     raw_.push_back(t - prev_);
     prev_ = t;
   }
   // The samples in microseconds, each divided by `div` (2: half round trips).
   std::vector<double> samples_us(double div) const {
     const double us = std::chrono::duration<double, std::micro>(Clock::now() - c0_).count();
-    const double per_us = us > 0 ? static_cast<double>(ticks() - t0_) / us : 1.0;
+    const double per_us = us > 0 ? static_cast<double>(regpool::platform::ticks() - t0_) / us : 1.0;
     g_ticks_per_us = per_us;
     std::vector<double> v;
     v.reserve(raw_.size());
@@ -1290,13 +1288,6 @@ class SampleTimer {
   }
 
  private:
-  static std::uint64_t ticks() noexcept {
-#if defined(__x86_64__)
-    return __rdtsc();
-#else
-    return static_cast<std::uint64_t>(Clock::now().time_since_epoch().count());
-#endif
-  }
   Clock::time_point c0_{};
   std::uint64_t t0_ = 0, prev_ = 0;
   std::vector<std::uint64_t> raw_;

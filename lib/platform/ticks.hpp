@@ -1,6 +1,8 @@
 #pragma once
 // A cheap timestamp for timing copies of microseconds (shm rings' choice
-// of path per peer: transport/shm_rings.hpp, "costs"). Only differences
+// of path per peer: transport/shm_rings.hpp, "costs") and for
+// regpool-perf's latency samples, which it converts with the rate it
+// measures against steady_clock. Only differences
 // between two readings, and ratios of such differences taken on the same
 // machine, mean anything: the unit is the CPU's (x86's invariant TSC,
 // the same on every core and in every process; AArch64's virtual counter)
