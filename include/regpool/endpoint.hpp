@@ -801,6 +801,9 @@ class REGPOOL_API Endpoint {
   // from do_poll only, an incoming message offered to the receive side's
   // sink before a posted receive takes it (true: taken, consumed).
   virtual bool do_messages_in_place() const noexcept { return false; }
+  // Gathered sends (endpoint_backend.hpp): whether the backend sends an op
+  // with a `body` as one message of its two pieces.
+  virtual bool do_gathered_sends() const noexcept { return false; }
   virtual Status do_send_copy(std::uint64_t /*handle*/, std::span<const std::byte> /*head*/,
                               std::span<const std::byte> /*body*/) noexcept {
     return Status::would_block;
@@ -821,6 +824,11 @@ class REGPOOL_API Endpoint {
   // (the backend cannot now, or has no such path: post it instead), or why
   // the peer cannot be sent to.
   Status send_copy(PeerId peer, std::span<const std::byte> head, const Slice& body) noexcept;
+  // One message of `head` then `body` to `peer`, each sent from where it
+  // lies, as send() sends one slice (both references held until the
+  // completion). Only on a backend whose do_gathered_sends() is true:
+  // Status::unsupported elsewhere.
+  REGPOOL_LOCAL Result<Token> send_gathered(PeerId peer, const Slice& head, const Slice& body, Callback cb) noexcept;
 
   using Clock = std::chrono::steady_clock;
   class Lock;
@@ -872,7 +880,8 @@ class REGPOOL_API Endpoint {
   // carries only its own kind's checks.
   inline Result<Token> submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
                        std::uint64_t remote_offset, std::uint64_t length, std::uint64_t operand,
-                       std::uint64_t compare, Callback&& cb, bool kept = false) noexcept;
+                       std::uint64_t compare, Callback&& cb, bool kept = false, const Slice* body = nullptr,
+                       Slice* refused_body = nullptr) noexcept;
   void fail_ops_locked(PeerId peer, Status status, bool gone) noexcept;
   // Take back failed ops the backend still holds where do_abandon agrees
   // (one slot, or every such slot).
@@ -1038,6 +1047,10 @@ class REGPOOL_API Endpoint {
   std::vector<std::uint32_t> releases_;  // slots whose Slice awaits release (ring)
   std::size_t release_head_ = 0;
   std::size_t release_count_ = 0;
+  // Gathered sends' bodies taken with their slot's Slice by
+  // take_release_locked, dropped with it after the same unlock (capacity
+  // max_in_flight: never grows).
+  std::vector<Slice> body_releases_;
   // free -> (binding ->) live -> [revoking ->] revoked -> free, or
   // live -> quarantined -> revoked -> free; binding -> failed -> free.
   // `revoked` entries wait on the release list for an unlock to drop their

@@ -184,6 +184,18 @@
 //                                           uses the two calls below
 //                                           (docs/architecture.md, "Messages
 //                                           in place").
+//   bool do_gathered_sends() const          optional (default false): the
+//                                           backend sends an op whose `body`
+//                                           is set as one message of both
+//                                           pieces, each from where it lies
+//                                           (an iovec of two, two scatter-
+//                                           gather entries). Then a
+//                                           Messenger sends its longer eager
+//                                           messages as its header and the
+//                                           caller's bytes, uncopied
+//                                           (docs/messaging.md, "Gathered
+//                                           eager sends"). Fixed once the
+//                                           endpoint is constructed.
 //   Status do_send_copy(handle, head, body) the message head + body to the
 //                                           peer, copied now: ok (no
 //                                           completion follows), would_block
@@ -319,6 +331,10 @@ struct BackendOp {
   // index_of_tag() then recognises a completion that arrives after the base
   // took the slot back (do_abandon) and it was reused.
   std::uint64_t tag = 0;
+  // A gathered send's second piece (do_gathered_sends): one message of
+  // local's bytes, then body's, `length` covering both. Null for every
+  // other op.
+  const Slice* body = nullptr;
 };
 
 // A doorbell a backend offers (do_wait_bell): two 32-bit words, both

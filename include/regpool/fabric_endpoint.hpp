@@ -447,6 +447,7 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   int do_wait_fd() const noexcept override { return wait_fd_; }
   WaitBell do_wait_bell() const noexcept override;
   bool do_messages_in_place() const noexcept override { return outbox_ != nullptr; }
+  bool do_gathered_sends() const noexcept override { return gathered_sends_ && outbox_ == nullptr; }
   Status do_send_copy(std::uint64_t handle, std::span<const std::byte> head,
                       std::span<const std::byte> body) noexcept override;
   bool do_arm(std::chrono::microseconds& max_sleep) noexcept override;
@@ -806,6 +807,8 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   // shm, or FabricEndpointOptions::inject_sends is off; open_shm_watch).
   std::uint64_t inject_limit_ = 0;
   bool injected_now_ = false;  // do_send's inject, for its caller
+  bool gathered_sends_ = false;  // the provider takes two pieces per message
+  Status send_gathered(const BackendOp& op, void* head_desc, std::uint64_t more) noexcept;
   std::vector<std::uint64_t> injected_;
   std::size_t complete_injected(std::size_t max) noexcept;
   void complete_send(std::uint32_t index, const BackendOp& op) noexcept;

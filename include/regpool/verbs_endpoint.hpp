@@ -236,6 +236,7 @@ class REGPOOL_API VerbsEndpoint final : public Endpoint {
   // (see the top comment).
   bool needs_target_progress() const noexcept override { return false; }
   bool do_native_atomics() const noexcept override { return true; }
+  bool do_gathered_sends() const noexcept override { return true; }
   // RDMA READ proceeds on the NIC (gets overlap); the crossover was not
   // measured (Soft-RoCE under emulation says little about a NIC): 16 KiB,
   // the usual hardware figure.

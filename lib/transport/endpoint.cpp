@@ -176,6 +176,7 @@ struct ExposureLink {
 struct Endpoint::Slot {
   BackendOp desc;
   Slice local;
+  Slice body;  // a gathered send's second piece (send_gathered)
   RemoteRef remote;
   Callback cb;
   Completion result;
@@ -383,6 +384,7 @@ std::unique_lock<Endpoint::Mutex> Endpoint::lock_fair() const noexcept {
   --release_count_;
   Slot& s = slots_[index];
   Slice local = std::move(s.local);
+  if (s.body) [[unlikely]] body_releases_.push_back(std::move(s.body));
   s.release_pending = false;
   maybe_free_locked(index);
   return local;
@@ -398,6 +400,13 @@ std::unique_lock<Endpoint::Mutex> Endpoint::lock_fair() const noexcept {
 
 [[gnu::hot]] void Endpoint::unlock_releasing_one(std::unique_lock<Mutex>& lk) noexcept {
   const Slice last = take_release_locked();
+  if (!body_releases_.empty()) [[unlikely]] {
+    // A gathered send's: the one take above pushed at most this one.
+    const Slice body = std::move(body_releases_.back());
+    body_releases_.pop_back();
+    lk.unlock();
+    return;
+  }
   lk.unlock();
 }
 
@@ -423,6 +432,10 @@ void Endpoint::release_batches(std::unique_lock<Mutex>& lk) noexcept {
       // Destroyed at the end of this block, after the unlock below.
       detail::StackBatch<Slice, kReleaseBatch> batch;
       while (!batch.full() && release_count_ > 0) batch.emplace(take_release_locked());
+      while (!batch.full() && !body_releases_.empty()) {
+        batch.emplace(std::move(body_releases_.back()));
+        body_releases_.pop_back();
+      }
       while (!batch.full() && release_list_ != kNoExposure) {
         const std::uint32_t index = release_list_;
         ExposureEntry& e = exposures_[index];
@@ -430,7 +443,7 @@ void Endpoint::release_batches(std::unique_lock<Mutex>& lk) noexcept {
         batch.emplace(std::move(e.parked));
         free_exposure_locked(index);
       }
-      more = release_count_ > 0 || release_list_ != kNoExposure;
+      more = release_count_ > 0 || release_list_ != kNoExposure || !body_releases_.empty();
       lk.unlock();
     }
     if (!more) return;
@@ -454,6 +467,7 @@ Endpoint::Endpoint(const EndpointConfig& config, const ExposureSupport& support)
   for (std::size_t i = n; i-- > 0;) free_.push_back(static_cast<std::uint32_t>(i));
   ready_.assign(n, 0);
   releases_.assign(n, 0);
+  body_releases_.reserve(n);
   kept_retry_.reserve(n);
   atomic_words_ = std::make_unique<AtomicWords[]>(n);
   peers_.reserve(16);
@@ -1248,6 +1262,15 @@ Result<Token> Endpoint::get(PeerId peer, const RemoteRef& remote, std::uint64_t 
   return submit(OpKind::send, peer, &local, nullptr, 0, local.length(), 0, 0, std::move(cb));
 }
 
+Result<Token> Endpoint::send_gathered(PeerId peer, const Slice& head, const Slice& body, Callback cb) noexcept {
+  if (!do_gathered_sends()) return reject(Status::unsupported);
+  if (const Status c = check_op(OpKind::send, &body, nullptr, 0, body.length()); c != Status::ok) return reject(c);
+  // A refused post's second reference, dropped after submit's unlock.
+  Slice refused_body;
+  return submit(OpKind::send, peer, &head, nullptr, 0, head.length() + body.length(), 0, 0, std::move(cb), false,
+                &body, &refused_body);
+}
+
 [[gnu::hot]] Result<Token> Endpoint::post_recv(const Slice& local, Callback cb) noexcept {
   return submit(OpKind::recv, kAnyPeer, &local, nullptr, 0, local.length(), 0, 0, std::move(cb));
 }
@@ -1655,7 +1678,8 @@ Result<std::uint32_t> Endpoint::claim_slot_locked(OpKind kind, PeerId peer, cons
 [[gnu::always_inline]] inline
 Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, const RemoteRef* remote,
                                std::uint64_t remote_offset, std::uint64_t length, std::uint64_t operand,
-                               std::uint64_t compare, Callback&& cb, bool kept) noexcept {
+                               std::uint64_t compare, Callback&& cb, bool kept, const Slice* body,
+                               Slice* refused_body) noexcept {
   // Checks that need no lock first: they are the ones users hit.
   if (const Status c = check_op(kind, local, remote, remote_offset, length); c != Status::ok) return reject(c);
 
@@ -1667,6 +1691,12 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
   if (!claimed) return reject(claimed.status());
   const std::uint32_t index = *claimed;
   Slot& s = slots_[index];
+  if (body) {
+    // send_gathered's second piece: held, and handed to the backend, as
+    // the first is.
+    s.body = *body;
+    s.desc.body = &s.body;
+  }
   s.kept = kept;
   if (kept && needs_peer(kind)) {
     s.peer_epoch = peers_[peer].epoch;
@@ -1713,6 +1743,7 @@ Result<Token> Endpoint::submit(OpKind kind, PeerId peer, const Slice* local, con
     // The callback was never given to anyone: it goes back to the caller's
     // frame and is destroyed there after unlocking, as the Slice is.
     cb = std::move(s.cb);
+    if (body) *refused_body = std::move(s.body);
     refuse_locked(index, refused_local);
     return reject(st);
   }

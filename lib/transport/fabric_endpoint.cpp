@@ -236,6 +236,9 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   manual_progress_ = info->domain_attr->data_progress != FI_PROGRESS_AUTO ||
                      info->domain_attr->control_progress != FI_PROGRESS_AUTO;
   transfer_traits_ = TransferTraits{facts.initiator_copies, facts.copy_crossover};
+  // Gathered sends need two pieces per message; with message rings (shm)
+  // sends take the rings' paths instead (do_gathered_sends).
+  gathered_sends_ = info->tx_attr && info->tx_attr->iov_limit >= 2;
   if (facts.split_crossover != 0 && info->tx_attr && info->tx_attr->inject_size != 0) {
     transfer_traits_.fast_message_limit = info->tx_attr->inject_size;
     transfer_traits_.split_crossover = facts.split_crossover;
@@ -1049,6 +1052,7 @@ Status FabricEndpoint::rma_msg(bool write, const BackendOp& op, void* buf, void*
   }
   auto region = detail::post_registration(op.local->ldo(), *domain_);
   if (!region) return region.status();
+  if (op.body) [[unlikely]] return send_gathered(op, (*region)->descriptor(), more);
   if (more == 0) {
     if (op.length <= inject_limit_) {
       const Status st = post_status(fi_inject(ep_, op.local->address(), op.length, peers_[op.peer_handle].data));
@@ -1069,6 +1073,25 @@ Status FabricEndpoint::rma_msg(bool write, const BackendOp& op, void* buf, void*
   msg.context = data_context(op);
   // The single-op path's fi_send uses the endpoint's default flags, which
   // carry no delivery-complete: keep sends the same in a batch.
+  return post_status(fi_sendmsg(ep_, &msg, FI_COMPLETION | more));
+}
+
+// A gathered send (BackendOp::body): the head and the body as the two
+// pieces of one fi_sendmsg, each with its own registration's descriptor.
+// Never injected: the Messenger gathers only payloads far longer than any
+// inject size.
+Status FabricEndpoint::send_gathered(const BackendOp& op, void* head_desc, std::uint64_t more) noexcept {
+  auto region = detail::post_registration(op.body->ldo(), *domain_);
+  if (!region) return region.status();
+  const std::uint64_t body_length = op.body->length();
+  iovec iov[2] = {{op.local->address(), op.length - body_length}, {op.body->address(), body_length}};
+  void* desc[2] = {head_desc, (*region)->descriptor()};
+  fi_msg msg{};
+  msg.msg_iov = iov;
+  msg.desc = desc;
+  msg.iov_count = 2;
+  msg.addr = peers_[op.peer_handle].data;
+  msg.context = data_context(op);
   return post_status(fi_sendmsg(ep_, &msg, FI_COMPLETION | more));
 }
 

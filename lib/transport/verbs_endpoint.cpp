@@ -559,7 +559,7 @@ int VerbsEndpoint::open_qp(std::uint32_t ci) noexcept {
   qa.srq = m.srq;
   qa.cap.max_send_wr = m.sq_depth;
   qa.cap.max_recv_wr = 0;  // receives come from the SRQ
-  qa.cap.max_send_sge = 1;
+  qa.cap.max_send_sge = 2;  // a gathered send's two pieces (do_gathered_sends)
   qa.cap.max_recv_sge = 1;
   qa.cap.max_inline_data = options_.max_inline;
   qa.qp_type = IBV_QPT_RC;
@@ -1122,6 +1122,24 @@ Status fill_data_wr(const BackendOp& op, Domain& domain, ibv_send_wr& wr, ibv_sg
   }
   return Status::ok;
 }
+
+// The WR of a gathered send (BackendOp::body): two scatter-gather entries,
+// the head's and the body's, each with its own registration's key.
+Status fill_gathered_wr(const BackendOp& op, Domain& domain, ibv_send_wr& wr, ibv_sge (&sge)[2]) noexcept {
+  auto head = detail::post_registration(op.local->ldo(), domain);
+  if (!head) return head.status();
+  auto body = detail::post_registration(op.body->ldo(), domain);
+  if (!body) return body.status();
+  const std::uint64_t body_length = op.body->length();
+  sge[0] = ibv_sge{reinterpret_cast<std::uintptr_t>(op.local->address()),
+                   static_cast<std::uint32_t>(op.length - body_length), (*head)->local_key()};
+  sge[1] = ibv_sge{reinterpret_cast<std::uintptr_t>(op.body->address()), static_cast<std::uint32_t>(body_length),
+                   (*body)->local_key()};
+  wr.sg_list = sge;
+  wr.num_sge = 2;
+  wr.opcode = IBV_WR_SEND;
+  return Status::ok;
+}
 }  // namespace
 
 Status VerbsEndpoint::post_rc(const BackendOp& op) noexcept {
@@ -1130,7 +1148,8 @@ Status VerbsEndpoint::post_rc(const BackendOp& op) noexcept {
   if (const Status st = rc_conn(op, ci); st != Status::ok) return st;
   Conn& c = m.conns[ci];
 
-  ibv_sge sge{};
+  ibv_sge sges[2]{};
+  ibv_sge& sge = sges[0];
   ibv_send_wr wr{};
   std::uint64_t chunks = 1;
   const bool atomic = op.kind == OpKind::fetch_add || op.kind == OpKind::compare_swap;
@@ -1146,6 +1165,9 @@ Status VerbsEndpoint::post_rc(const BackendOp& op) noexcept {
     wr.wr.atomic.rkey = static_cast<std::uint32_t>(op.remote->key);
     wr.wr.atomic.compare_add = op.kind == OpKind::fetch_add ? w->operand : w->compare;
     wr.wr.atomic.swap = w->operand;
+  } else if (op.body) [[unlikely]] {
+    // One message of at most max_msg_ bytes (the base checked the total).
+    if (const Status st = fill_gathered_wr(op, *domain_, wr, sges); st != Status::ok) return st;
   } else {
     if (const Status st = fill_data_wr(op, *domain_, wr, sge); st != Status::ok) return st;
     // The port's max_msg_sz (8 MiB on rxe) bounds one WR: larger RDMA
@@ -1166,7 +1188,7 @@ Status VerbsEndpoint::post_rc(const BackendOp& op) noexcept {
     const std::uint64_t off = k * max_msg_;
     const bool last = k + 1 == chunks;
     ++seq;
-    if (!atomic) {
+    if (!atomic && !op.body) {
       sge.addr = reinterpret_cast<std::uintptr_t>(op.local->address()) + off;
       sge.length = static_cast<std::uint32_t>(std::min<std::uint64_t>(max_msg_, op.length - off));
       if (op.remote) wr.wr.rdma.remote_addr = op.remote_address + off;
