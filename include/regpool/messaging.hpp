@@ -172,6 +172,17 @@ struct MessengerConfig {
   // never); never more than 8 messages or the eager threshold; no effect
   // where the backend has no such limit. UINT64_MAX = never.
   std::uint64_t eager_split = 0;
+  // Gathered eager: where the backend can send one message of two pieces
+  // each from where it lies (libfabric tcp, and shm without regpool's
+  // rings; verbs), an eager payload of at least this many bytes leaves as
+  // the 64-byte header and the caller's own bytes, gathered by the
+  // provider or the NIC: no copy at the sender (UCX's eager zcopy). Such a
+  // send holds `data` until the provider is done with it, as a rendezvous
+  // send does; payloads of up to 192 bytes always go through the peer's
+  // kept send. The receiver sees an ordinary eager message. 0 = the
+  // default, 4 KiB (docs/messaging.md, "Gathered eager"); UINT64_MAX =
+  // never (every eager payload copied into a message).
+  std::uint64_t eager_gather = 0;
   // A rendezvous sender waiting for the receiver's fin, a receive whose
   // gets stall, and a peer noticed dead: fail after this (scaled like
   // EndpointConfig::op_timeout by length / min_bandwidth). 0 = never.
@@ -192,6 +203,7 @@ struct MessengerStats {
   std::uint64_t eager_sent = 0;
   std::uint64_t eager_split = 0;        // of which sent as several messages (split eager)
   std::uint64_t eager_kept = 0;         // of which sent through the peer's kept send (small, from send())
+  std::uint64_t eager_gathered = 0;     // of which sent gathered: header and the caller's bytes, uncopied
   // Messages in place (shm with message rings, docs/messaging.md): eager
   // sends the endpoint copied straight into the transport (no send
   // operation), and messages matched and copied where they arrived (no

@@ -45,6 +45,7 @@
 #include "platform/coarse_clock.hpp"
 #include "platform/copy.hpp"
 #include "platform/futex.hpp"
+#include "pool/post_registration.hpp"
 #include "regpool/messaging.hpp"
 #include "transport/message_sink.hpp"
 
@@ -60,6 +61,11 @@ const char* to_string(MessageOp op) noexcept {
   }
   return "unknown";
 }
+
+// MessengerConfig::eager_gather's default: the payload size from which a
+// gathered send beats copying into a message (bench/RESULTS.md, "Gathered
+// eager sends").
+constexpr std::uint64_t kDefaultGather = 4096;
 
 std::uint64_t default_eager_threshold(Endpoint& endpoint) noexcept {
   // The backend's measured copy-versus-rendezvous crossover (TransferTraits).
@@ -230,8 +236,9 @@ struct MessengerCore final : MessageSink {
     std::uint32_t bounce = 0;
     Token token;  // repost: the bounce's kept receive
     std::uint64_t remote_offset = 0;
-    Slice local;  // recv: the bounce; send: the message; rts/grant: the bytes to expose; get/put: the local side
-    Slice msg;    // rts/grant: the notice
+    Slice local;  // recv: the bounce; send: the message (gathered: its header); rts/grant: the bytes to expose;
+                  // get/put: the local side
+    Slice msg;    // rts/grant: the notice; a gathered send: the caller's payload, sent after `local`
     RemoteRef ref;
   };
 
@@ -250,6 +257,11 @@ struct MessengerCore final : MessageSink {
   // incoming messages where they lie.
   bool in_place = false;
   std::uint64_t copy_limit = 0;
+  // Gathered eager (MessengerConfig::eager_gather): eager payloads of at
+  // least this many bytes leave as a header message and the caller's
+  // bytes in one gathered send (Endpoint::send_gathered), uncopied.
+  // UINT64_MAX = never (the backend cannot, or the config says so).
+  std::uint64_t gather_from = ~std::uint64_t{0};
   static constexpr std::uint32_t kMaxParts = 8;
   // Rendezvous receives of at least this many bytes are split with the
   // sender (MessengerConfig::rendezvous_split); 0 = never.
@@ -721,10 +733,44 @@ struct MessengerCore final : MessageSink {
   [[gnu::always_inline]] void write_eager(std::uint32_t i, const Slice& src, std::byte* at) noexcept {
     const std::uint64_t len = src.length();
     std::memcpy(at + mw::kHeaderSize, src.address(), len);
+    seal_eager(i, len, at);
+  }
+  // Op i's eager header for a payload of `len` bytes, sealed, written at `at`.
+  [[gnu::always_inline]] void seal_eager(std::uint32_t i, std::uint64_t len, std::byte* at) noexcept {
     mw::Header h = header_for(i, len);
     h.type = mw::Type::eager;
     seal(peers[ops[i].peer], h, at);
     ++st.eager_sent;
+  }
+
+  // Whether the eager payload `data` leaves gathered (its header message,
+  // then the caller's bytes where they lie): long enough, and in memory the
+  // endpoint's domain has registered (bytes from elsewhere, a pool of
+  // another domain, are copied into a message as before: only the
+  // Messenger's own message objects need to be registered for an eager
+  // send).
+  bool gathers(const Slice& data) const noexcept {
+    return data.length() >= gather_from && detail::post_registration(data.ldo(), ep.domain()).ok();
+  }
+  // Whether `endpoint`'s backend sends gathered messages (a friend's view
+  // of a protected member).
+  static bool gathered_sends(const Endpoint& endpoint) noexcept { return endpoint.do_gathered_sends(); }
+  // Op i's header message for a gathered eager payload of `len` bytes,
+  // sealed: in a spare when there is one (a header always fits), else in
+  // a fresh pool object.
+  Result<Slice> gathered_header(std::uint32_t i, std::uint64_t len) noexcept {
+    Result<Ldo> m = Status::would_block;
+    if (!spares.empty()) {
+      m = std::move(spares.back());
+      spares.pop_back();
+      (void)m->resize_data(mw::kHeaderSize);  // within its capacity
+    } else {
+      m = alloc_message(mw::kHeaderSize);
+      if (!m) return m.status();
+    }
+    seal_eager(i, len, m->data().data());
+    ++st.eager_gathered;
+    return Slice::data(std::move(*m));
   }
 
   // Op i's eager message of the bytes `src`, sealed: in a spare when it
@@ -827,7 +873,16 @@ struct MessengerCore final : MessageSink {
     p.op = i;
     p.gen = o.gen;
     std::uint32_t returned = 0;  // credits the message gives back
-    if (eager) {
+    if (eager && gathers(src)) {
+      const std::uint32_t owed = ps.owed;
+      auto m = gathered_header(i, len);
+      if (!m) return complete(i, m.status());
+      returned = owed - ps.owed;
+      p.kind = PostKind::send;
+      p.local = std::move(*m);
+      // The send holds the caller's bytes until the provider is done.
+      p.msg = data ? *data : std::move(o.buf);
+    } else if (eager) {
       const std::uint32_t owed = ps.owed;
       auto m = eager_message(i, src);
       if (!m) return complete(i, m.status());
@@ -872,6 +927,13 @@ struct MessengerCore final : MessageSink {
     if (data.length() <= kSparePayload && !ps.ks_busy &&
         (ps.ks_token || (!ps.ks_buf && kept_sends < kKeptSends && make_kept_locked(ps)))) {
       return send_kept_direct(g, i, data);
+    }
+    if (gathers(data)) {
+      auto m = gathered_header(i, data.length());
+      if (!m) return complete(i, m.status());
+      Slice one[1] = {std::move(*m)};
+      post_direct(g, i, one, &data);
+      return;
     }
     auto m = eager_message(i, data);
     if (!m) return complete(i, m.status());
@@ -1093,9 +1155,11 @@ struct MessengerCore final : MessageSink {
   // and the drain role taken around the posts, so posts others queue
   // meanwhile go out after these, in order, as the ring would have sent
   // them. Each message's reference is dropped before the mutex is taken
-  // back; the first failed post fails the op and ends the posting.
-  [[gnu::always_inline]] void post_direct(std::unique_lock<CoreMutex>& g, std::uint32_t i,
-                                          std::span<Slice> msgs) noexcept {
+  // back; the first failed post fails the op and ends the posting. Given
+  // `body` (the caller's bytes, gathered), the one message is its header
+  // and goes as a gathered send of both.
+  [[gnu::always_inline]] void post_direct(std::unique_lock<CoreMutex>& g, std::uint32_t i, std::span<Slice> msgs,
+                                          const Slice* body = nullptr) noexcept {
     const PeerId peer = ops[i].peer;
     const std::uint32_t gen = ops[i].gen;
     peers[peer].announced = true;
@@ -1104,8 +1168,8 @@ struct MessengerCore final : MessageSink {
     Status s = Status::ok;
     for (Slice& m : msgs) {
       if (s == Status::ok) {
-        s = ep.send(peer, m, [self = shared_from_this(), i, gen](const Completion& c) { self->on_sent(i, gen, c); })
-                .status();
+        auto done = [self = shared_from_this(), i, gen](const Completion& c) { self->on_sent(i, gen, c); };
+        s = (body ? ep.send_gathered(peer, m, *body, std::move(done)) : ep.send(peer, m, std::move(done))).status();
       }
       m = Slice{};
     }
@@ -2024,8 +2088,8 @@ struct MessengerCore final : MessageSink {
         break;  // above
       case PostKind::send: {
         const std::uint32_t i = p.op, gen = p.gen;
-        auto t = ep.send(p.peer, p.local,
-                         [self = std::move(self), i, gen](const Completion& c) { self->on_sent(i, gen, c); });
+        auto done = [self = std::move(self), i, gen](const Completion& c) { self->on_sent(i, gen, c); };
+        auto t = p.msg ? ep.send_gathered(p.peer, p.local, p.msg, std::move(done)) : ep.send(p.peer, p.local, std::move(done));
         return t.status();
       }
       case PostKind::rts:
@@ -2350,6 +2414,11 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
     c.part_size = std::min(traits.fast_message_limit, both_ways) - mw::kHeaderSize;
     c.split_upto = cfg.eager_split != 0 ? cfg.eager_split : traits.split_crossover;
     c.split_upto = std::min({c.split_upto, c.part_size * Core::kMaxParts, c.threshold});
+  }
+  // Gathered eager: where the backend sends a message of two pieces and
+  // sends are not copied into the transport anyway (messages in place).
+  if (cfg.eager_gather != ~std::uint64_t{0} && Core::gathered_sends(endpoint)) {
+    c.gather_from = std::max<std::uint64_t>(cfg.eager_gather != 0 ? cfg.eager_gather : kDefaultGather, 1);
   }
   c.chunk = cfg.rendezvous_chunk ? cfg.rendezvous_chunk : std::min<std::uint64_t>(limit, 16 << 20);
   c.chunk = std::min(c.chunk, limit);

@@ -233,6 +233,12 @@ inline bool expects_native_atomics(const std::string& backend) { return backend 
 // while posts to it wait (docs/provider-facts.md). tcp;ofi_rxm and verbs
 // know only what the connection reports.
 inline bool finds_dead_peers(const std::string& backend) { return backend == "shm" || is_net(backend); }
+// A Messenger sends longer eager payloads gathered (its header and the
+// caller's bytes in one two-piece send, MessengerConfig::eager_gather):
+// every libfabric provider here takes two-entry iovecs, and verbs two
+// scatter-gather entries; shm with regpool's message rings sends through
+// them instead.
+inline bool gathers_sends(const std::string& backend, bool shm_rings) { return backend != "shm" || !shm_rings; }
 // A live peer removed and inserted again needs nothing from that peer
 // (connectionless libfabric endpoints); on verbs the re-insert is a new RC
 // connection that the peer must take up while it progresses.
