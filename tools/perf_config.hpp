@@ -92,6 +92,9 @@ struct Config {
   // MessengerConfig::eager_split (0 = the backend's default; UINT64_MAX =
   // never). The sender decides; both sides take it.
   std::uint64_t tagged_eager_split = 0;
+  // MessengerConfig::eager_gather (0 = the default; UINT64_MAX = never).
+  // The sender decides; both sides take it.
+  std::uint64_t tagged_gather = 0;
   regpool::ExposureMode expose_mode = regpool::ExposureMode::standard;
   // How both sides wait for completions (EndpointConfig::wait_mode).
   regpool::WaitMode wait = regpool::WaitMode::spin;
@@ -176,6 +179,7 @@ struct Config {
     num("tagged_threshold", tagged_threshold);
     num("tagged_split", tagged_split);
     num("tagged_eager_split", tagged_eager_split);
+    num("tagged_gather", tagged_gather);
     line("expose_mode", regpool::to_string(expose_mode));
     line("perftest", perftest ? "1" : "0");
     line("verbs_inline", std::to_string(verbs_inline));
@@ -206,7 +210,8 @@ struct Config {
     if (text.size() > kMaxEncoded) return fail(why, "longer than " + std::to_string(kMaxEncoded) + " bytes");
     static constexpr std::string_view kKeys[] = {
         "provider",     "wait",         "iters",       "window",       "ops",       "cold_bytes",
-        "tagged_threshold", "tagged_split", "tagged_eager_split", "expose_mode", "perftest", "verbs_inline",
+        "tagged_threshold", "tagged_split", "tagged_eager_split", "tagged_gather", "expose_mode", "perftest",
+        "verbs_inline",
         "verbs_signal", "loop_mean",    "recv",        "sends",        "ahead",     "rma",       "shm_rings",
         "shm_ring_copy_max", "shm_ring_adaptive", "messenger", "sizes"};
     std::size_t at = 0;
@@ -318,6 +323,7 @@ struct Config {
     }
     if (key == "tagged_split") return split(v, c.tagged_split);
     if (key == "tagged_eager_split") return split(v, c.tagged_eager_split);
+    if (key == "tagged_gather") return split(v, c.tagged_gather);
     if (key == "expose_mode") {
       if (v == "standard") {
         c.expose_mode = regpool::ExposureMode::standard;

@@ -178,6 +178,10 @@ void usage(std::FILE* to) {
       "                   (eager payloads up to SIZE that the header pushes past the\n"
       "                   backend's fast message limit leave as several messages),\n"
       "                   off, or default (the backend's: 16 KiB on shm, never elsewhere)\n"
+      "  --tagged-gather S the Messenger's gathered eager for --ops tagged: SIZE\n"
+      "                   (eager payloads of at least SIZE leave as the header and\n"
+      "                   the caller's bytes, uncopied, where the backend can send\n"
+      "                   a message of two pieces), off, or default (4 KiB)\n"
       "  --expose-mode M  standard or scoped: the ExposureMode the expose test uses\n"
       "                   (default standard)\n"
       "  --perftest       latency only, with perftest's definitions (tools/README.md):\n"
@@ -268,7 +272,7 @@ struct Options {
   Config config;
 };
 
-// --tagged-split and --tagged-eager-split: a size above 0, off (UINT64_MAX,
+// --tagged-split, --tagged-eager-split and --tagged-gather: a size above 0, off (UINT64_MAX,
 // never) or default (0, the backend's), as the MessengerConfig fields take it.
 std::uint64_t split_value(const std::string& v, const char* option) {
   if (v == "off") return ~std::uint64_t{0};
@@ -401,6 +405,9 @@ Options parse_args(int argc, char** argv, bool& help) {
     } else if (is_option(a, "--tagged-eager-split")) {
       o.config.tagged_eager_split =
           split_value(option_value(argc, argv, i, "--tagged-eager-split"), "--tagged-eager-split");
+      client_only_option = true;
+    } else if (is_option(a, "--tagged-gather")) {
+      o.config.tagged_gather = split_value(option_value(argc, argv, i, "--tagged-gather"), "--tagged-gather");
       client_only_option = true;
     } else if (is_option(a, "--expose-mode")) {
       not_for_peers = a;
@@ -971,6 +978,7 @@ regpool::MessengerConfig tagged_config(const Config& c) {
   mc.eager_threshold = c.tagged_threshold;
   mc.rendezvous_split = c.tagged_split;
   mc.eager_split = c.tagged_eager_split;
+  mc.eager_gather = c.tagged_gather;
   mc.receive_buffers = 64;
   mc.serialized = c.messenger_serialized;
   return mc;
@@ -2341,6 +2349,9 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     s += ",\"shm_ring_copy_max\":" + std::to_string(c.shm_ring_copy_max);
     s += ",\"shm_ring_adaptive\":" + std::string(c.shm_ring_adaptive ? "true" : "false");
     s += ",\"messenger\":" + json_escape(c.messenger_serialized ? "serialized" : "locked");
+    // MessengerConfig::eager_gather as given: 0 the default, null never.
+    s += ",\"tagged_gather\":" +
+         (c.tagged_gather == ~std::uint64_t{0} ? std::string("null") : std::to_string(c.tagged_gather));
     s += ",\"sample_ticks_per_us\":" + (g_ticks_per_us > 0 ? json_number(g_ticks_per_us) : std::string("null"));
     s += ",\"expose_mode\":" + json_escape(regpool::to_string(c.expose_mode));
     s += ",\"buffers\":" + json_escape(c.cold_bytes != 0 ? "cold" : "hot") +

@@ -88,6 +88,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   f.tagged_threshold = b.take(1) % 2 ? b.in(perf::kMinTaggedThreshold, perf::kMaxTaggedThreshold, 4) : 0;
   f.tagged_split = b.take(8);
   f.tagged_eager_split = b.take(8);
+  f.tagged_gather = b.take(8);
   f.expose_mode = b.take(1) % 2 ? regpool::ExposureMode::scoped : regpool::ExposureMode::standard;
   const std::uint64_t bits = b.take(1);
   f.perftest = bits & 1;
