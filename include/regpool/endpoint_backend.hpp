@@ -194,7 +194,7 @@
 //                                           messages as its header and the
 //                                           caller's bytes, uncopied
 //                                           (docs/messaging.md, "Gathered
-//                                           eager sends"). Fixed once the
+//                                           eager"). Fixed once the
 //                                           endpoint is constructed.
 //   Status do_send_copy(handle, head, body) the message head + body to the
 //                                           peer, copied now: ok (no
