@@ -95,6 +95,10 @@ struct Config {
   // MessengerConfig::eager_gather (0 = the default; UINT64_MAX = never).
   // The sender decides; both sides take it.
   std::uint64_t tagged_gather = 0;
+  // --tagged-recv: the tagged phase's receives, both sides: into the
+  // caller's buffer (false: Messenger::recv, a copy) or handed over where
+  // they arrived (true: Messenger::recv_ldo).
+  bool tagged_recv_ldo = false;
   regpool::ExposureMode expose_mode = regpool::ExposureMode::standard;
   // How both sides wait for completions (EndpointConfig::wait_mode).
   regpool::WaitMode wait = regpool::WaitMode::spin;
@@ -180,6 +184,7 @@ struct Config {
     num("tagged_split", tagged_split);
     num("tagged_eager_split", tagged_eager_split);
     num("tagged_gather", tagged_gather);
+    line("tagged_recv", tagged_recv_ldo ? "ldo" : "copy");
     line("expose_mode", regpool::to_string(expose_mode));
     line("perftest", perftest ? "1" : "0");
     line("verbs_inline", std::to_string(verbs_inline));
@@ -210,8 +215,8 @@ struct Config {
     if (text.size() > kMaxEncoded) return fail(why, "longer than " + std::to_string(kMaxEncoded) + " bytes");
     static constexpr std::string_view kKeys[] = {
         "provider",     "wait",         "iters",       "window",       "ops",       "cold_bytes",
-        "tagged_threshold", "tagged_split", "tagged_eager_split", "tagged_gather", "expose_mode", "perftest",
-        "verbs_inline",
+        "tagged_threshold", "tagged_split", "tagged_eager_split", "tagged_gather", "tagged_recv", "expose_mode",
+        "perftest", "verbs_inline",
         "verbs_signal", "loop_mean",    "recv",        "sends",        "ahead",     "rma",       "shm_rings",
         "shm_ring_copy_max", "shm_ring_adaptive", "messenger", "sizes"};
     std::size_t at = 0;
@@ -324,6 +329,7 @@ struct Config {
     if (key == "tagged_split") return split(v, c.tagged_split);
     if (key == "tagged_eager_split") return split(v, c.tagged_eager_split);
     if (key == "tagged_gather") return split(v, c.tagged_gather);
+    if (key == "tagged_recv") return flag(v, "ldo", "copy", c.tagged_recv_ldo);
     if (key == "expose_mode") {
       if (v == "standard") {
         c.expose_mode = regpool::ExposureMode::standard;

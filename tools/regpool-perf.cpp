@@ -182,6 +182,10 @@ void usage(std::FILE* to) {
       "                   (eager payloads of at least SIZE leave as the header and\n"
       "                   the caller's bytes, uncopied, where the backend can send\n"
       "                   a message of two pieces), off, or default (4 KiB)\n"
+      "  --tagged-recv R  the tagged phase's receives, both sides: copy (default:\n"
+      "                   Messenger::recv into the caller's buffer) or ldo\n"
+      "                   (Messenger::recv_ldo: the message handed over where it\n"
+      "                   arrived, no copy)\n"
       "  --expose-mode M  standard or scoped: the ExposureMode the expose test uses\n"
       "                   (default standard)\n"
       "  --perftest       latency only, with perftest's definitions (tools/README.md):\n"
@@ -408,6 +412,9 @@ Options parse_args(int argc, char** argv, bool& help) {
       client_only_option = true;
     } else if (is_option(a, "--tagged-gather")) {
       o.config.tagged_gather = split_value(option_value(argc, argv, i, "--tagged-gather"), "--tagged-gather");
+      client_only_option = true;
+    } else if (is_option(a, "--tagged-recv")) {
+      o.config.tagged_recv_ldo = one_of_two(argc, argv, i, "--tagged-recv", "ldo", "copy");
       client_only_option = true;
     } else if (is_option(a, "--expose-mode")) {
       not_for_peers = a;
@@ -1009,7 +1016,7 @@ void serve_tagged(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpool
     // comes), which the send row never measures.
     const std::uint64_t pings = c.iters + kWarmupOps + (c.loop_mean ? c.iters : 0);
     auto post_ping = [&]() {
-      auto t = m.recv(peer, 1, 0, in);
+      auto t = c.tagged_recv_ldo ? m.recv_ldo(peer, 1, 0) : m.recv(peer, 1, 0, in);
       if (!t) op_failed(t.status(), "tagged latency receive");
       return *t;
     };
@@ -1040,7 +1047,7 @@ void serve_tagged(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpool
     std::vector<regpool::MessageToken> ring(c.window);
     std::uint64_t posted = 0, received = 0;
     auto post = [&]() {
-      auto t = m.recv(peer, 1, 0, in);
+      auto t = c.tagged_recv_ldo ? m.recv_ldo(peer, 1, 0) : m.recv(peer, 1, 0, in);
       if (!t) op_failed(t.status(), "tagged stream receive");
       ring[posted % c.window] = *t;
       ++posted;
@@ -1687,7 +1694,7 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       std::uint64_t rounds_done = 0;
       regpool::MessageToken next{};
       auto pong_receive = [&]() {
-        auto t = m.recv(peer, 2, 0, out);
+        auto t = c.tagged_recv_ldo ? m.recv_ldo(peer, 2, 0) : m.recv(peer, 2, 0, out);
         if (!t) op_failed(t.status(), "tagged pong receive");
         return *t;
       };
@@ -2350,6 +2357,7 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     s += ",\"shm_ring_adaptive\":" + std::string(c.shm_ring_adaptive ? "true" : "false");
     s += ",\"messenger\":" + json_escape(c.messenger_serialized ? "serialized" : "locked");
     // MessengerConfig::eager_gather as given: 0 the default, null never.
+    s += ",\"tagged_recv\":" + json_escape(c.tagged_recv_ldo ? "ldo" : "copy");
     s += ",\"tagged_gather\":" +
          (c.tagged_gather == ~std::uint64_t{0} ? std::string("null") : std::to_string(c.tagged_gather));
     s += ",\"sample_ticks_per_us\":" + (g_ticks_per_us > 0 ? json_number(g_ticks_per_us) : std::string("null"));

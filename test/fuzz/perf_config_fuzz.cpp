@@ -102,6 +102,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::uint64_t more = b.take(1);
   f.messenger_serialized = more & 1;
   f.shm_ring_adaptive = more & 2;
+  f.tagged_recv_ldo = more & 4;
   f.shm_ring_copy_max = b.in(0, perf::kMaxShmRingCopy, 3);
   f.verbs_inline = static_cast<std::int64_t>(b.in(0, perf::kMaxVerbsInline + 1, 2)) - 1;
   f.sizes.clear();
