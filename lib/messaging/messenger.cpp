@@ -1833,8 +1833,12 @@ struct MessengerCore final : MessageSink {
   // host's near state 0.43/0.58 us at 4 KiB, 0.55/0.76 at 8 KiB, 0.76/1.15
   // at 16 KiB, 1.9/3.3 at 64 KiB; in its far state 1.13/1.11, 1.56/1.50,
   // 2.6/1.9 and 8.9/4.9. Copying from the caller's buffer straight into the
-  // ring loses from 16 KiB there, for a reason not found yet (not the
-  // copies' count: a plain send makes the same two and takes 4.3 us).
+  // ring loses from 16 KiB there. Not the copies' count (a plain send makes
+  // the same two and takes 4.3 us) nor rep movsb: far apart it is reading
+  // the caller's buffer while writing the ring that is slow (the same bytes
+  // copied to local scratch first, then into the ring: 4.8 us, as posted;
+  // bench/RESULTS.md, "why a Messenger's large copy into the shm ring loses
+  // far apart").
   static constexpr std::uint64_t kCopyPayloadMax = 8 << 10;
 
   // A bounce receive completed (mutex held). Returns whether the bounce
