@@ -1836,9 +1836,12 @@ struct MessengerCore final : MessageSink {
   // ring loses from 16 KiB there. Not the copies' count (a plain send makes
   // the same two and takes 4.3 us) nor rep movsb: far apart it is reading
   // the caller's buffer while writing the ring that is slow (the same bytes
-  // copied to local scratch first, then into the ring: 4.8 us, as posted;
-  // bench/RESULTS.md, "why a Messenger's large copy into the shm ring loses
-  // far apart").
+  // copied to local scratch first, then into the ring: 4.8 us, as posted),
+  // because the loads alias the pending ring stores at a short distance
+  // modulo 4 KiB: with the caller's buffer 2 KiB further the straight copy
+  // takes 4.3 us far and 2.3 near (bench/RESULTS.md, "why a Messenger's
+  // large copy into the shm ring loses far apart"). Raising this limit
+  // needs the ring to place large records away from their source first.
   static constexpr std::uint64_t kCopyPayloadMax = 8 << 10;
 
   // A bounce receive completed (mutex held). Returns whether the bounce
