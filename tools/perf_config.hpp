@@ -214,11 +214,12 @@ struct Config {
     Config c;
     if (text.size() > kMaxEncoded) return fail(why, "longer than " + std::to_string(kMaxEncoded) + " bytes");
     static constexpr std::string_view kKeys[] = {
-        "provider",     "wait",         "iters",       "window",       "ops",       "cold_bytes",
-        "tagged_threshold", "tagged_split", "tagged_eager_split", "tagged_gather", "tagged_recv", "expose_mode",
-        "perftest", "verbs_inline",
-        "verbs_signal", "loop_mean",    "recv",        "sends",        "ahead",     "rma",       "shm_rings",
-        "shm_ring_copy_max", "shm_ring_adaptive", "messenger", "sizes"};
+        "provider",          "wait",              "iters",        "window",        "ops",
+        "cold_bytes",        "tagged_threshold",  "tagged_split", "tagged_eager_split",
+        "tagged_gather",     "tagged_recv",       "expose_mode",  "perftest",      "verbs_inline",
+        "verbs_signal",      "loop_mean",         "recv",         "sends",         "ahead",
+        "rma",               "shm_rings",         "shm_ring_copy_max", "shm_ring_adaptive",
+        "messenger",         "sizes"};
     std::size_t at = 0;
     for (const std::string_view key : kKeys) {
       const std::size_t nl = text.find('\n', at);

@@ -276,8 +276,9 @@ struct Options {
   Config config;
 };
 
-// --tagged-split, --tagged-eager-split and --tagged-gather: a size above 0, off (UINT64_MAX,
-// never) or default (0, the backend's), as the MessengerConfig fields take it.
+// --tagged-split, --tagged-eager-split and --tagged-gather: a size above 0,
+// off (UINT64_MAX, never) or default (0, the backend's), as the
+// MessengerConfig fields take it.
 std::uint64_t split_value(const std::string& v, const char* option) {
   if (v == "off") return ~std::uint64_t{0};
   if (v == "default") return 0;

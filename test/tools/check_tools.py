@@ -674,7 +674,8 @@ def hostile_scenarios(tool, base, tmp, servers):
     # short, sizes out of order, a provider name with a control byte. The
     # server refuses it by name and exits 1 (never a crash, never a run).
     good = ("provider=shm\nwait=spin\niters=5\nwindow=4\nops=put,\ncold_bytes=0\ntagged_threshold=0\n"
-            "tagged_split=0\ntagged_eager_split=0\ntagged_gather=0\ntagged_recv=copy\nexpose_mode=standard\nperftest=0\nverbs_inline=-1\n"
+            "tagged_split=0\ntagged_eager_split=0\ntagged_gather=0\ntagged_recv=copy\nexpose_mode=standard\n"
+            "perftest=0\nverbs_inline=-1\n"
             "verbs_signal=selective\nloop_mean=0\nrecv=kept\nsends=kept\nahead=on\nrma=kept\nshm_rings=on\n"
             "shm_ring_copy_max=66560\nshm_ring_adaptive=on\nmessenger=locked\nsizes=8\n")
     for tag, payload, named in (("cut", good[:40], "missing or unterminated"),
