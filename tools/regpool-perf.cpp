@@ -992,6 +992,13 @@ regpool::MessengerConfig tagged_config(const Config& c) {
   return mc;
 }
 
+// A tagged phase's receive as --tagged-recv says: into `buf` (copy) or
+// handed over where it arrived (ldo).
+regpool::Result<regpool::MessageToken> tagged_recv(regpool::Messenger& m, const Config& c, regpool::PeerId peer,
+                                                   std::uint64_t tag, const Slice& buf) noexcept {
+  return c.tagged_recv_ldo ? m.recv_ldo(peer, tag, 0) : m.recv(peer, tag, 0, buf);
+}
+
 regpool::MessageCompletion mwait(regpool::Messenger& m, regpool::MessageToken t, const char* what) {
   auto c = m.wait(t, std::chrono::duration_cast<std::chrono::milliseconds>(kPhaseTimeout));
   if (c.status != Status::ok) op_failed(c.status, what);
@@ -1017,7 +1024,7 @@ void serve_tagged(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpool
     // comes), which the send row never measures.
     const std::uint64_t pings = c.iters + kWarmupOps + (c.loop_mean ? c.iters : 0);
     auto post_ping = [&]() {
-      auto t = c.tagged_recv_ldo ? m.recv_ldo(peer, 1, 0) : m.recv(peer, 1, 0, in);
+      auto t = tagged_recv(m, c, peer, 1, in);
       if (!t) op_failed(t.status(), "tagged latency receive");
       return *t;
     };
@@ -1048,7 +1055,7 @@ void serve_tagged(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpool
     std::vector<regpool::MessageToken> ring(c.window);
     std::uint64_t posted = 0, received = 0;
     auto post = [&]() {
-      auto t = c.tagged_recv_ldo ? m.recv_ldo(peer, 1, 0) : m.recv(peer, 1, 0, in);
+      auto t = tagged_recv(m, c, peer, 1, in);
       if (!t) op_failed(t.status(), "tagged stream receive");
       ring[posted % c.window] = *t;
       ++posted;
@@ -1695,7 +1702,7 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       std::uint64_t rounds_done = 0;
       regpool::MessageToken next{};
       auto pong_receive = [&]() {
-        auto t = c.tagged_recv_ldo ? m.recv_ldo(peer, 2, 0) : m.recv(peer, 2, 0, out);
+        auto t = tagged_recv(m, c, peer, 2, out);
         if (!t) op_failed(t.status(), "tagged pong receive");
         return *t;
       };
@@ -2357,8 +2364,8 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     s += ",\"shm_ring_copy_max\":" + std::to_string(c.shm_ring_copy_max);
     s += ",\"shm_ring_adaptive\":" + std::string(c.shm_ring_adaptive ? "true" : "false");
     s += ",\"messenger\":" + json_escape(c.messenger_serialized ? "serialized" : "locked");
-    // MessengerConfig::eager_gather as given: 0 the default, null never.
     s += ",\"tagged_recv\":" + json_escape(c.tagged_recv_ldo ? "ldo" : "copy");
+    // MessengerConfig::eager_gather as given: 0 the default, null never.
     s += ",\"tagged_gather\":" +
          (c.tagged_gather == ~std::uint64_t{0} ? std::string("null") : std::to_string(c.tagged_gather));
     s += ",\"sample_ticks_per_us\":" + (g_ticks_per_us > 0 ? json_number(g_ticks_per_us) : std::string("null"));

@@ -875,23 +875,19 @@ struct MessengerCore final : MessageSink {
     p.op = i;
     p.gen = o.gen;
     std::uint32_t returned = 0;  // credits the message gives back
-    if (eager && gathers(src)) {
+    if (eager) {
+      const bool gathered = gathers(src);
       const std::uint32_t owed = ps.owed;
-      auto m = gathered_header(i, len);
+      auto m = gathered ? gathered_header(i, len) : eager_message(i, src);
       if (!m) return complete(i, m.status());
       returned = owed - ps.owed;
       p.kind = PostKind::send;
       p.local = std::move(*m);
-      // The send holds the caller's bytes until the provider is done.
-      p.msg = data ? *data : std::move(o.buf);
-    } else if (eager) {
-      const std::uint32_t owed = ps.owed;
-      auto m = eager_message(i, src);
-      if (!m) return complete(i, m.status());
-      returned = owed - ps.owed;
-      if (!data) o.buf = Slice{};  // copied: the user's bytes are free
-      p.kind = PostKind::send;
-      p.local = std::move(*m);
+      if (gathered) {
+        p.msg = data ? *data : std::move(o.buf);  // the send holds the caller's bytes until the provider is done
+      } else if (!data) {
+        o.buf = Slice{};  // copied: the user's bytes are free
+      }
     } else {
       auto m = alloc_message(mw::kRtsSize);
       if (!m) return complete(i, m.status());
@@ -930,17 +926,11 @@ struct MessengerCore final : MessageSink {
         (ps.ks_token || (!ps.ks_buf && kept_sends < kKeptSends && make_kept_locked(ps)))) {
       return send_kept_direct(g, i, data);
     }
-    if (gathers(data)) {
-      auto m = gathered_header(i, data.length());
-      if (!m) return complete(i, m.status());
-      Slice one[1] = {std::move(*m)};
-      post_direct(g, i, one, &data);
-      return;
-    }
-    auto m = eager_message(i, data);
+    const bool gathered = gathers(data);
+    auto m = gathered ? gathered_header(i, data.length()) : eager_message(i, data);
     if (!m) return complete(i, m.status());
     Slice one[1] = {std::move(*m)};
-    post_direct(g, i, one);
+    post_direct(g, i, one, gathered ? &data : nullptr);
   }
 
   // Messenger::send's eager message copied into the transport by the

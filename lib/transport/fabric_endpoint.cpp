@@ -1046,6 +1046,22 @@ Status FabricEndpoint::rma_msg(bool write, const BackendOp& op, void* buf, void*
                  FI_COMPLETION | more);
 }
 
+namespace {
+// A send through fi_sendmsg (a batch's FI_MORE, a gathered send's two
+// pieces). The single-op path's fi_send uses the endpoint's default flags,
+// which carry no delivery-complete: sends by this path are the same.
+ssize_t send_msg(fid_ep* ep, fi_addr_t dest, void* context, iovec* iov, void** desc, std::size_t count,
+                 std::uint64_t more) noexcept {
+  fi_msg msg{};
+  msg.msg_iov = iov;
+  msg.desc = desc;
+  msg.iov_count = count;
+  msg.addr = dest;
+  msg.context = context;
+  return fi_sendmsg(ep, &msg, FI_COMPLETION | more);
+}
+}  // namespace
+
 [[gnu::always_inline]] Status FabricEndpoint::do_send(const BackendOp& op, std::uint64_t more) noexcept {
   if (shm_) {
     if (const Status g = shm_peer_gate(op.peer_handle, false); g != Status::ok) return g;
@@ -1065,15 +1081,7 @@ Status FabricEndpoint::rma_msg(bool write, const BackendOp& op, void* buf, void*
   }
   iovec iov{op.local->address(), op.length};
   void* desc = (*region)->descriptor();
-  fi_msg msg{};
-  msg.msg_iov = &iov;
-  msg.desc = &desc;
-  msg.iov_count = 1;
-  msg.addr = peers_[op.peer_handle].data;
-  msg.context = data_context(op);
-  // The single-op path's fi_send uses the endpoint's default flags, which
-  // carry no delivery-complete: keep sends the same in a batch.
-  return post_status(fi_sendmsg(ep_, &msg, FI_COMPLETION | more));
+  return post_status(send_msg(ep_, peers_[op.peer_handle].data, data_context(op), &iov, &desc, 1, more));
 }
 
 // A gathered send (BackendOp::body): the head and the body as the two
@@ -1086,13 +1094,7 @@ Status FabricEndpoint::send_gathered(const BackendOp& op, void* head_desc, std::
   const std::uint64_t body_length = op.body->length();
   iovec iov[2] = {{op.local->address(), op.length - body_length}, {op.body->address(), body_length}};
   void* desc[2] = {head_desc, (*region)->descriptor()};
-  fi_msg msg{};
-  msg.msg_iov = iov;
-  msg.desc = desc;
-  msg.iov_count = 2;
-  msg.addr = peers_[op.peer_handle].data;
-  msg.context = data_context(op);
-  return post_status(fi_sendmsg(ep_, &msg, FI_COMPLETION | more));
+  return post_status(send_msg(ep_, peers_[op.peer_handle].data, data_context(op), iov, desc, 2, more));
 }
 
 std::uint64_t FabricEndpoint::msg_flags(std::uint64_t more) const noexcept {
