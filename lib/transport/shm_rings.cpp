@@ -37,6 +37,10 @@ std::atomic_ref<std::uint64_t> shared_word(const std::byte* p) noexcept {
   return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(const_cast<std::byte*>(p)));
 }
 
+std::uint64_t address_of(const void* p) noexcept {
+  return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p));
+}
+
 std::string errno_text(const char* what, const std::string& path, int e) {
   return std::string(what) + " " + path + ": " + std::strerror(e);
 }
@@ -62,22 +66,28 @@ bool header_ok(std::span<const std::byte> head, std::int64_t pid) noexcept {
          static_cast<std::int64_t>(load_u64(head.data() + kPidOffset)) == pid;
 }
 
-bool parse_record(std::uint32_t kind, std::uint32_t length, std::uint64_t offset, Record& out) noexcept {
+bool parse_record(std::uint32_t kind_word, std::uint32_t length, std::uint64_t offset, Record& out) noexcept {
   // The offset is ours (a position we advanced), but a pure check takes
   // nothing for granted.
   if (offset % kRecordAlign != 0 || offset >= kRingBytes) return false;
-  switch (static_cast<RecordKind>(kind)) {
+  const std::uint32_t gap = kind_word >> 16;
+  // Only data records have a gap; every other kind word is its kind alone.
+  if (gap != 0 && (kind_word & 0xffff) != static_cast<std::uint32_t>(RecordKind::data)) return false;
+  switch (static_cast<RecordKind>(kind_word & 0xffff)) {
     case RecordKind::data:
-      if (length > kEagerMax || offset + kRecordHeader + length > kRingBytes) return false;
-      out = Record{RecordKind::data, length, align_record(kRecordHeader + length)};
+      if (gap % kRecordAlign != 0 || gap > kGapMax || length > kEagerMax ||
+          offset + kRecordHeader + gap + length > kRingBytes) {
+        return false;
+      }
+      out = Record{RecordKind::data, length, gap, align_record(kRecordHeader + gap + length)};
       return true;
     case RecordKind::pad:
       if (length != 0) return false;
-      out = Record{RecordKind::pad, 0, kRingBytes - offset};
+      out = Record{RecordKind::pad, 0, 0, kRingBytes - offset};
       return true;
     case RecordKind::large:
       if (length != 16 || offset + kRecordHeader + 16 > kRingBytes) return false;
-      out = Record{RecordKind::large, 16, align_record(kRecordHeader + 16)};
+      out = Record{RecordKind::large, 16, 0, align_record(kRecordHeader + 16)};
       return true;
   }
   return false;
@@ -433,29 +443,48 @@ bool Link::write(Outbox& own, RecordKind kind, const void* payload, std::uint64_
                  std::uint64_t extra_length) noexcept {
   Outbox::Slot& s = own.slots_[static_cast<std::size_t>(slot_)];
   const std::uint64_t bytes = length + extra_length;
-  const std::uint64_t need = align_record(kRecordHeader + bytes);
+  std::byte* ring = own.ring(slot_);
+  // Placement (in the header): the longer piece's copy is the one that
+  // could alias; `before` is what precedes it in the record.
+  const bool placed = kind == RecordKind::data && bytes >= kPlaceFrom;
+  const bool body_leads = extra_length > length;
+  const std::uint64_t source = placed ? address_of(body_leads ? extra : payload) : 0;
+  const std::uint64_t before = address_of(ring) + kRecordHeader + (body_leads ? length : 0);
+  auto need_at = [&](std::uint64_t at, std::uint64_t& gap) {
+    gap = placed ? placement_gap(before + at, source) : 0;
+    return align_record(kRecordHeader + gap + bytes);
+  };
   std::uint64_t offset = s.head % kRingBytes;
+  std::uint64_t gap = 0;
+  std::uint64_t need = need_at(offset, gap);
+  std::uint64_t gap0 = 0;
+  const std::uint64_t need0 = need_at(0, gap0);
   // Past the first kRewindAfter bytes, a ring the receiver has emptied
   // starts over from its beginning (a pad skips the rest): traffic that
   // never fills it keeps to a few warm lines and pages instead of walking
   // the whole ring, which cost a 64 KiB ping-pong 1.7x (bench/RESULTS.md).
   // One look at the receiver's position per kRewindAfter bytes written.
   std::uint64_t pad = kRingBytes - offset < need ? kRingBytes - offset : 0;
-  // Only where the pad and the record fit an empty ring (need <= offset):
-  // a record longer than the bytes behind it goes on from here instead.
-  if (pad == 0 && offset >= kRewindAfter && need <= offset && s.head + need - s.acked > kRewindAfter &&
+  // Only where the pad and the record (placed at the beginning) fit an
+  // empty ring (need0 <= offset), or an empty ring would refuse it for
+  // ever: a record longer than the bytes behind it goes on from here
+  // instead.
+  if (pad == 0 && offset >= kRewindAfter && need0 <= offset && s.head + need - s.acked > kRewindAfter &&
       acked(own) == s.head) {
     pad = kRingBytes - offset;
   }
+  if (pad != 0) {
+    gap = gap0;
+    need = need0;
+  }
   if (s.head + pad + need - s.acked > kRingBytes && s.head + pad + need - acked(own) > kRingBytes) return false;
-  std::byte* ring = own.ring(slot_);
-  auto head = [&](std::uint64_t at, RecordKind k, std::uint64_t len) {
-    const std::uint64_t kind_len = static_cast<std::uint64_t>(k) | (len << 32);
+  auto head = [&](std::uint64_t at, RecordKind k, std::uint64_t len, std::uint64_t g) {
+    const std::uint64_t kind_len = static_cast<std::uint64_t>(k) | (g << 16) | (len << 32);
     std::memcpy(ring + at + 8, &kind_len, sizeof kind_len);
     shared_word(ring + at).store(++s.seq, std::memory_order_release);
   };
   if (pad != 0) {
-    head(offset, RecordKind::pad, 0);
+    head(offset, RecordKind::pad, 0, 0);
     s.head += pad;
     offset = 0;
   }
@@ -463,10 +492,11 @@ bool Link::write(Outbox& own, RecordKind kind, const void* payload, std::uint64_
   // copy of microseconds.
   const bool timed = kind == RecordKind::data && bytes > kAdaptFrom;
   const std::uint64_t t0 = timed ? platform::ticks() : 0;
-  if (length != 0) platform::copy_message(ring + offset + kRecordHeader, payload, length);
-  if (extra_length != 0) platform::copy_message(ring + offset + kRecordHeader + length, extra, extra_length);
+  std::byte* const to = ring + offset + kRecordHeader + gap;
+  if (length != 0) platform::copy_message(to, payload, length);
+  if (extra_length != 0) platform::copy_message(to + length, extra, extra_length);
   if (timed) s.copy_in = cost_average(s.copy_in, platform::ticks() - t0, bytes);
-  head(offset, kind, bytes);
+  head(offset, kind, bytes, gap);
   s.head += need;
   return true;
 }
@@ -483,7 +513,7 @@ bool Link::send_data(Outbox& own, const void* head, std::uint64_t head_length, c
 }
 
 bool Link::send_large(Outbox& own, const void* address, std::uint64_t length, std::uint64_t& end) noexcept {
-  const auto a = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(address));
+  const std::uint64_t a = address_of(address);
   if (!write(own, RecordKind::large, &a, sizeof a, &length, sizeof length)) return false;
   end = own.slots_[static_cast<std::size_t>(slot_)].head;
   return true;
@@ -532,7 +562,8 @@ Read read_record(const std::byte* ring, std::uint64_t offset, std::uint64_t expe
   in.kind = r.kind;
   in.advance = r.advance;
   if (r.kind == RecordKind::data) {
-    in.data = ring + offset + kRecordHeader;
+    in.data = ring + offset + kRecordHeader + r.gap;
+    in.gap = r.gap;
     in.length = r.length;
   } else if (r.kind == RecordKind::large) {
     in.address = load_u64(ring + offset + kRecordHeader);

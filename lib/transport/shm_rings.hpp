@@ -28,8 +28,10 @@
 // entry for the sender, which is how the sender knows what room it has.
 // A record is 16 bytes of header (sequence number, kind, length) and its
 // payload, 64-byte aligned, never wrapping (a pad record skips to the
-// ring's start). The sequence number is written last with release: a
-// receiver that sees the one it expects sees the whole record.
+// ring's start). A long data record may leave a gap between its header
+// and its payload (placement, below). The sequence number is written last
+// with release: a receiver that sees the one it expects sees the whole
+// record.
 //
 // A send longer than the sender's copy limit (FabricEndpointOptions::
 // shm_ring_copy_max, at most kEagerMax), or longer than kAdaptFrom where
@@ -68,8 +70,10 @@ namespace regpool::shm_rings {
 inline constexpr std::string_view kFilePrefix = "regpool-rings.";
 inline constexpr std::uint64_t kMagic = 0x31474e4952505252ULL;  // "RRPRING1" little endian
 // 2: large records of any length (version 1 refused those of kEagerMax
-// bytes or fewer, which senders now send).
-inline constexpr std::uint32_t kVersion = 2;
+// bytes or fewer, which senders now send). 3: data records with a gap
+// before their payload (version 2 refused any kind word but the kind).
+// Peers of another version refuse each other at insert_peer, naming it.
+inline constexpr std::uint32_t kVersion = 3;
 inline constexpr std::uint32_t kSlots = 256;
 inline constexpr std::uint64_t kRingBytes = 256 * 1024;
 inline constexpr std::uint64_t kRecordAlign = 64;
@@ -142,7 +146,26 @@ struct Knock {
 bool parse_knock(std::span<const std::byte> slot, Knock& out);
 
 enum class EntryState : std::uint8_t { free = 0, live = 1, retired = 2 };
+// A record's kind word: the kind in its low 16 bits, a data record's gap
+// (placement, below) in its high 16.
 enum class RecordKind : std::uint32_t { data = 1, pad = 2, large = 3 };
+
+// Placement. A sender copying a long message into its ring reads the
+// message while it writes the ring. Where the two addresses lie a short
+// distance apart modulo 4 KiB, each load aliases a store still pending
+// (the CPU compares only an address's low 12 bits first), and when the
+// receiver runs far from the sender, each of those stores waits for a line
+// from the other CPU: a 64 KiB copy took 8.8 us instead of 4.3
+// (bench/RESULTS.md, "why a Messenger's large copy into the shm ring
+// loses far apart"). A ring that starts over from its beginning puts every
+// such record at the same offset, so one unlucky buffer is unlucky every
+// time. So a data record of kPlaceFrom bytes or more whose payload would
+// start less than kAliasClear bytes from its source modulo 4 KiB (either
+// way) leaves a gap, a multiple of kRecordAlign below kGapMax, between its
+// header and its payload, putting the two about 2 KiB apart.
+inline constexpr std::uint64_t kPlaceFrom = 4096;
+inline constexpr std::uint64_t kAliasClear = 1024;
+inline constexpr std::uint64_t kGapMax = 4096 - kRecordAlign;
 
 // A ring's identity as a receiver publishes it: the sender's slot and that
 // slot's generation (which changes whenever the slot is given to another
@@ -152,6 +175,16 @@ constexpr std::uint64_t ring_id(std::uint32_t slot, std::uint64_t generation) no
 }
 
 constexpr std::uint64_t align_record(std::uint64_t n) noexcept { return (n + kRecordAlign - 1) & ~(kRecordAlign - 1); }
+
+// The gap (placement, above) for a payload that would start at address
+// `at` with its bytes copied from `source`: 0 when the two are clear of
+// each other modulo 4 KiB, else the gap that puts them 2 KiB to 2 KiB +
+// 63 bytes apart. Pure; at most kGapMax.
+constexpr std::uint64_t placement_gap(std::uint64_t at, std::uint64_t source) noexcept {
+  const std::uint64_t apart = (at - source) % 4096;
+  if (apart >= kAliasClear && apart <= 4096 - kAliasClear) return 0;
+  return align_record((4096 + 2048 - apart) % 4096);
+}
 
 // The file's name for libfabric region `region` ("<pid>:<n>:<n>"); empty
 // when the region name is not a plain file name.
@@ -167,9 +200,10 @@ bool header_ok(std::span<const std::byte> head, std::int64_t pid) noexcept;
 struct Record {
   RecordKind kind = RecordKind::data;
   std::uint32_t length = 0;   // data: payload bytes
-  std::uint64_t advance = 0;  // bytes the record takes, pad included
+  std::uint32_t gap = 0;      // data: bytes between the header and the payload
+  std::uint64_t advance = 0;  // bytes the record takes, pad and gap included
 };
-bool parse_record(std::uint32_t kind, std::uint32_t length, std::uint64_t offset, Record& out) noexcept;
+bool parse_record(std::uint32_t kind_word, std::uint32_t length, std::uint64_t offset, Record& out) noexcept;
 // A large record's payload (the sender's address and the message length).
 bool large_ok(std::uint64_t address, std::uint64_t length) noexcept;
 
@@ -189,6 +223,7 @@ enum class Read : std::uint8_t { none, ready, corrupt };
 struct Incoming {
   RecordKind kind = RecordKind::data;
   const std::byte* data = nullptr;  // data: the payload, in the peer's mapping
+  std::uint64_t gap = 0;            // data: bytes between the header and the payload
   std::uint64_t length = 0;         // data or large: the message's length
   std::uint64_t address = 0;        // large: where it is in the sender
   std::uint64_t advance = 0;        // bytes the record takes

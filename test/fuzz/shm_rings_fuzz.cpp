@@ -10,9 +10,11 @@
 //       receiver then reads records from it as Link::peek does, checking
 //       every record it accepts stays inside the ring and every position
 //       stays aligned, and that reading always ends;
-//  - 3: consumed positions (consumed_ok), large records' fields, and the
-//       costs a receiver publishes for its sender (prefer_large), with the
-//       running figures they come from (cost_average).
+//  - 3: consumed positions (consumed_ok), large records' fields, a
+//       record's kind word with its gap (parse_record) and the gap a
+//       sender would choose (placement_gap), and the costs a receiver
+//       publishes for its sender (prefer_large), with the running figures
+//       they come from (cost_average).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -92,6 +94,10 @@ void fuzz_ring(const std::uint8_t* data, std::size_t size) {
       case sr::RecordKind::data: {
         if (in.length > sr::kEagerMax) std::abort();
         if (in.data < ring + offset + sr::kRecordHeader || in.data + in.length > ring + sr::kRingBytes) std::abort();
+        if (in.gap > sr::kGapMax || in.gap % sr::kRecordAlign != 0 ||
+            in.data != ring + offset + sr::kRecordHeader + in.gap) {
+          std::abort();
+        }
         // Touch every byte the receiver would copy.
         volatile std::byte sink{};
         for (std::uint64_t i = 0; i < in.length; ++i) sink = in.data[i];
@@ -127,7 +133,19 @@ void fuzz_positions(const std::uint8_t* data, std::size_t size) {
   const auto kind = static_cast<std::uint32_t>(take_u64(data, size));
   const auto len = static_cast<std::uint32_t>(take_u64(data, size));
   const std::uint64_t offset = take_u64(data, size);
-  if (sr::parse_record(kind, len, offset, r) && (offset % sr::kRecordAlign != 0 || offset + r.advance > sr::kRingBytes)) {
+  if (sr::parse_record(kind, len, offset, r) &&
+      (offset % sr::kRecordAlign != 0 || offset + r.advance > sr::kRingBytes ||
+       offset + sr::kRecordHeader + r.gap + r.length > sr::kRingBytes || r.gap > sr::kGapMax ||
+       (r.gap != 0 && r.kind != sr::RecordKind::data))) {
+    std::abort();
+  }
+  // A sender's placement, for any payload address and source: a gap the
+  // receiver accepts, putting the two clear of each other.
+  const std::uint64_t at = take_u64(data, size);
+  const std::uint64_t source = take_u64(data, size);
+  const std::uint64_t gap = sr::placement_gap(at, source);
+  const std::uint64_t apart = (at + gap - source) % 4096;
+  if (gap % sr::kRecordAlign != 0 || gap > sr::kGapMax || apart < sr::kAliasClear || apart > 4096 - sr::kAliasClear) {
     std::abort();
   }
   // The peer's costs word only ever picks between two paths: never large

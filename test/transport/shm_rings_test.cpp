@@ -217,7 +217,7 @@ TEST_CASE("a ring its receiver keeps emptying starts over from its beginning", "
   const sr::Incoming first = next(small);
   p.b_to_a.consume(p.b, first);
   sr::Incoming in = next(big);
-  CHECK(in.data == first.data + sr::kRecordAlign);  // right behind the first record
+  CHECK(in.data - in.gap == first.data + sr::kRecordAlign);  // right behind the first record
   p.b_to_a.consume(p.b, in);
   // Past kRewindAfter and read to the end: the next record is the ring's first again.
   in = next(small);
@@ -237,11 +237,74 @@ TEST_CASE("a ring its receiver keeps emptying starts over from its beginning", "
     const std::vector<std::byte> m(20 * 1024, std::byte{3});
     in = next(m);
     p.b_to_a.consume(p.b, in);
-    if (in.data == first.data) break;  // rewound: now 20 KiB + a header in
+    if (in.data - in.gap == first.data) break;  // rewound: now 20 KiB + a header in
   }
   const std::vector<std::byte> eager_max(sr::kEagerMax, std::byte{4});
   in = next(eager_max);
   CHECK(in.length == sr::kEagerMax);
+}
+
+TEST_CASE("a long record's payload lies clear of its source modulo 4 KiB, wherever the source is", "[unit]") {
+  Pair p;
+  p.claim_a();
+  p.claim_b();
+  // A source at every 8-byte offset of a page, sent alone and behind a
+  // 64-byte head (the Messenger's send_copy), at lengths below and from
+  // kPlaceFrom; a receiver that consumes each at once, so the ring starts
+  // over and most records land at the same offset.
+  std::vector<std::byte> buffer(sr::kEagerMax + 2 * 4096);
+  const auto page = (reinterpret_cast<std::uintptr_t>(buffer.data()) + 4095) & ~std::uintptr_t{4095};
+  std::byte* const base = buffer.data() + (page - reinterpret_cast<std::uintptr_t>(buffer.data()));
+  const std::vector<std::byte> head(64, std::byte{0x5a});
+  std::uint64_t gaps = 0;
+  for (const std::size_t len : {std::size_t{1000}, std::size_t{sr::kPlaceFrom}, std::size_t{20000},
+                                static_cast<std::size_t>(sr::kEagerMax - 64)}) {
+    for (std::size_t at = 0; at < 4096; at += 8) {
+      for (const bool with_head : {false, true}) {
+        std::byte* const src = base + at;
+        for (std::size_t k = 0; k < len; ++k) src[k] = static_cast<std::byte>((at + k * 13) & 0xff);
+        REQUIRE((with_head ? p.a_to_b.send_data(p.a, head.data(), head.size(), src, len)
+                           : p.a_to_b.send_data(p.a, src, len)));
+        sr::Incoming in;
+        REQUIRE(p.b_to_a.peek(p.b, in) == sr::Read::ready);
+        REQUIRE(in.kind == sr::RecordKind::data);
+        const std::size_t skip = with_head ? head.size() : 0;
+        REQUIRE(in.length == len + skip);
+        REQUIRE(std::memcmp(in.data + skip, src, len) == 0);
+        if (with_head) REQUIRE(std::memcmp(in.data, head.data(), head.size()) == 0);
+        // The mappings are page-aligned: modulo 4 KiB, the receiver's view
+        // of the payload is where the sender wrote it.
+        const std::uint64_t apart =
+            (reinterpret_cast<std::uintptr_t>(in.data + skip) - reinterpret_cast<std::uintptr_t>(src)) % 4096;
+        if (len + skip >= sr::kPlaceFrom) {
+          INFO("length " << len << ", source at " << at << ", head " << with_head << ", gap " << in.gap);
+          REQUIRE(apart >= sr::kAliasClear);
+          REQUIRE(apart <= 4096 - sr::kAliasClear);
+        } else {
+          REQUIRE(in.gap == 0);
+        }
+        gaps += in.gap != 0;
+        p.b_to_a.consume(p.b, in);
+      }
+    }
+  }
+  CHECK(gaps > 0);  // some sources were in the way
+  CHECK(p.a_to_b.corrupt() == 0);
+  CHECK(p.b_to_a.corrupt() == 0);
+}
+
+TEST_CASE("the placement gap clears every source and stays within bounds", "[unit]") {
+  for (std::uint64_t at = 0; at < 2 * 4096; at += 16) {
+    for (std::uint64_t source = 0; source < 4096; source += 8) {
+      const std::uint64_t gap = sr::placement_gap(at, source);
+      INFO("at " << at << ", source " << source);
+      REQUIRE(gap % sr::kRecordAlign == 0);
+      REQUIRE(gap <= sr::kGapMax);
+      const std::uint64_t apart = (at + gap - source) % 4096;
+      REQUIRE(apart >= sr::kAliasClear);
+      REQUIRE(apart <= 4096 - sr::kAliasClear);
+    }
+  }
 }
 
 TEST_CASE("a large record names the sender's buffer and is acknowledged once read", "[unit]") {
@@ -386,6 +449,34 @@ TEST_CASE("what a hostile peer writes into its files is refused, never believed"
     std::memcpy(rec + 8, &bad, 8);
     sr::Incoming in;
     CHECK(p.b_to_a.peek(p.b, in) == sr::Read::corrupt);
+  }
+  SECTION("a gap that is not a multiple of 64, too long, past the ring's end, or on a record that is not data") {
+    Scribbler w(sr::file_name(p.ra), sr::kFileBytes);
+    std::byte* rec = w.at(sr::kRingsOffset + static_cast<std::size_t>(p.a_to_b.slot()) * sr::kRingBytes);
+    const std::uint64_t bad[] = {
+        1 | (std::uint64_t{32} << 16) | (std::uint64_t{8} << 32),
+        1 | (std::uint64_t{sr::kGapMax + sr::kRecordAlign} << 16) | (std::uint64_t{8} << 32),
+        2 | (std::uint64_t{64} << 16),
+        3 | (std::uint64_t{64} << 16) | (std::uint64_t{16} << 32),
+    };
+    for (const std::uint64_t word : bad) {
+      std::memcpy(rec + 8, &word, 8);
+      sr::Incoming in;
+      CHECK(p.b_to_a.peek(p.b, in) == sr::Read::corrupt);
+    }
+    // And one that is right: read where it says.
+    const std::uint64_t good = 1 | (std::uint64_t{128} << 16) | (std::uint64_t{8} << 32);
+    std::memcpy(rec + 8, &good, 8);
+    std::memcpy(rec + sr::kRecordHeader + 128, &v, 8);
+    sr::Incoming in;
+    REQUIRE(p.b_to_a.peek(p.b, in) == sr::Read::ready);
+    CHECK(in.gap == 128);
+    CHECK(std::memcmp(in.data, &v, 8) == 0);
+    // Near the ring's end, a gap that pushes the payload past it.
+    sr::Record r;
+    CHECK_FALSE(sr::parse_record(1 | (64 << 16), 1000, sr::kRingBytes - 1024, r));
+    CHECK(sr::parse_record(1 | (64 << 16), 1000, sr::kRingBytes - 2048, r));
+    CHECK(r.advance == sr::align_record(sr::kRecordHeader + 64 + 1000));
   }
   SECTION("a large record naming no bytes, or a range that wraps") {
     Scribbler w(sr::file_name(p.ra), sr::kFileBytes);
