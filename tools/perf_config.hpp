@@ -95,6 +95,9 @@ struct Config {
   // MessengerConfig::eager_gather (0 = the default; UINT64_MAX = never).
   // The sender decides; both sides take it.
   std::uint64_t tagged_gather = 0;
+  // MessengerConfig::eager_copy (0 = the default; UINT64_MAX = never). The
+  // sender decides; both sides take it.
+  std::uint64_t tagged_copy = 0;
   // --tagged-recv: the tagged phase's receives, both sides: into the
   // caller's buffer (false: Messenger::recv, a copy) or handed over where
   // they arrived (true: Messenger::recv_ldo).
@@ -184,6 +187,7 @@ struct Config {
     num("tagged_split", tagged_split);
     num("tagged_eager_split", tagged_eager_split);
     num("tagged_gather", tagged_gather);
+    num("tagged_copy", tagged_copy);
     line("tagged_recv", tagged_recv_ldo ? "ldo" : "copy");
     line("expose_mode", regpool::to_string(expose_mode));
     line("perftest", perftest ? "1" : "0");
@@ -216,9 +220,9 @@ struct Config {
     static constexpr std::string_view kKeys[] = {
         "provider",          "wait",              "iters",        "window",        "ops",
         "cold_bytes",        "tagged_threshold",  "tagged_split", "tagged_eager_split",
-        "tagged_gather",     "tagged_recv",       "expose_mode",  "perftest",      "verbs_inline",
-        "verbs_signal",      "loop_mean",         "recv",         "sends",         "ahead",
-        "rma",               "shm_rings",         "shm_ring_copy_max", "shm_ring_adaptive",
+        "tagged_gather",     "tagged_copy",       "tagged_recv",  "expose_mode",   "perftest",
+        "verbs_inline",      "verbs_signal",      "loop_mean",    "recv",          "sends",
+        "ahead",             "rma",               "shm_rings",    "shm_ring_copy_max", "shm_ring_adaptive",
         "messenger",         "sizes"};
     std::size_t at = 0;
     for (const std::string_view key : kKeys) {
@@ -330,6 +334,7 @@ struct Config {
     if (key == "tagged_split") return split(v, c.tagged_split);
     if (key == "tagged_eager_split") return split(v, c.tagged_eager_split);
     if (key == "tagged_gather") return split(v, c.tagged_gather);
+    if (key == "tagged_copy") return split(v, c.tagged_copy);
     if (key == "tagged_recv") return flag(v, "ldo", "copy", c.tagged_recv_ldo);
     if (key == "expose_mode") {
       if (v == "standard") {

@@ -182,6 +182,10 @@ void usage(std::FILE* to) {
       "                   (eager payloads of at least SIZE leave as the header and\n"
       "                   the caller's bytes, uncopied, where the backend can send\n"
       "                   a message of two pieces), off, or default (4 KiB)\n"
+      "  --tagged-copy S  the Messenger's copied eager for --ops tagged, shm with\n"
+      "                   rings: SIZE (send() copies eager payloads of up to SIZE\n"
+      "                   straight into the peer's ring), off (built in a message\n"
+      "                   and posted), or default (all the ring takes)\n"
       "  --tagged-recv R  the tagged phase's receives, both sides: copy (default:\n"
       "                   Messenger::recv into the caller's buffer) or ldo\n"
       "                   (Messenger::recv_ldo: the message handed over where it\n"
@@ -276,7 +280,8 @@ struct Options {
   Config config;
 };
 
-// --tagged-split, --tagged-eager-split and --tagged-gather: a size above 0,
+// --tagged-split, --tagged-eager-split, --tagged-gather and --tagged-copy: a
+// size above 0,
 // off (UINT64_MAX, never) or default (0, the backend's), as the
 // MessengerConfig fields take it.
 std::uint64_t split_value(const std::string& v, const char* option) {
@@ -413,6 +418,9 @@ Options parse_args(int argc, char** argv, bool& help) {
       client_only_option = true;
     } else if (is_option(a, "--tagged-gather")) {
       o.config.tagged_gather = split_value(option_value(argc, argv, i, "--tagged-gather"), "--tagged-gather");
+      client_only_option = true;
+    } else if (is_option(a, "--tagged-copy")) {
+      o.config.tagged_copy = split_value(option_value(argc, argv, i, "--tagged-copy"), "--tagged-copy");
       client_only_option = true;
     } else if (is_option(a, "--tagged-recv")) {
       o.config.tagged_recv_ldo = one_of_two(argc, argv, i, "--tagged-recv", "ldo", "copy");
@@ -987,6 +995,7 @@ regpool::MessengerConfig tagged_config(const Config& c) {
   mc.rendezvous_split = c.tagged_split;
   mc.eager_split = c.tagged_eager_split;
   mc.eager_gather = c.tagged_gather;
+  mc.eager_copy = c.tagged_copy;
   mc.receive_buffers = 64;
   mc.serialized = c.messenger_serialized;
   return mc;
@@ -2368,6 +2377,9 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     // MessengerConfig::eager_gather as given: 0 the default, null never.
     s += ",\"tagged_gather\":" +
          (c.tagged_gather == ~std::uint64_t{0} ? std::string("null") : std::to_string(c.tagged_gather));
+    // MessengerConfig::eager_copy as given: 0 the default, null never.
+    s += ",\"tagged_copy\":" +
+         (c.tagged_copy == ~std::uint64_t{0} ? std::string("null") : std::to_string(c.tagged_copy));
     s += ",\"sample_ticks_per_us\":" + (g_ticks_per_us > 0 ? json_number(g_ticks_per_us) : std::string("null"));
     s += ",\"expose_mode\":" + json_escape(regpool::to_string(c.expose_mode));
     s += ",\"buffers\":" + json_escape(c.cold_bytes != 0 ? "cold" : "hot") +

@@ -480,6 +480,10 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
     // (FabricEndpointOptions::shm_rings).
     std::unique_ptr<shm_rings::Link> link;
     bool ring_broken = false;  // it corrupted its ring: read no further
+    // A copy (do_send_copy) declined because the pair's costs chose a large
+    // record: the posted send that follows takes that choice (ring_send)
+    // instead of choosing, and probing, a second time.
+    bool large_next = false;
     // net: where its endpoint listens, probed while it keeps us waiting
     // (posts refused for now, an emulated atomic's reply owed); null where
     // the provider reports dead peers itself or the address cannot be

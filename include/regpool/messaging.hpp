@@ -183,6 +183,16 @@ struct MessengerConfig {
   // default, 4 KiB (docs/messaging.md, "Gathered eager"); UINT64_MAX =
   // never (every eager payload copied into a message).
   std::uint64_t eager_gather = 0;
+  // Copied eager (messages in place): where the endpoint copies a message
+  // straight into the transport (libfabric shm with regpool's rings), an
+  // eager payload of at most this many bytes is copied by send() from the
+  // caller's buffer into the peer's ring, and the send is complete when
+  // send() returns; a longer one is built in a message object and posted.
+  // Never more than the endpoint takes that way
+  // (FabricEndpointOptions::shm_ring_copy_max less the 64-byte header).
+  // 0 = the default, all the endpoint takes (docs/messaging.md, "Messages
+  // in place"); UINT64_MAX = never.
+  std::uint64_t eager_copy = 0;
   // A rendezvous sender waiting for the receiver's fin, a receive whose
   // gets stall, and a peer noticed dead: fail after this (scaled like
   // EndpointConfig::op_timeout by length / min_bandwidth). 0 = never.

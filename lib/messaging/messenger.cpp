@@ -1811,28 +1811,16 @@ struct MessengerCore final : MessageSink {
 
   // At the end of construction: the endpoint offers us its messages in
   // place where its backend can (never removed: the endpoint may outlive
-  // the Messenger, and a closed core declines everything).
-  void install_sink(const std::shared_ptr<MessengerCore>& self) {
+  // the Messenger, and a closed core declines everything). send() copies
+  // eager payloads of up to `copy_max` bytes straight into the transport
+  // (MessengerConfig::eager_copy), as far as the transport takes them.
+  void install_sink(const std::shared_ptr<MessengerCore>& self, std::uint64_t copy_max) {
     in_place = ep.set_message_sink(std::shared_ptr<MessageSink>(self, self.get()));
-    copy_limit = in_place ? std::min(ep.transfer_traits().fast_message_limit, mw::kHeaderSize + kCopyPayloadMax) : 0;
+    const std::uint64_t fast = ep.transfer_traits().fast_message_limit;
+    copy_limit = !in_place || copy_max == ~std::uint64_t{0} ? 0
+                 : copy_max == 0                             ? fast
+                                                             : std::min(fast, mw::kHeaderSize + copy_max);
   }
-  // The largest payload send() copies straight into the transport. Larger
-  // eager messages are built in a message object and posted (one copy
-  // more, still received in place). Measured on shm (bench/RESULTS.md,
-  // "messages in place"), tagged half round trip, copied / posted: in the
-  // host's near state 0.43/0.58 us at 4 KiB, 0.55/0.76 at 8 KiB, 0.76/1.15
-  // at 16 KiB, 1.9/3.3 at 64 KiB; in its far state 1.13/1.11, 1.56/1.50,
-  // 2.6/1.9 and 8.9/4.9. Copying from the caller's buffer straight into the
-  // ring loses from 16 KiB there. Not the copies' count (a plain send makes
-  // the same two and takes 4.3 us) nor rep movsb: far apart it is reading
-  // the caller's buffer while writing the ring that is slow (the same bytes
-  // copied to local scratch first, then into the ring: 4.8 us, as posted),
-  // because the loads alias the pending ring stores at a short distance
-  // modulo 4 KiB: with the caller's buffer 2 KiB further the straight copy
-  // takes 4.3 us far and 2.3 near (bench/RESULTS.md, "why a Messenger's
-  // large copy into the shm ring loses far apart"). Raising this limit
-  // needs the ring to place large records away from their source first.
-  static constexpr std::uint64_t kCopyPayloadMax = 8 << 10;
 
   // A bounce receive completed (mutex held). Returns whether the bounce
   // LDO must be replaced (it was kept).
@@ -2488,7 +2476,7 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
       throw Error(Status::would_block, 0, "messenger: posting the receive buffers failed (max_in_flight?)");
     }
   }
-  c.install_sink(core_);
+  c.install_sink(core_, cfg.eager_copy);
 }
 
 Messenger::~Messenger() {

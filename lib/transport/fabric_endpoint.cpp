@@ -2422,10 +2422,12 @@ Status FabricEndpoint::ring_send(const BackendOp& op) noexcept {
   if (shm_peer_dead(p, op.peer_handle)) return Status::peer_unreachable;
   if (p.ring_broken) return Status::peer_unreachable;
   // Up to kAdaptFrom copied; above it, up to the copy limit, by the path
-  // this pair measured cheaper (shm_rings.hpp, "costs").
+  // this pair measured cheaper (shm_rings.hpp, "costs"), or as do_send_copy
+  // chose for this message just before.
+  const bool chosen_large = std::exchange(p.large_next, false);
   const bool copy = op.length <= options_.shm_ring_copy_max &&
                     (op.length <= shm_rings::kAdaptFrom || !options_.shm_ring_adaptive ||
-                     !p.link->send_large_now(*outbox_, op.length));
+                     !(chosen_large || p.link->send_large_now(*outbox_, op.length)));
   if (copy) {
     const Status st = ring_copy(p, op.local->address(), op.length, nullptr, 0);
     if (st != Status::ok) return st;
@@ -2470,6 +2472,22 @@ Status FabricEndpoint::ring_send(const BackendOp& op) noexcept {
   // A receiver that does not read our ring yet: the operation path, whose
   // send completes only once it has read the message (ring_send).
   if (!p.link->known(*outbox_)) return Status::would_block;
+  // Above kAdaptFrom, the path the pair measured cheaper (ring_send): a
+  // large record must name bytes that stay until the receiver has read
+  // them, which the caller's posted send (a message object) does.
+  const std::uint64_t length = head.size() + body.size();
+  if (length > shm_rings::kAdaptFrom && length <= options_.shm_ring_copy_max && options_.shm_ring_adaptive) {
+    // A ring its receiver has not emptied: a stream, whose copies the
+    // posted path measures and whose path it probes (shm_rings.hpp,
+    // "costs"), and where the receiver's reading large records beside the
+    // sender's copies into message objects is not worse (bench/RESULTS.md,
+    // "copied eager up to 64 KiB").
+    if (p.link->acked(*outbox_) != p.link->written(*outbox_)) return Status::would_block;
+    if (p.link->send_large_now(*outbox_, length)) {
+      p.large_next = true;
+      return Status::would_block;
+    }
+  }
   const Status st = ring_copy(p, head.data(), head.size(), body.data(), body.size());
   if (st == Status::ok) ring_peer(handle);
   return st;
