@@ -162,8 +162,11 @@ enum class RecordKind : std::uint32_t { data = 1, pad = 2, large = 3 };
 // time. So a data record of kPlaceFrom bytes or more whose payload would
 // start less than kAliasClear bytes from its source modulo 4 KiB (either
 // way) leaves a gap, a multiple of kRecordAlign below kGapMax, between its
-// header and its payload, putting the two about 2 KiB apart.
-inline constexpr std::uint64_t kPlaceFrom = 4096;
+// header and its payload, putting the two about 2 KiB apart. From 8 KiB:
+// the gap costs the receiver a line of its own for the header, which far
+// apart made 4-6 KiB records 1-5 % slower than aliasing did, while from
+// 8 KiB the aliasing costs more (bench/RESULTS.md).
+inline constexpr std::uint64_t kPlaceFrom = 8192;
 inline constexpr std::uint64_t kAliasClear = 1024;
 inline constexpr std::uint64_t kGapMax = 4096 - kRecordAlign;
 
