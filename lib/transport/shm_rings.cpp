@@ -457,8 +457,10 @@ bool Link::write(Outbox& own, RecordKind kind, const void* payload, std::uint64_
   std::uint64_t offset = s.head % kRingBytes;
   std::uint64_t gap = 0;
   std::uint64_t need = need_at(offset, gap);
+  // The same record at the ring's beginning (a rewind); unplaced records
+  // are the same size anywhere.
   std::uint64_t gap0 = 0;
-  const std::uint64_t need0 = need_at(0, gap0);
+  const std::uint64_t need0 = placed ? need_at(0, gap0) : need;
   // Past the first kRewindAfter bytes, a ring the receiver has emptied
   // starts over from its beginning (a pad skips the rest): traffic that
   // never fills it keeps to a few warm lines and pages instead of walking
