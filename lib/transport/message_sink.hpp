@@ -6,9 +6,10 @@
 //
 // Sending: Endpoint::send_copy writes a message (a header and a body) into
 // the transport at once and returns; no operation, no completion. Where it
-// cannot (a full ring, a send to the peer still waiting to be posted, a
-// backend without the path) it answers would_block and the caller posts the
-// message as any other.
+// cannot or should not (a full ring, a send to the peer still waiting to be
+// posted, a message over 16 KiB into a ring not yet emptied or for a pair
+// that reads large records, a backend without the path) it answers
+// would_block and the caller posts the message as any other.
 //
 // Receiving: the backend offers each incoming message to the sink while it
 // still lies in the transport, before it takes a posted receive for it. A

@@ -81,8 +81,10 @@ inline constexpr std::uint64_t kRecordHeader = 16;
 // The largest record of data a ring carries: 64 KiB and room for a
 // Messenger header, and the default of FabricEndpointOptions::
 // shm_ring_copy_max, the longest send a sender copies into its ring (a
-// longer one goes as a large record). The Messenger copies its own sends
-// into the ring up to a lower limit (send_copy).
+// longer one goes as a large record). The Messenger's sends are copied
+// into the ring straight from its caller's buffer (send_copy, up to
+// MessengerConfig::eager_copy), above kAdaptFrom only into a ring its
+// receiver has emptied and where the pair's costs choose the ring.
 inline constexpr std::uint64_t kEagerMax = 65 * 1024;
 // Where a sender that finds its ring empty starts over from the beginning
 // (Link::write).
