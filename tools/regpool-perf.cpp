@@ -281,9 +281,8 @@ struct Options {
 };
 
 // --tagged-split, --tagged-eager-split, --tagged-gather and --tagged-copy: a
-// size above 0,
-// off (UINT64_MAX, never) or default (0, the backend's), as the
-// MessengerConfig fields take it.
+// size above 0, off (UINT64_MAX, never) or default (0, the backend's), as
+// the MessengerConfig fields take it.
 std::uint64_t split_value(const std::string& v, const char* option) {
   if (v == "off") return ~std::uint64_t{0};
   if (v == "default") return 0;
@@ -2374,12 +2373,13 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     s += ",\"shm_ring_adaptive\":" + std::string(c.shm_ring_adaptive ? "true" : "false");
     s += ",\"messenger\":" + json_escape(c.messenger_serialized ? "serialized" : "locked");
     s += ",\"tagged_recv\":" + json_escape(c.tagged_recv_ldo ? "ldo" : "copy");
-    // MessengerConfig::eager_gather as given: 0 the default, null never.
-    s += ",\"tagged_gather\":" +
-         (c.tagged_gather == ~std::uint64_t{0} ? std::string("null") : std::to_string(c.tagged_gather));
-    // MessengerConfig::eager_copy as given: 0 the default, null never.
-    s += ",\"tagged_copy\":" +
-         (c.tagged_copy == ~std::uint64_t{0} ? std::string("null") : std::to_string(c.tagged_copy));
+    // MessengerConfig::eager_gather and eager_copy as given: 0 the default,
+    // null never.
+    auto size_or_never = [](std::uint64_t v) {
+      return v == ~std::uint64_t{0} ? std::string("null") : std::to_string(v);
+    };
+    s += ",\"tagged_gather\":" + size_or_never(c.tagged_gather);
+    s += ",\"tagged_copy\":" + size_or_never(c.tagged_copy);
     s += ",\"sample_ticks_per_us\":" + (g_ticks_per_us > 0 ? json_number(g_ticks_per_us) : std::string("null"));
     s += ",\"expose_mode\":" + json_escape(regpool::to_string(c.expose_mode));
     s += ",\"buffers\":" + json_escape(c.cold_bytes != 0 ? "cold" : "hot") +
