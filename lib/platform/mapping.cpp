@@ -42,13 +42,21 @@ namespace {
 
 // hugetlbfs mappings: the kernel hands out whole huge pages from the
 // reserved pool, naturally aligned, so no over-mapping and no THP advice.
-void* map_huge(std::size_t size, std::size_t page_size, bool noreserve) noexcept {
+// With `at` set the mapping replaces what lies there (MAP_FIXED): only ever
+// the caller's own reservation.
+void* map_huge(void* at, std::size_t size, std::size_t page_size, bool noreserve) noexcept {
   int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB;
   if (noreserve) flags |= MAP_NORESERVE;
+  if (at) flags |= MAP_FIXED;
   // MAP_HUGE_SHIFT encodes log2(page size) so sizes other than the default
   // one can be asked for.
   flags |= std::countr_zero(page_size) << MAP_HUGE_SHIFT;
-  return ::mmap(nullptr, size, PROT_READ | PROT_WRITE, flags, -1, 0);
+  return ::mmap(at, size, PROT_READ | PROT_WRITE, flags, -1, 0);
+}
+
+void* map_fixed(void* at, std::size_t size, bool noreserve) noexcept {
+  const int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | (noreserve ? MAP_NORESERVE : 0);
+  return ::mmap(at, size, PROT_READ | PROT_WRITE, flags, -1, 0);
 }
 
 }  // namespace
@@ -60,7 +68,7 @@ Result<Mapping> Mapping::create(std::size_t size, const MapOptions& options) noe
     if (!std::has_single_bit(hp) || hp < kPageSize) return Status::invalid_argument;
     if (size > SIZE_MAX - hp) return Status::invalid_argument;
     size = round_up(size, hp);
-    void* p = map_huge(size, hp, options.noreserve);
+    void* p = map_huge(nullptr, size, hp, options.noreserve);
     if (p == MAP_FAILED) return errno == EINVAL ? Status::invalid_argument : Status::out_of_memory;
     return finish(static_cast<std::byte*>(p), size, options);
   }
@@ -86,6 +94,57 @@ Result<Mapping> Mapping::create(std::size_t size, const MapOptions& options) noe
     ::madvise(base, size, MADV_HUGEPAGE);
   }
   return finish(base, size, options);
+}
+
+std::size_t Mapping::mapped_size(std::size_t size, const MapOptions& options) noexcept {
+  return round_up(size, options.huge_page_size ? options.huge_page_size : kPageSize);
+}
+
+Result<Mapping::Pair> Mapping::create_adjacent(std::size_t first_size, const MapOptions& first,
+                                               std::size_t second_size, const MapOptions& second) noexcept {
+  const std::size_t hp = first.huge_page_size;
+  if (first_size == 0 || second_size == 0 || second.huge_page_size) return Status::invalid_argument;
+  if (hp && (!std::has_single_bit(hp) || hp < kPageSize)) return Status::invalid_argument;
+  // Bounds that keep every sum below from wrapping.
+  if (first_size > SIZE_MAX / 4 || second_size > SIZE_MAX / 4 || hp > SIZE_MAX / 4) return Status::invalid_argument;
+  const std::size_t size1 = mapped_size(first_size, first);
+  const std::size_t size2 = round_up(second_size, kPageSize);
+  const bool thp = !hp && first.transparent_huge_pages && size1 >= kHugePageSize;
+  const std::size_t align = hp ? hp : thp ? kHugePageSize : kPageSize;
+  // Address space for both, with slack to align the first and no memory
+  // behind it; each part is then mapped over its share with MAP_FIXED,
+  // which can only replace this reservation, so the two end up adjacent
+  // whatever else the process maps meanwhile.
+  const std::size_t span = size1 + size2 + (align - kPageSize);
+  void* p = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return Status::out_of_memory;
+  auto* raw = static_cast<std::byte*>(p);
+  const auto at = reinterpret_cast<std::uintptr_t>(raw);
+  auto* base = reinterpret_cast<std::byte*>((at + align - 1) & ~(align - 1));
+  const auto head = static_cast<std::size_t>(base - raw);
+  const std::size_t tail = span - head - size1 - size2;
+  if (head) ::munmap(raw, head);
+  if (tail) ::munmap(base + size1 + size2, tail);
+  void* m = hp ? map_huge(base, size1, hp, first.noreserve) : map_fixed(base, size1, first.noreserve);
+  if (m == MAP_FAILED) {
+    const int err = errno;
+    ::munmap(base, size1 + size2);
+    return hp && err == EINVAL ? Status::invalid_argument : Status::out_of_memory;
+  }
+  if (map_fixed(base + size1, size2, second.noreserve) == MAP_FAILED) {
+    ::munmap(base, size1 + size2);
+    return Status::out_of_memory;
+  }
+  if (thp) ::madvise(base, size1, MADV_HUGEPAGE);
+  if (second.transparent_huge_pages && size2 >= kHugePageSize) ::madvise(base + size1, size2, MADV_HUGEPAGE);
+  auto one = finish(base, size1, first);  // unmaps its part on failure
+  if (!one) {
+    ::munmap(base + size1, size2);
+    return one.status();
+  }
+  auto two = finish(base + size1, size2, second);
+  if (!two) return two.status();  // `one` unmaps the first part as it goes
+  return Pair{std::move(*one), std::move(*two)};
 }
 
 Result<Mapping> Mapping::finish(std::byte* base, std::size_t size, const MapOptions& options) noexcept {

@@ -41,6 +41,17 @@ class Mapping {
 
   // Data-path friendly: returns Status::out_of_memory instead of throwing.
   static Result<Mapping> create(std::size_t size, const MapOptions& options) noexcept;
+  // Two mappings back to back: the first placed and aligned as create()
+  // would place it, the second starting exactly where the first ends. For
+  // a table that must lie at a known distance from the memory it
+  // describes, whatever the address the kernel picks. The second may not
+  // use hugetlbfs pages (Status::invalid_argument). Each is unmapped on its
+  // own, as two create() results would be.
+  struct Pair;
+  static Result<Pair> create_adjacent(std::size_t first_size, const MapOptions& first, std::size_t second_size,
+                                      const MapOptions& second) noexcept;
+  // The bytes create() maps for a request of `size` with these options.
+  static std::size_t mapped_size(std::size_t size, const MapOptions& options) noexcept;
 
   void reset() noexcept;
   std::byte* data() const noexcept { return base_; }
@@ -53,6 +64,11 @@ class Mapping {
 
   std::byte* base_ = nullptr;
   std::size_t size_ = 0;
+};
+
+struct Mapping::Pair {
+  Mapping first;
+  Mapping second;
 };
 
 // hugetlbfs pages of one size, from /sys/kernel/mm/hugepages.

@@ -15,34 +15,33 @@ Result<Arena*> Arena::create(PoolCore* pool, std::uint64_t pool_id, std::size_t 
   opts.numa_node = config.numa_node;
   opts.prefault = config.prefault;
   opts.huge_page_size = config.huge_page_size;
-  auto memory = platform::Mapping::create(bytes, opts);
-  if (!memory) return memory.status();
-  const std::size_t npages = memory->size() / platform::kPageSize;
-  if (npages > UINT32_MAX) return Status::invalid_argument;
+  const std::size_t mapped = platform::Mapping::mapped_size(bytes, opts);
+  const std::size_t npages = mapped / platform::kPageSize;
+  if (npages > UINT32_MAX || mapped > SIZE_MAX / 4) return Status::invalid_argument;
 
   platform::MapOptions side;
   side.transparent_huge_pages = false;
   side.noreserve = true;
+  // The control-block table right after the memory: see block_distance().
+  auto both = platform::Mapping::create_adjacent(bytes, opts, table_bytes(mapped), side);
+  if (!both) return both.status();
   auto pages = platform::Mapping::create(npages * sizeof(PageDesc), side);
   if (!pages) return pages.status();
-  auto blocks = platform::Mapping::create(memory->size() / kGranuleBytes * sizeof(ControlBlock) + kBlockTableOffset, side);
-  if (!blocks) return blocks.status();
 
   auto* a = new (std::nothrow) Arena();
   if (!a) return Status::out_of_memory;
   a->pool_ = pool;
   a->pool_id_ = pool_id;
   a->dedicated_ = dedicated;
-  a->memory_ = std::move(*memory);
+  a->memory_ = std::move(both->first);
   a->page_map_ = std::move(*pages);
-  a->block_map_ = std::move(*blocks);
+  a->block_map_ = std::move(both->second);
   a->npages_ = static_cast<std::uint32_t>(npages);
   // Side tables are zero pages until touched; constructing a descriptor
   // would touch them all, so only boundary pages are ever constructed.
   a->pages_ = reinterpret_cast<PageDesc*>(a->page_map_.data());
   a->blocks_ = reinterpret_cast<ControlBlock*>(a->block_map_.data() + kBlockTableOffset);
-  a->block_to_object_ =
-      reinterpret_cast<std::uintptr_t>(a->memory_.data()) - reinterpret_cast<std::uintptr_t>(a->blocks_);
+  a->block_to_object_ = block_distance(mapped);
   new (&a->pages_[0]) PageDesc();
   if (npages > 1) new (&a->pages_[npages - 1]) PageDesc();
   a->set_span(0, a->npages_, PageState::free);

@@ -126,6 +126,9 @@ PoolCore::PoolCore(std::vector<std::shared_ptr<Domain>> domains, PoolConfig conf
   if (config_.arena_size == 0) throw Error(Status::invalid_argument, 0, "pool '" + config_.name + "': arena_size is 0");
   check_huge_pages(config_);
   config_.arena_size = platform::round_up(config_.arena_size, arena_alignment(config_));
+  // A regular arena maps exactly arena_size bytes: it is a multiple of
+  // every page size the mapping may round to.
+  regular_block_to_object_ = Arena::block_distance(config_.arena_size);
   if (config_.max_bytes && config_.initial_arenas * config_.arena_size > config_.max_bytes) {
     throw Error(Status::invalid_argument, 0,
                 "pool '" + config_.name + "': initial arenas (" + std::to_string(config_.initial_arenas) + " x " +
@@ -425,7 +428,7 @@ Result<ControlBlock*> PoolCore::allocate_slow_path(const LdoShape& shape) noexce
   }
   if (zero_by_mode_[static_cast<std::uint8_t>(shape.zeroing) & 3]) [[unlikely]]
     zero_object(cb, small && (cb->flags & kFreshSlot) ? 0 : dirty);
-  init_object(cb, shape.data_size, shape.meta_size, shape.type_id);
+  init_object(cb, base_of(cb), shape.data_size, shape.meta_size, shape.type_id);
   return cb;
 }
 

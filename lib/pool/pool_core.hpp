@@ -311,7 +311,9 @@ class PoolCore {
       tc->counters.large_allocs.add(1);
       tc->counters.large_bytes_alloc.add(cb->capacity);
     }
-    *base = init_object(cb, data, meta, type_id);
+    // Cached slots and spans all lie in regular arenas (dedicated arenas'
+    // spans are never cached), whose object distance is the pool's.
+    *base = init_object(cb, Arena::object_at(cb, regular_block_to_object_), data, meta, type_id);
     return cb;
   }
 
@@ -450,9 +452,9 @@ class PoolCore {
   // reached). Returns whether there was anything. Caller holds no pool lock.
   bool flush_central_spans() noexcept;
   // What every allocation does last: the control block's fields and the
-  // wire header (a pool object's bytes start at arena base + its granule).
-  // Returns the object's address.
-  static std::byte* init_object(ControlBlock* cb, std::uint64_t data, std::uint64_t meta, std::uint32_t type_id) noexcept {
+  // wire header at `base`, the object's address (base_of(cb)), returned.
+  static std::byte* init_object(ControlBlock* cb, std::byte* base, std::uint64_t data, std::uint64_t meta,
+                                std::uint32_t type_id) noexcept {
     // kFreshSlot stays set while a slot's first object lives and is
     // cleared by its drop (destroy() in ldo.cpp): the only reader is the
     // allocation that may zero the slot, and a live slot is never
@@ -460,7 +462,6 @@ class PoolCore {
     cb->type_id = type_id;
     cb->meta_size = meta;
     cb->data_size = data;
-    std::byte* const base = cb->arena->object_of(cb);
     write_wire_header(base, type_id, meta, data);
     return base;
   }
@@ -518,6 +519,9 @@ class PoolCore {
   // allocate_cached's size limit by the same index: kMaxObjectBytes, or 0
   // where zeroing applies (the slow path zeroes).
   std::array<std::uint64_t, 4> fast_limit_{};
+  // Arena::block_distance(config_.arena_size): object_of()'s distance in
+  // every regular arena, for the fast path.
+  std::uintptr_t regular_block_to_object_ = 0;
   std::vector<std::shared_ptr<Domain>> domains_;
 
   // mutable: stats() locks them to read slab occupancy.
