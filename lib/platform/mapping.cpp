@@ -54,6 +54,23 @@ void* map_huge(void* at, std::size_t size, std::size_t page_size, bool noreserve
   return ::mmap(at, size, PROT_READ | PROT_WRITE, flags, -1, 0);
 }
 
+// Maps `keep` bytes starting on an `align` boundary (a power of two, at
+// least a page): over-maps by the slack an aligned start may need and
+// unmaps what lies before and after. The start, or nullptr.
+std::byte* map_aligned(std::size_t keep, std::size_t align, int prot, int flags) noexcept {
+  const std::size_t span = keep + (align - kPageSize);
+  void* p = ::mmap(nullptr, span, prot, flags, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  auto* raw = static_cast<std::byte*>(p);
+  const auto at = reinterpret_cast<std::uintptr_t>(raw);
+  auto* base = reinterpret_cast<std::byte*>((at + align - 1) & ~(align - 1));
+  const auto head = static_cast<std::size_t>(base - raw);
+  const std::size_t tail = span - head - keep;
+  if (head) ::munmap(raw, head);
+  if (tail) ::munmap(base + keep, tail);
+  return base;
+}
+
 void* map_fixed(void* at, std::size_t size, bool noreserve) noexcept {
   const int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | (noreserve ? MAP_NORESERVE : 0);
   return ::mmap(at, size, PROT_READ | PROT_WRITE, flags, -1, 0);
@@ -74,25 +91,12 @@ Result<Mapping> Mapping::create(std::size_t size, const MapOptions& options) noe
   }
   size = round_up(size, kPageSize);
   const bool align_huge = options.transparent_huge_pages && size >= kHugePageSize;
-  // Over-map by one huge page and trim, so the arena starts on a 2 MiB
-  // boundary; otherwise THP could back only its interior.
-  const std::size_t span = align_huge ? size + kHugePageSize : size;
+  // Started on a 2 MiB boundary; otherwise THP could back only its interior.
   int flags = MAP_PRIVATE | MAP_ANONYMOUS;
   if (options.noreserve) flags |= MAP_NORESERVE;
-  void* p = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, flags, -1, 0);
-  if (p == MAP_FAILED) return Status::out_of_memory;
-  auto* raw = static_cast<std::byte*>(p);
-  std::byte* base = raw;
-  if (align_huge) {
-    auto a = reinterpret_cast<std::uintptr_t>(raw);
-    auto aligned = (a + kHugePageSize - 1) & ~(kHugePageSize - 1);
-    base = reinterpret_cast<std::byte*>(aligned);
-    const std::size_t head = aligned - a;
-    const std::size_t tail = span - head - size;
-    if (head) ::munmap(raw, head);
-    if (tail) ::munmap(base + size, tail);
-    ::madvise(base, size, MADV_HUGEPAGE);
-  }
+  std::byte* base = map_aligned(size, align_huge ? kHugePageSize : kPageSize, PROT_READ | PROT_WRITE, flags);
+  if (!base) return Status::out_of_memory;
+  if (align_huge) ::madvise(base, size, MADV_HUGEPAGE);
   return finish(base, size, options);
 }
 
@@ -115,16 +119,8 @@ Result<Mapping::Pair> Mapping::create_adjacent(std::size_t first_size, const Map
   // behind it; each part is then mapped over its share with MAP_FIXED,
   // which can only replace this reservation, so the two end up adjacent
   // whatever else the process maps meanwhile.
-  const std::size_t span = size1 + size2 + (align - kPageSize);
-  void* p = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) return Status::out_of_memory;
-  auto* raw = static_cast<std::byte*>(p);
-  const auto at = reinterpret_cast<std::uintptr_t>(raw);
-  auto* base = reinterpret_cast<std::byte*>((at + align - 1) & ~(align - 1));
-  const auto head = static_cast<std::size_t>(base - raw);
-  const std::size_t tail = span - head - size1 - size2;
-  if (head) ::munmap(raw, head);
-  if (tail) ::munmap(base + size1 + size2, tail);
+  std::byte* const base = map_aligned(size1 + size2, align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE);
+  if (!base) return Status::out_of_memory;
   void* m = hp ? map_huge(base, size1, hp, first.noreserve) : map_fixed(base, size1, first.noreserve);
   if (m == MAP_FAILED) {
     const int err = errno;
