@@ -261,7 +261,11 @@ class REGPOOL_API Messenger {
   Result<MessageToken> send(PeerId peer, std::uint64_t tag, const Slice& data, MessageCallback cb = {}) noexcept;
   // Receive a message whose tag matches `tag` on the bits not set in
   // `ignore`, from `source` (kAnyPeer = any) into `buffer`. Earliest posted
-  // matching receive takes the earliest arriving matching message.
+  // matching receive takes the earliest arriving matching message. The
+  // buffer's slice is held until the receive completes; after an eager
+  // message was copied into it, the Messenger lets go of it at its next
+  // call (any send, receive, progress or wait, or its destruction), not
+  // in the round that completed it, which a reply would wait for.
   Result<MessageToken> recv(PeerId source, std::uint64_t tag, std::uint64_t ignore, const Slice& buffer,
                             MessageCallback cb = {}) noexcept;
   // Zero-copy receive: the completion's `ldo` is the object holding the

@@ -383,6 +383,19 @@ struct MessengerCore final : MessageSink {
   // "the waiter's hand-off"). The waiter gives the slot back on every
   // return; one that gives up (its deadline) does so under the mutex, so
   // a completion handed off meanwhile is returned, never lost.
+  // A receive's buffer, an eager message copied into it: the Messenger's
+  // reference to it is dropped at the next lock round that cannot delay a
+  // reply (a send after its bytes left, a receive posted, a progress or
+  // wait round, the Messenger's end), not in the round that completes it. The caller usually still holds the
+  // buffer, so that drop is a locked decrement, and the round completing a
+  // receive is the one a ping-pong's reply waits for (bench/RESULTS.md, "a
+  // copied send before its op"). One buffer at a time: a second completed
+  // in the same round drops the first at once.
+  Slice spent_buffer;
+  void drop_spent() noexcept {
+    if (spent_buffer) spent_buffer = Slice{};
+  }
+
   std::atomic<std::uint64_t> handoff_token{0};
   std::atomic<bool> handoff_ready{false};
   MessageCompletion handoff;
@@ -420,6 +433,15 @@ struct MessengerCore final : MessageSink {
     return r.space == sp && (r.peer == kAnyPeer || r.peer == src) && ((r.tag ^ tag) & ~r.ignore) == 0;
   }
 
+  // The generation op i gets at its next claim (never 0).
+  std::uint32_t next_gen(std::uint32_t i) const noexcept { return ops[i].gen + 1 == 0 ? 1 : ops[i].gen + 1; }
+  // The token the next claim_op will give (free_ops not empty): what a
+  // copied send puts in its header before it claims its op.
+  MessageToken next_token() const noexcept {
+    const std::uint32_t i = free_ops.back();
+    return MessageToken{make_token(next_gen(i), i)};
+  }
+
   [[gnu::hot]] Result<std::uint32_t> claim_op(Kind kind) noexcept {
     if (closed) return Status::closed;
     if (free_ops.empty()) return Status::would_block;
@@ -427,7 +449,7 @@ struct MessengerCore final : MessageSink {
     free_ops.pop_back();
     if (i >= ops_high) ops_high = i + 1;
     Op& o = ops[i];
-    if (++o.gen == 0) o.gen = 1;
+    o.gen = next_gen(i);
     o.state = State::active;
     o.kind = kind;
     o.has_cb = false;
@@ -947,12 +969,21 @@ struct MessengerCore final : MessageSink {
   // header from us since it last knew nothing of us (our limits) goes with
   // the brief header (messaging_wire.hpp): header and payload then fill
   // one cache line of the ring. `head_size` says which header `head` holds.
-  [[gnu::hot]] Status send_copy_locked(std::uint32_t i, const Slice& data, std::array<std::byte, mw::kHeaderSize>& head,
-                                       std::size_t& head_size) noexcept {
-    PeerState& ps = peers[ops[i].peer];
-    mw::Header h = header_for(i, data.length());
+  // A copied send's message (Messenger::send), written into the transport
+  // before its op is claimed: its header names the token the op will get
+  // (`token`, next_token()). Returns what the endpoint said: ok (the send
+  // is complete), would_block (sealed in `head`, to be posted), or a
+  // refusal (nothing spent).
+  [[gnu::hot]] Status send_copy_first(PeerState& ps, PeerId peer, std::uint64_t tag, MessageToken token,
+                                      const Slice& data, std::array<std::byte, mw::kHeaderSize>& head,
+                                      std::size_t& head_size) noexcept {
+    mw::Header h;
     h.type = mw::Type::eager;
-    if (ps.announced && data.length() <= mw::kBriefMax && h.space == mw::Space::user && h.reply_id == 0) {
+    h.space = mw::Space::user;
+    h.tag = tag;
+    h.length = data.length();
+    h.msg_id = token.value;
+    if (ps.announced && data.length() <= mw::kBriefMax) {
       spend(ps, h);
       mw::encode_brief(h, head.data());
       head_size = mw::kBriefHeaderSize;
@@ -960,14 +991,13 @@ struct MessengerCore final : MessageSink {
       seal(ps, h, head.data());
       head_size = mw::kHeaderSize;
     }
-    const Status s = ep.send_copy(ops[i].peer, std::span<const std::byte>(head.data(), head_size), data);
+    const Status s = ep.send_copy(peer, std::span<const std::byte>(head.data(), head_size), data);
     if (s == Status::ok || s == Status::would_block || s == Status::message_too_large) {
       ++st.eager_sent;
       if (head_size == mw::kBriefHeaderSize) ++st.eager_brief;
       ps.announced = true;
       if (s != Status::ok) return Status::would_block;
       ++st.eager_copied;
-      complete(i, Status::ok);
       return Status::ok;
     }
     ++ps.credits;
@@ -1232,6 +1262,7 @@ struct MessengerCore final : MessageSink {
     const std::uint64_t n = std::min<std::uint64_t>(h.length, o.buf.length());
     platform::copy_message(o.buf.address(), payload, n);
     o.result.received = n;
+    spent_buffer = std::move(o.buf);  // its reference dropped later (spent_buffer)
     complete(i, n < h.length ? Status::truncated : Status::ok);
   }
 
@@ -2220,6 +2251,7 @@ struct MessengerCore final : MessageSink {
     const bool idle = (polled >= 0 ? static_cast<std::size_t>(polled) : ep.progress()) == 0;
     {
       std::unique_lock<CoreMutex> g(mu);
+      drop_spent();
       // Nothing arrived this round: the time to repost emptied bounces and
       // to allocate the next small messages.
       if (idle && !closed) {
@@ -2491,6 +2523,7 @@ Messenger::~Messenger() {
     core_->closed = true;
     core_->changed();
     core_->spares.clear();
+    core_->drop_spent();
     for (auto& o : core_->ops) {
       if (o.exposure) core_->graveyard.push_back(std::move(o.exposure));
       o.cb.reset();
@@ -2525,24 +2558,39 @@ Messenger::~Messenger() {
     // the peer are the copy's own.
     const bool copy = c.in_place && !Core::must_wait_credit(ps) && c.post_count == 0 && !c.draining &&
                       mw::kHeaderSize + data.length() <= c.copy_limit && c.goes_eager(ps, data.length());
-    if (!copy && !c.ep.usable(peer)) return Status::peer_unreachable;
+    if (copy) {
+      // The message goes first and its op is claimed after: everything
+      // between a received message and the reply it prompts delays the
+      // reply, and claiming and filling in an op (about 200 instructions)
+      // need not come before the bytes leave (bench/RESULTS.md, "a copied
+      // send before its op"). The header names the token the claim will
+      // give; claim_op's refusals are checked first, so a message never
+      // leaves without its op.
+      if (c.closed) return Status::closed;
+      if (c.free_ops.empty()) return Status::would_block;
+      t = c.next_token();
+      alignas(8) std::array<std::byte, mw::kHeaderSize> head;
+      std::size_t head_size = 0;
+      const Status s = c.send_copy_first(ps, peer, tag, t, data, head, head_size);
+      // Refused as usable() would have refused it: no op, as then.
+      if (s != Status::ok && s != Status::would_block) return Status::peer_unreachable;
+      const std::uint32_t i = *c.claim_op(Core::Kind::send);
+      c.set_send(c.ops[i], peer, tag, data.length(), std::move(cb));
+      if (s == Status::ok) {
+        c.complete(i, Status::ok);
+      } else {
+        c.post_sealed(g, i, std::span<const std::byte>(head.data(), head_size), data);
+      }
+      c.drop_spent();
+      return t;
+    }
+    if (!c.ep.usable(peer)) return Status::peer_unreachable;
     auto r = c.claim_op(Core::Kind::send);
     if (!r) return r.status();
     Core::Op& o = c.ops[*r];
     c.set_send(o, peer, tag, data.length(), std::move(cb));
     t = o.result.token;
-    if (copy) {
-      alignas(8) std::array<std::byte, mw::kHeaderSize> head;
-      std::size_t head_size = 0;
-      const Status s = c.send_copy_locked(*r, data, head, head_size);
-      if (s == Status::would_block) {
-        c.post_sealed(g, *r, std::span<const std::byte>(head.data(), head_size), data);
-      } else if (s != Status::ok) {
-        // Refused as usable() would have refused it: no op, as then.
-        c.free_op(*r);
-        return Status::peer_unreachable;
-      }
-    } else if (Core::must_wait_credit(ps)) {
+    if (Core::must_wait_credit(ps)) {
       o.buf = data;  // held until its credit comes
       c.queue_for_credit(ps, *r);
     } else if (c.post_count == 0 && !c.draining && c.goes_eager(ps, data.length())) {
@@ -2551,6 +2599,7 @@ Messenger::~Messenger() {
       c.dispatch_send(*r, &data);
       c.drain(g);
     }
+    c.drop_spent();
   }
   return t;
 }
@@ -2592,6 +2641,7 @@ namespace {
       break;
     }
     if (!matched) c.link_posted(i);
+    c.drop_spent();
     c.drain(g);
   }
   return t;
