@@ -126,6 +126,14 @@ struct Config {
   // the second of two receives over the same bytes) or, off, right before
   // the message it is for.
   bool recv_ahead = true;
+  // --pingpong: in the send and tagged ping-pongs each side replies from
+  // the bytes it has just received into (echo, the default: every message
+  // carries bytes the reader has not seen, and on shm they come from the
+  // writer's cache) or sends from one buffer and receives into another,
+  // neither written by the program (separate: fi_pingpong's and
+  // ucx_perftest's definition, under which a shm reader of more than a few
+  // KiB may find a never-changing source in its own cache).
+  bool pingpong_echo = true;
   // --rma: the --perftest put and get loops post one kept put or get
   // reposted for each operation (Endpoint::put_kept, get_kept) or a new
   // put()/get() each.
@@ -197,6 +205,7 @@ struct Config {
     line("recv", recv_kept ? "kept" : "fresh");
     line("sends", send_kept ? "kept" : "fresh");
     line("ahead", recv_ahead ? "on" : "off");
+    line("pingpong", pingpong_echo ? "echo" : "separate");
     line("rma", rma_kept ? "kept" : "fresh");
     line("shm_rings", shm_rings ? "on" : "off");
     num("shm_ring_copy_max", shm_ring_copy_max);
@@ -222,8 +231,8 @@ struct Config {
         "cold_bytes",        "tagged_threshold",  "tagged_split", "tagged_eager_split",
         "tagged_gather",     "tagged_copy",       "tagged_recv",  "expose_mode",   "perftest",
         "verbs_inline",      "verbs_signal",      "loop_mean",    "recv",          "sends",
-        "ahead",             "rma",               "shm_rings",    "shm_ring_copy_max", "shm_ring_adaptive",
-        "messenger",         "sizes"};
+        "ahead",             "pingpong",          "rma",          "shm_rings",     "shm_ring_copy_max",
+        "shm_ring_adaptive", "messenger",         "sizes"};
     std::size_t at = 0;
     for (const std::string_view key : kKeys) {
       const std::size_t nl = text.find('\n', at);
@@ -362,6 +371,7 @@ struct Config {
     if (key == "recv") return flag(v, "kept", "fresh", c.recv_kept);
     if (key == "sends") return flag(v, "kept", "fresh", c.send_kept);
     if (key == "ahead") return flag(v, "on", "off", c.recv_ahead);
+    if (key == "pingpong") return flag(v, "echo", "separate", c.pingpong_echo);
     if (key == "rma") return flag(v, "kept", "fresh", c.rma_kept);
     if (key == "shm_rings") return flag(v, "on", "off", c.shm_rings);
     if (key == "shm_ring_copy_max") return in(number(v), 0, kMaxShmRingCopy, c.shm_ring_copy_max);

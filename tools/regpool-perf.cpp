@@ -222,6 +222,12 @@ void usage(std::FILE* to) {
       "                   second of two receives) or off (each posted right before\n"
       "                   the message it is for, on the path from one message to\n"
       "                   the next)\n"
+      "  --pingpong P     the send and tagged ping-pongs, both sides: echo (default:\n"
+      "                   each side replies from the bytes it received into, so\n"
+      "                   every message carries bytes new to its reader) or separate\n"
+      "                   (each sends from one buffer and receives into another, as\n"
+      "                   fi_pingpong and ucx_perftest do; on shm a reader may then\n"
+      "                   find a large message's unchanged source in its own cache)\n"
       "  --rma R          --perftest's put and get loops: kept (default: one kept put\n"
       "                   or get reposted for each operation, Endpoint::put_kept and\n"
       "                   get_kept, as perftest posts one work request over and\n"
@@ -480,6 +486,10 @@ Options parse_args(int argc, char** argv, bool& help) {
       client_only_option = true;
     } else if (is_option(a, "--ahead")) {
       o.config.recv_ahead = one_of_two(argc, argv, i, "--ahead", "on", "off");
+      not_for_peers = a;
+      client_only_option = true;
+    } else if (is_option(a, "--pingpong")) {
+      o.config.pingpong_echo = one_of_two(argc, argv, i, "--pingpong", "echo", "separate");
       not_for_peers = a;
       client_only_option = true;
     } else if (is_option(a, "--rma")) {
@@ -1019,11 +1029,12 @@ regpool::MessageCompletion mwait(regpool::Messenger& m, const regpool::Result<re
 }
 
 void serve_tagged(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpool::PeerId peer, const Slice& rx_all,
-                  const Slice& ctrl_slice) {
+                  const Slice& pong_all, const Slice& ctrl_slice) {
   regpool::Messenger m(*s.ep, *s.pool, tagged_config(c));
   boot.barrier(kBootTimeout);  // both Messengers have their receives posted
   for (const auto size : c.sizes) {
     const Slice in = must(rx_all.select(0, size), "receive slice");
+    const Slice reply = c.pingpong_echo ? in : must(pong_all.select(0, size), "pong slice");
     boot.barrier(kBootTimeout);
     // The receive for the next ping is posted before the pong goes out (a
     // round before with --ahead), as in the send ping-pong
@@ -1041,7 +1052,7 @@ void serve_tagged(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpool
       for (std::uint64_t i = 0; i < pings; ++i) {
         (void)mwait(m, next, "tagged latency");
         if (i + 1 < pings) next = post_ping();
-        (void)mwait(m, m.send(peer, 2, in), "tagged pong");
+        (void)mwait(m, m.send(peer, 2, reply), "tagged pong");
       }
     } else {
       // --ahead, as serve_send_pingpong: receives for two pings posted
@@ -1052,7 +1063,7 @@ void serve_tagged(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpool
       if (pings > 1) got[1] = post_ping();
       for (std::uint64_t i = 0; i < pings; ++i) {
         (void)mwait(m, got[i % 2], "tagged latency");
-        const auto pong = m.send(peer, 2, in);
+        const auto pong = m.send(peer, 2, reply);
         if (!pong) op_failed(pong.status(), "tagged pong");
         if (i + 2 < pings) got[i % 2] = post_ping();
         (void)mwait(m, pong, "tagged pong");
@@ -1166,6 +1177,11 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
   // --cold: receives rotate over the target's span (phases do not overlap,
   // and a second span would double the server's memory).
   const Slice rx_all = must(Slice::data(c.cold_bytes != 0 ? target : rx), "receive slice");
+  // --pingpong separate: the pongs leave from bytes of their own, which
+  // nothing writes after they are filled here.
+  auto pong_src = s.alloc(c.pingpong_echo ? 1 : c.max_size());
+  const Slice pong_all = must(Slice::data(pong_src), "pong slice");
+  std::memset(pong_all.bytes().data(), 0x5a, pong_all.bytes().size());
 
   // Step 2: names and the reference.
   auto ref = exposure->encode();
@@ -1201,7 +1217,7 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
   if (c.send) {
     for (const auto size : c.sizes) {
       const Slice in = must(rx_all.select(0, size), "receive slice");
-      const Slice out = must(rx_all.select(0, size), "reply slice");
+      const Slice out = c.pingpong_echo ? in : must(pong_all.select(0, size), "reply slice");
       // Latency: ping-pong, warm-up included.
       boot.barrier(kBootTimeout);
       serve_send_pingpong(s, peer, in, out, c.iters + kWarmupOps + (c.loop_mean ? c.iters : 0), c);
@@ -1233,7 +1249,7 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
       (void)wait_ok(s, s.ep->send(peer, ctrl_slice), "send verdict");
     }
   }
-  if (c.tagged) serve_tagged(s, boot, c, peer, rx_all, ctrl_slice);
+  if (c.tagged) serve_tagged(s, boot, c, peer, rx_all, pong_all, ctrl_slice);
   boot.barrier(kBootTimeout);
   return 0;
 }
@@ -1480,6 +1496,10 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
   // Where put's check reads the target's slots back.
   auto check_buf = s.alloc(c.max_size());
   const Slice check_all = must(Slice::data(check_buf), "check slice");
+  // --pingpong separate: the pongs land in bytes of their own, which the
+  // program never reads, so the pings' source is never written.
+  auto pong_dst = s.alloc(c.pingpong_echo ? 1 : c.max_size());
+  const Slice pong_all = must(Slice::data(pong_dst), "pong slice");
   auto ctrl = s.alloc(kControlBytes);
   const Slice ctrl_slice = must(Slice::data(ctrl), "control slice");
   std::vector<Row> rows;
@@ -1655,7 +1675,8 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       // (fi_pingpong's usec/xfer), their median ucx_perftest's 50%ile.
       boot.barrier(kBootTimeout);
       {
-        ClientPingPong pp(s, peer, out, out, c, c.iters + kWarmupOps + (c.loop_mean ? c.iters : 0));
+        const Slice in = c.pingpong_echo ? out : must(pong_all.select(0, size), "pong slice");
+        ClientPingPong pp(s, peer, in, out, c, c.iters + kWarmupOps + (c.loop_mean ? c.iters : 0));
         set_latency(r, send_pingpong(pp, c.iters, pl, size));
         if (c.loop_mean) r.loop_mean = pingpong_loop_mean(c.iters, [&] { pp.round(); });
       }
@@ -1709,8 +1730,9 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       const std::uint64_t rounds = c.iters + kWarmupOps + (c.loop_mean ? c.iters : 0);
       std::uint64_t rounds_done = 0;
       regpool::MessageToken next{};
+      const Slice in = c.pingpong_echo ? out : must(pong_all.select(0, size), "pong slice");
       auto pong_receive = [&]() {
-        auto t = tagged_recv(m, c, peer, 2, out);
+        auto t = tagged_recv(m, c, peer, 2, in);
         if (!t) op_failed(t.status(), "tagged pong receive");
         return *t;
       };
@@ -2367,6 +2389,7 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     s += ",\"receives\":" + json_escape(c.recv_kept ? "kept" : "fresh");
     s += ",\"sends\":" + json_escape(c.send_kept ? "kept" : "fresh");
     s += ",\"receives_ahead\":" + std::string(c.recv_ahead ? "true" : "false");
+    s += ",\"pingpong\":" + json_escape(c.pingpong_echo ? "echo" : "separate");
     s += ",\"rma\":" + json_escape(c.rma_kept ? "kept" : "fresh");
     s += ",\"shm_rings\":" + std::string(c.shm_rings ? "true" : "false");
     s += ",\"shm_ring_copy_max\":" + std::to_string(c.shm_ring_copy_max);
@@ -2419,13 +2442,14 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
                 "get = one read and its completion, send = half round trip of a send ping-pong\n");
   }
   std::printf(
-      "regpool-perf: provider %s%s, %s, %llu iterations, window %llu, batch %llu, wait %s, buffers %s, receives %s%s, sends %s%s%s\n",
+      "regpool-perf: provider %s%s, %s, %llu iterations, window %llu, batch %llu, wait %s, buffers %s, receives %s%s, sends %s, ping-pongs %s%s%s\n",
               provider.c_str(), provider == "shm" ? (c.shm_rings ? " (messages: regpool's rings)" : " (messages: the provider's)") : "",
               o.mode == Mode::loopback ? "two processes on this host (loopback)" : ("server " + o.host).c_str(),
               static_cast<unsigned long long>(c.iters), static_cast<unsigned long long>(c.window),
               static_cast<unsigned long long>(c.batch),
               regpool::to_string(c.wait), buffers.c_str(), c.recv_kept ? "kept" : "fresh",
               c.recv_ahead ? " (one message ahead)" : "", c.send_kept ? "kept" : "fresh",
+              c.pingpong_echo ? "echo (replies from the bytes received)" : "from separate buffers",
               c.messenger_serialized ? ", Messengers serialized (no lock)" : "",
               emulated_atomics ? ", atomics emulated by the target's progress()" : "");
   std::printf("%-13s %10s %12s %12s %12s %12s %14s %12s\n", "op", "size", "lat med us", "lat min us", "lat p99 us",

@@ -375,16 +375,20 @@ def mode_perf(tool, readme, provider):
     # receive is left posted to take a later phase's message (the bandwidth
     # streams, their acks and verdicts, and the next size's ping-pong would
     # fail or hang), in the plain and the perftest definitions.
-    for ahead in ("on", "off"):
+    # With --pingpong separate (pongs from and into buffers of their own)
+    # too: the same rounds, rows and leftovers.
+    for ahead, pingpong in (("on", "echo"), ("off", "echo"), ("on", "separate")):
         for extra in (["--ops", "send,tagged", "--loop-mean"], ["--ops", "send", "--perftest"]):
-            label = f"perf {provider} --ahead {ahead} {' '.join(extra)}"
+            label = f"perf {provider} --ahead {ahead} --pingpong {pingpong} {' '.join(extra)}"
             rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", "8,4K", "--iters", "20",
-                                "--window", "4", "--ahead", ahead, "--json"] + extra, timeout=240)
+                                "--window", "4", "--ahead", ahead, "--pingpong", pingpong, "--json"] + extra,
+                               timeout=240)
             check(rc == 0, f"{label} exits 0 (got {rc}: {err})")
             if rc == 0:
                 d = json.loads(out)
                 check(d.get("receives_ahead") == (ahead == "on"),
                       f"{label} reports receives_ahead {ahead == 'on'} (got {d.get('receives_ahead')})")
+                check(d.get("pingpong") == pingpong, f"{label} reports pingpong {pingpong} (got {d.get('pingpong')})")
                 ops = ["send", "tagged"] if "tagged" in extra[1] else ["send"]
                 check([(r["op"], r["size"]) for r in d["results"]] == [(o, n) for o in ops for n in (8, 4096)],
                       f"{label}: rows")
@@ -679,7 +683,7 @@ def hostile_scenarios(tool, base, tmp, servers):
     good = ("provider=shm\nwait=spin\niters=5\nwindow=4\nops=put,\ncold_bytes=0\ntagged_threshold=0\n"
             "tagged_split=0\ntagged_eager_split=0\ntagged_gather=0\ntagged_copy=0\ntagged_recv=copy\nexpose_mode=standard\n"
             "perftest=0\nverbs_inline=-1\n"
-            "verbs_signal=selective\nloop_mean=0\nrecv=kept\nsends=kept\nahead=on\nrma=kept\nshm_rings=on\n"
+            "verbs_signal=selective\nloop_mean=0\nrecv=kept\nsends=kept\nahead=on\npingpong=echo\nrma=kept\nshm_rings=on\n"
             "shm_ring_copy_max=66560\nshm_ring_adaptive=on\nmessenger=locked\nsizes=8\n")
     for tag, payload, named in (("cut", good[:40], "missing or unterminated"),
                                 ("order", good.replace("sizes=8", "sizes=4096,8"), "sizes: bad value '4096,8'"),
@@ -687,7 +691,9 @@ def hostile_scenarios(tool, base, tmp, servers):
                                 ("copy", good.replace("copy_max=66560", "copy_max=66561"),
                                  "shm_ring_copy_max: bad value '66561'"),
                                 ("adaptive", good.replace("adaptive=on", "adaptive=yes"),
-                                 "shm_ring_adaptive: bad value 'yes'")):
+                                 "shm_ring_adaptive: bad value 'yes'"),
+                                ("pingpong", good.replace("pingpong=echo", "pingpong=both"),
+                                 "pingpong: bad value 'both'")):
         port = free_port()
         srv, errname = start_server(tool, port, base, tmp, "config-" + tag)
         servers.append(srv)
@@ -798,6 +804,8 @@ BAD_ARGS = {
                      ["--peers", "2", "--sends", "fresh"],
                      ["--loopback", "--ahead", "maybe"], ["--server", "--ahead", "on"],
                      ["--peers", "2", "--ahead", "off"],
+                     ["--loopback", "--pingpong", "both"], ["--server", "--pingpong", "separate"],
+                     ["--peers", "2", "--pingpong", "echo"],
                      ["--loopback", "--rma", "sometimes"], ["--server", "--rma", "kept"],
                      ["--peers", "2", "--rma", "fresh"],
                      ["--loopback", "--provider", "sh m"], ["--loopback", "--provider", ""],
