@@ -134,6 +134,9 @@ struct Config {
   // ucx_perftest's definition, under which a shm reader of more than a few
   // KiB may find a never-changing source in its own cache).
   bool pingpong_echo = true;
+  // Whether the ping-pongs that run echo: --perftest's have separate
+  // buffers whatever --pingpong says, as perftest's own do.
+  bool pingpongs_echo() const { return pingpong_echo && !perftest; }
   // --rma: the --perftest put and get loops post one kept put or get
   // reposted for each operation (Endpoint::put_kept, get_kept) or a new
   // put()/get() each.

@@ -227,7 +227,8 @@ void usage(std::FILE* to) {
       "                   every message carries bytes new to its reader) or separate\n"
       "                   (each sends from one buffer and receives into another, as\n"
       "                   fi_pingpong and ucx_perftest do; on shm a reader may then\n"
-      "                   find a large message's unchanged source in its own cache)\n"
+      "                   find a large message's unchanged source in its own cache);\n"
+      "                   --perftest's ping-pongs are always separate, as perftest's\n"
       "  --rma R          --perftest's put and get loops: kept (default: one kept put\n"
       "                   or get reposted for each operation, Endpoint::put_kept and\n"
       "                   get_kept, as perftest posts one work request over and\n"
@@ -2389,7 +2390,7 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     s += ",\"receives\":" + json_escape(c.recv_kept ? "kept" : "fresh");
     s += ",\"sends\":" + json_escape(c.send_kept ? "kept" : "fresh");
     s += ",\"receives_ahead\":" + std::string(c.recv_ahead ? "true" : "false");
-    s += ",\"pingpong\":" + json_escape(c.pingpong_echo ? "echo" : "separate");
+    s += ",\"pingpong\":" + json_escape(c.pingpongs_echo() ? "echo" : "separate");
     s += ",\"rma\":" + json_escape(c.rma_kept ? "kept" : "fresh");
     s += ",\"shm_rings\":" + std::string(c.shm_rings ? "true" : "false");
     s += ",\"shm_ring_copy_max\":" + std::to_string(c.shm_ring_copy_max);
@@ -2449,7 +2450,7 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
               static_cast<unsigned long long>(c.batch),
               regpool::to_string(c.wait), buffers.c_str(), c.recv_kept ? "kept" : "fresh",
               c.recv_ahead ? " (one message ahead)" : "", c.send_kept ? "kept" : "fresh",
-              c.pingpong_echo ? "echo (replies from the bytes received)" : "from separate buffers",
+              c.pingpongs_echo() ? "echo (replies from the bytes received)" : "from separate buffers",
               c.messenger_serialized ? ", Messengers serialized (no lock)" : "",
               emulated_atomics ? ", atomics emulated by the target's progress()" : "");
   std::printf("%-13s %10s %12s %12s %12s %12s %14s %12s\n", "op", "size", "lat med us", "lat min us", "lat p99 us",
