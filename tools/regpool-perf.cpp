@@ -228,7 +228,7 @@ void usage(std::FILE* to) {
       "                   (each sends from one buffer and receives into another, as\n"
       "                   fi_pingpong and ucx_perftest do; on shm a reader may then\n"
       "                   find a large message's unchanged source in its own cache);\n"
-      "                   --perftest's ping-pongs are always separate, as perftest's\n"
+      "                   --perftest's ping-pongs are always separate, as perftest's are\n"
       "  --rma R          --perftest's put and get loops: kept (default: one kept put\n"
       "                   or get reposted for each operation, Endpoint::put_kept and\n"
       "                   get_kept, as perftest posts one work request over and\n"
@@ -1029,13 +1029,20 @@ regpool::MessageCompletion mwait(regpool::Messenger& m, const regpool::Result<re
   return mwait(m, t.value(), what);
 }
 
+// The ping-pong buffer that --pingpong decides for one size: `echoed` (the
+// bytes the same side sends from or receives into) when the ping-pongs
+// echo, else the first `size` bytes of `own_all`, a buffer of their own.
+Slice pingpong_slice(const Config& c, const Slice& echoed, const Slice& own_all, std::uint64_t size) {
+  return c.pingpongs_echo() ? echoed : must(own_all.select(0, size), "ping-pong slice");
+}
+
 void serve_tagged(Side& s, regpool::TcpBootstrap& boot, const Config& c, regpool::PeerId peer, const Slice& rx_all,
                   const Slice& pong_all, const Slice& ctrl_slice) {
   regpool::Messenger m(*s.ep, *s.pool, tagged_config(c));
   boot.barrier(kBootTimeout);  // both Messengers have their receives posted
   for (const auto size : c.sizes) {
     const Slice in = must(rx_all.select(0, size), "receive slice");
-    const Slice reply = c.pingpong_echo ? in : must(pong_all.select(0, size), "pong slice");
+    const Slice reply = pingpong_slice(c, in, pong_all, size);
     boot.barrier(kBootTimeout);
     // The receive for the next ping is posted before the pong goes out (a
     // round before with --ahead), as in the send ping-pong
@@ -1180,7 +1187,7 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
   const Slice rx_all = must(Slice::data(c.cold_bytes != 0 ? target : rx), "receive slice");
   // --pingpong separate: the pongs leave from bytes of their own, which
   // nothing writes after they are filled here.
-  auto pong_src = s.alloc(c.pingpong_echo ? 1 : c.max_size());
+  auto pong_src = s.alloc(c.pingpongs_echo() ? 1 : c.max_size());
   const Slice pong_all = must(Slice::data(pong_src), "pong slice");
   std::memset(pong_all.bytes().data(), 0x5a, pong_all.bytes().size());
 
@@ -1218,7 +1225,7 @@ int run_server(regpool::TcpBootstrap& boot, bool loopback, bool json) {
   if (c.send) {
     for (const auto size : c.sizes) {
       const Slice in = must(rx_all.select(0, size), "receive slice");
-      const Slice out = c.pingpong_echo ? in : must(pong_all.select(0, size), "reply slice");
+      const Slice out = pingpong_slice(c, in, pong_all, size);
       // Latency: ping-pong, warm-up included.
       boot.barrier(kBootTimeout);
       serve_send_pingpong(s, peer, in, out, c.iters + kWarmupOps + (c.loop_mean ? c.iters : 0), c);
@@ -1499,7 +1506,7 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
   const Slice check_all = must(Slice::data(check_buf), "check slice");
   // --pingpong separate: the pongs land in bytes of their own, which the
   // program never reads, so the pings' source is never written.
-  auto pong_dst = s.alloc(c.pingpong_echo ? 1 : c.max_size());
+  auto pong_dst = s.alloc(c.pingpongs_echo() ? 1 : c.max_size());
   const Slice pong_all = must(Slice::data(pong_dst), "pong slice");
   auto ctrl = s.alloc(kControlBytes);
   const Slice ctrl_slice = must(Slice::data(ctrl), "control slice");
@@ -1676,7 +1683,7 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       // (fi_pingpong's usec/xfer), their median ucx_perftest's 50%ile.
       boot.barrier(kBootTimeout);
       {
-        const Slice in = c.pingpong_echo ? out : must(pong_all.select(0, size), "pong slice");
+        const Slice in = pingpong_slice(c, out, pong_all, size);
         ClientPingPong pp(s, peer, in, out, c, c.iters + kWarmupOps + (c.loop_mean ? c.iters : 0));
         set_latency(r, send_pingpong(pp, c.iters, pl, size));
         if (c.loop_mean) r.loop_mean = pingpong_loop_mean(c.iters, [&] { pp.round(); });
@@ -1731,7 +1738,7 @@ std::vector<Row> run_client(regpool::TcpBootstrap& boot, const Config& c, bool l
       const std::uint64_t rounds = c.iters + kWarmupOps + (c.loop_mean ? c.iters : 0);
       std::uint64_t rounds_done = 0;
       regpool::MessageToken next{};
-      const Slice in = c.pingpong_echo ? out : must(pong_all.select(0, size), "pong slice");
+      const Slice in = pingpong_slice(c, out, pong_all, size);
       auto pong_receive = [&]() {
         auto t = tagged_recv(m, c, peer, 2, in);
         if (!t) op_failed(t.status(), "tagged pong receive");
