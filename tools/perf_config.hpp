@@ -95,6 +95,9 @@ struct Config {
   // MessengerConfig::eager_gather (0 = the default; UINT64_MAX = never).
   // The sender decides; both sides take it.
   std::uint64_t tagged_gather = 0;
+  // MessengerConfig::eager_gather_max (0 = the backend's; UINT64_MAX = no
+  // limit). The sender decides; both sides take it.
+  std::uint64_t tagged_gather_max = 0;
   // MessengerConfig::eager_copy (0 = the default; UINT64_MAX = never). The
   // sender decides; both sides take it.
   std::uint64_t tagged_copy = 0;
@@ -198,6 +201,7 @@ struct Config {
     num("tagged_split", tagged_split);
     num("tagged_eager_split", tagged_eager_split);
     num("tagged_gather", tagged_gather);
+    num("tagged_gather_max", tagged_gather_max);
     num("tagged_copy", tagged_copy);
     line("tagged_recv", tagged_recv_ldo ? "ldo" : "copy");
     line("expose_mode", regpool::to_string(expose_mode));
@@ -230,12 +234,12 @@ struct Config {
     Config c;
     if (text.size() > kMaxEncoded) return fail(why, "longer than " + std::to_string(kMaxEncoded) + " bytes");
     static constexpr std::string_view kKeys[] = {
-        "provider",          "wait",              "iters",        "window",        "ops",
-        "cold_bytes",        "tagged_threshold",  "tagged_split", "tagged_eager_split",
-        "tagged_gather",     "tagged_copy",       "tagged_recv",  "expose_mode",   "perftest",
-        "verbs_inline",      "verbs_signal",      "loop_mean",    "recv",          "sends",
-        "ahead",             "pingpong",          "rma",          "shm_rings",     "shm_ring_copy_max",
-        "shm_ring_adaptive", "messenger",         "sizes"};
+        "provider", "wait", "iters", "window", "ops",
+        "cold_bytes", "tagged_threshold", "tagged_split", "tagged_eager_split", "tagged_gather",
+        "tagged_gather_max", "tagged_copy", "tagged_recv", "expose_mode", "perftest",
+        "verbs_inline", "verbs_signal", "loop_mean", "recv", "sends",
+        "ahead", "pingpong", "rma", "shm_rings", "shm_ring_copy_max",
+        "shm_ring_adaptive", "messenger", "sizes"};
     std::size_t at = 0;
     for (const std::string_view key : kKeys) {
       const std::size_t nl = text.find('\n', at);
@@ -346,6 +350,7 @@ struct Config {
     if (key == "tagged_split") return split(v, c.tagged_split);
     if (key == "tagged_eager_split") return split(v, c.tagged_eager_split);
     if (key == "tagged_gather") return split(v, c.tagged_gather);
+    if (key == "tagged_gather_max") return split(v, c.tagged_gather_max);
     if (key == "tagged_copy") return split(v, c.tagged_copy);
     if (key == "tagged_recv") return flag(v, "ldo", "copy", c.tagged_recv_ldo);
     if (key == "expose_mode") {

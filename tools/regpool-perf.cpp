@@ -182,6 +182,9 @@ void usage(std::FILE* to) {
       "                   (eager payloads of at least SIZE leave as the header and\n"
       "                   the caller's bytes, uncopied, where the backend can send\n"
       "                   a message of two pieces), off, or default (4 KiB)\n"
+      "  --tagged-gather-max S the longest eager payload sent gathered: SIZE, off\n"
+      "                   (no limit) or default (the backend's: 65344 bytes on\n"
+      "                   libfabric tcp, no limit elsewhere); longer ones are copied\n"
       "  --tagged-copy S  the Messenger's copied eager for --ops tagged, shm with\n"
       "                   rings: SIZE (send() copies eager payloads of up to SIZE\n"
       "                   straight into the peer's ring), off (built in a message\n"
@@ -287,9 +290,10 @@ struct Options {
   Config config;
 };
 
-// --tagged-split, --tagged-eager-split, --tagged-gather and --tagged-copy: a
-// size above 0, off (UINT64_MAX, never) or default (0, the backend's), as
-// the MessengerConfig fields take it.
+// --tagged-split, --tagged-eager-split, --tagged-gather, --tagged-gather-max
+// and --tagged-copy: a size above 0, off (UINT64_MAX: never, or for
+// --tagged-gather-max no limit) or default (0, the backend's), as the
+// MessengerConfig fields take it.
 std::uint64_t split_value(const std::string& v, const char* option) {
   if (v == "off") return ~std::uint64_t{0};
   if (v == "default") return 0;
@@ -424,6 +428,9 @@ Options parse_args(int argc, char** argv, bool& help) {
       client_only_option = true;
     } else if (is_option(a, "--tagged-gather")) {
       o.config.tagged_gather = split_value(option_value(argc, argv, i, "--tagged-gather"), "--tagged-gather");
+    } else if (is_option(a, "--tagged-gather-max")) {
+      o.config.tagged_gather_max =
+          split_value(option_value(argc, argv, i, "--tagged-gather-max"), "--tagged-gather-max");
       client_only_option = true;
     } else if (is_option(a, "--tagged-copy")) {
       o.config.tagged_copy = split_value(option_value(argc, argv, i, "--tagged-copy"), "--tagged-copy");
@@ -1005,6 +1012,7 @@ regpool::MessengerConfig tagged_config(const Config& c) {
   mc.rendezvous_split = c.tagged_split;
   mc.eager_split = c.tagged_eager_split;
   mc.eager_gather = c.tagged_gather;
+  mc.eager_gather_max = c.tagged_gather_max;
   mc.eager_copy = c.tagged_copy;
   mc.receive_buffers = 64;
   mc.serialized = c.messenger_serialized;
@@ -2410,6 +2418,7 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
       return v == ~std::uint64_t{0} ? std::string("null") : std::to_string(v);
     };
     s += ",\"tagged_gather\":" + size_or_never(c.tagged_gather);
+    s += ",\"tagged_gather_max\":" + size_or_never(c.tagged_gather_max);
     s += ",\"tagged_copy\":" + size_or_never(c.tagged_copy);
     s += ",\"sample_ticks_per_us\":" + (g_ticks_per_us > 0 ? json_number(g_ticks_per_us) : std::string("null"));
     s += ",\"expose_mode\":" + json_escape(regpool::to_string(c.expose_mode));

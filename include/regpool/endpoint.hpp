@@ -221,12 +221,22 @@ struct Enforcement {
 //  split_crossover: messages up to this many bytes were measured faster
 //    sent as several messages within fast_message_limit than as one: the
 //    default of MessengerConfig::eager_split. 0 = never.
+//  gather_limit: the longest message (bytes, a Messenger's 64-byte header
+//    included) that was measured at least as fast sent gathered (two
+//    pieces, the second uncopied from the caller's buffer) as copied into
+//    one: the default of MessengerConfig::eager_gather_max. libfabric tcp
+//    (net): 65408, 64 KiB less 128 bytes: a gathered message that needs a
+//    second segment of the loopback's 64 KiB MTU cost 20-30% more than
+//    the copied one with the two processes on cores apart, while below it
+//    the gathered one is 1-5% ahead (docs/messaging.md, "Gathered eager").
+//    Elsewhere no limit (UINT64_MAX).
 struct TransferTraits {
   bool initiator_copies = false;
   std::uint64_t copy_crossover = 16 << 10;
   std::uint64_t incoming_message_limit = ~std::uint64_t{0};
   std::uint64_t fast_message_limit = 0;
   std::uint64_t split_crossover = 0;
+  std::uint64_t gather_limit = ~std::uint64_t{0};
 };
 
 // Exposure counters of one endpoint (exposure_stats(); a consistent snapshot).

@@ -183,6 +183,13 @@ struct MessengerConfig {
   // default, 4 KiB (docs/messaging.md, "Gathered eager"); UINT64_MAX =
   // never (every eager payload copied into a message).
   std::uint64_t eager_gather = 0;
+  // The longest eager payload sent gathered (see eager_gather); longer ones
+  // are copied into a message. 0 = the default, what the backend measured
+  // (Endpoint::transfer_traits().gather_limit less the 64-byte header:
+  // 65344 bytes on libfabric tcp, where a gathered 64 KiB message was
+  // measured 20-30% slower than a copied one, and no limit elsewhere;
+  // docs/messaging.md, "Gathered eager"); UINT64_MAX = no limit.
+  std::uint64_t eager_gather_max = 0;
   // Copied eager (messages in place): where the endpoint copies a message
   // straight into the transport (libfabric shm with regpool's rings), an
   // eager payload of at most this many bytes is copied by send() from the

@@ -264,6 +264,7 @@ struct MessengerCore final : MessageSink {
   // bytes in one gathered send (Endpoint::send_gathered), uncopied.
   // UINT64_MAX = never (the backend cannot, or the config says so).
   std::uint64_t gather_from = ~std::uint64_t{0};
+  std::uint64_t gather_to = ~std::uint64_t{0};  // and at most this many (MessengerConfig::eager_gather_max)
   static constexpr std::uint32_t kMaxParts = 8;
   // Rendezvous receives of at least this many bytes are split with the
   // sender (MessengerConfig::rendezvous_split); 0 = never.
@@ -774,7 +775,8 @@ struct MessengerCore final : MessageSink {
   // Messenger's own message objects need to be registered for an eager
   // send).
   bool gathers(const Slice& data) const noexcept {
-    return data.length() >= gather_from && detail::post_registration(data.ldo(), ep.domain()).ok();
+    return data.length() >= gather_from && data.length() <= gather_to &&
+           detail::post_registration(data.ldo(), ep.domain()).ok();
   }
   // Whether `endpoint`'s backend sends gathered messages (a friend's view
   // of a protected member).
@@ -2439,6 +2441,13 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
   // sends are not copied into the transport anyway (messages in place).
   if (cfg.eager_gather != ~std::uint64_t{0} && Core::gathered_sends(endpoint)) {
     c.gather_from = std::max<std::uint64_t>(cfg.eager_gather != 0 ? cfg.eager_gather : kDefaultGather, 1);
+    // Up to the backend's measured limit (TransferTraits::gather_limit, a
+    // whole message) unless the config says otherwise.
+    const std::uint64_t traits_limit = endpoint.transfer_traits().gather_limit;
+    c.gather_to = cfg.eager_gather_max != 0 ? cfg.eager_gather_max
+                  : traits_limit == ~std::uint64_t{0}
+                      ? traits_limit
+                      : traits_limit - std::min<std::uint64_t>(traits_limit, mw::kHeaderSize);
   }
   c.chunk = cfg.rendezvous_chunk ? cfg.rendezvous_chunk : std::min<std::uint64_t>(limit, 16 << 20);
   c.chunk = std::min(c.chunk, limit);

@@ -236,6 +236,7 @@ void FabricEndpoint::open_resources(const FabricEndpointOptions& options) {
   manual_progress_ = info->domain_attr->data_progress != FI_PROGRESS_AUTO ||
                      info->domain_attr->control_progress != FI_PROGRESS_AUTO;
   transfer_traits_ = TransferTraits{facts.initiator_copies, facts.copy_crossover};
+  transfer_traits_.gather_limit = facts.gather_limit;
   // Gathered sends need two pieces per message; with message rings (shm)
   // sends take the rings' paths instead (do_gathered_sends).
   gathered_sends_ = info->tx_attr && info->tx_attr->iov_limit >= 2;

@@ -93,6 +93,13 @@ struct Facts {
   // several within it, up to this many payload bytes (TransferTraits::
   // split_crossover; measured, docs/messaging.md). 0 = never.
   std::uint64_t split_crossover = 0;
+  // The longest message (header included) sent gathered, two pieces with
+  // the second uncopied (TransferTraits::gather_limit). net: from a second
+  // TCP segment on (loopback MSS 65483, the provider's 16-byte header
+  // included), gathered messages cost 20-30% more than copied ones with the
+  // processes on cores apart (measured 2026-12-02, docs/messaging.md); 64
+  // KiB less 128 bytes stays clear of it. UINT64_MAX = no limit.
+  std::uint64_t gather_limit = ~std::uint64_t{0};
 };
 
 inline Facts facts(const std::string& provider) {
@@ -124,6 +131,7 @@ inline Facts facts(const std::string& provider) {
     f.cq_wait_fd_spins = true;
     f.dead_peer_answers_eagain = true;
     f.copy_crossover = std::uint64_t{128} << 10;
+    f.gather_limit = (std::uint64_t{64} << 10) - 128;
   } else if (layered) {
     // Any other rxm/rxd stack: treated like tcp;ofi_rxm where the layer is
     // the cause (atomics, completion, cancelled RMA), and like its core

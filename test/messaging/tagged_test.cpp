@@ -1376,22 +1376,36 @@ Slice gather_message(Node& n, std::uint64_t round, std::uint64_t i, std::uint64_
 
 }  // namespace
 
-TEST_CASE("gathered eager sends: the header and the caller's bytes uncopied, on every path, on and off",
+TEST_CASE("gathered eager sends: the header and the caller's bytes uncopied, on every path, on, capped and off",
           "[fabric][messaging]") {
   const std::string prov = GENERATE(from_range(rpt::backends()));
   // shm: with regpool's rings (no gathering there) and through the
   // provider (two-entry iovecs, as everywhere else).
   const bool rings = GENERATE(true, false);
-  const bool on = GENERATE(true, false);
+  // The longest payload sent gathered (MessengerConfig::eager_gather_max):
+  // the backend's default, none, 16 KiB; or no gathering at all.
+  enum class Mode { on, unlimited, capped, off };
+  const Mode mode = GENERATE(Mode::on, Mode::unlimited, Mode::capped, Mode::off);
+  const bool on = mode != Mode::off;
   if (prov != "shm" && !rings) return;
-  INFO("backend " << prov << (rings ? "" : ", no rings") << ", gathering " << (on ? "on" : "off"));
+  INFO("backend " << prov << (rings ? "" : ", no rings") << ", gathering mode " << static_cast<int>(mode));
   auto boot = rpt::root_bootstrap();
   const auto port = boot->port();
   auto kid = rpt::spawn([&] { return gather_receiver(prov, port, rings); }, 240);
   MessengerConfig mc;
   if (!on) mc.eager_gather = ~std::uint64_t{0};
+  if (mode == Mode::unlimited) mc.eager_gather_max = ~std::uint64_t{0};
+  if (mode == Mode::capped) mc.eager_gather_max = 16384;
   mc.eager_split = ~std::uint64_t{0};  // shm without rings would split 4-16 KiB payloads first
   Node n(prov, mc, std::size_t{32} << 20, rings);
+  // The backend's own limit is the measured one (tcp: 64 KiB payloads are
+  // copied, not gathered, unless the config lifts the limit).
+  const std::uint64_t traits_limit = n.s.ep->transfer_traits().gather_limit;
+  CHECK(traits_limit == rpt::default_gather_limit(prov));
+  const std::uint64_t gather_max = mode == Mode::capped      ? 16384
+                                   : mode == Mode::unlimited ? ~std::uint64_t{0}
+                                   : traits_limit == ~std::uint64_t{0} ? traits_limit
+                                                                       : traits_limit - 64;
   const PeerId rx = n.s.ep->insert_peer(boot->allgather(n.s.ep->name(), 30s)[1]);
   auto limits = n.s.alloc(8);
   REQUIRE(n.wait(n.m.recv(rx, 1, 0, rpt::slice_or_die(Slice::data(limits)))).status == Status::ok);
@@ -1441,8 +1455,8 @@ TEST_CASE("gathered eager sends: the header and the caller's bytes uncopied, on 
 
   const regpool::MessengerStats st = n.m.stats();
   std::uint64_t expected = 0;
-  for (std::uint64_t size : sizes) expected += size >= 4096 ? kGatherRounds : 0;
-  expected -= 1;  // round 0's 8 KiB message, from the unregistered pool
+  for (std::uint64_t size : sizes) expected += size >= 4096 && size <= gather_max ? kGatherRounds : 0;
+  expected -= 1;  // round 0's 8 KiB message, from the unregistered pool (8 KiB: within every cap)
   INFO(st.eager_gathered << " gathered of " << st.eager_sent << " eager sends");
   CHECK(st.rendezvous_sent == 0);
   if (on && rpt::gathers_sends(prov, rings)) {
