@@ -428,6 +428,7 @@ Options parse_args(int argc, char** argv, bool& help) {
       client_only_option = true;
     } else if (is_option(a, "--tagged-gather")) {
       o.config.tagged_gather = split_value(option_value(argc, argv, i, "--tagged-gather"), "--tagged-gather");
+      client_only_option = true;
     } else if (is_option(a, "--tagged-gather-max")) {
       o.config.tagged_gather_max =
           split_value(option_value(argc, argv, i, "--tagged-gather-max"), "--tagged-gather-max");
