@@ -791,31 +791,64 @@ BAD_ARGS = {
                         ["--csv", "--json"], ["--memory", "lukewarm"], ["--sizes", "4K", "--min", "4K"],
                         ["--max"], ["--max", "100T"], ["--from-csv"]],
     "regpool-perf": [[], ["--bogus"], ["--server", "--client", "x"], ["--loopback", "--ops", "fly"],
-                     ["--loopback", "--iters", "-1"], ["--server", "--sizes", "8"],
-                     ["--client", "host:99999"], ["--loopback", "--window", "0"], ["--loopback", "--sizes", "0"],
-                     ["--client"], ["--loopback", "--expose-mode", "loose"], ["--server", "--expose-mode", "scoped"], ["--loopback", "--wait", "nap"],
+                     ["--loopback", "--iters", "-1"], ["--client", "host:99999"], ["--loopback", "--window", "0"], ["--loopback", "--sizes", "0"],
+                     ["--client"], ["--loopback", "--expose-mode", "loose"], ["--loopback", "--wait", "nap"],
                      ["--loopback", "--cold-bytes", "0"], ["--loopback", "--cold-bytes", "3G"],
-                     ["--server", "--cold"], ["--peers", "0"], ["--peers", "2,x"], ["--peers", "2", "--server"],
+                     ["--peers", "0"], ["--peers", "2,x"], ["--peers", "2", "--server"],
                      ["--peers", "2", "--ops", "put"], ["--peers", "2", "--cold"], ["--peers", "2", "--port", "9"],
                      ["--loopback", "--perftest", "--loop-mean"], ["--loopback", "--ops", "put", "--loop-mean"],
                      ["--peers", "2", "--loop-mean"],
                      ["--loopback", "--tagged-split", "0"], ["--loopback", "--tagged-split", "sometimes"],
-                     ["--server", "--tagged-split", "off"],
                      ["--loopback", "--tagged-eager-split", "0"], ["--loopback", "--tagged-eager-split", "always"],
-                     ["--server", "--tagged-eager-split", "off"],
-                     ["--loopback", "--recv", "sometimes"], ["--server", "--recv", "kept"],
-                     ["--peers", "2", "--recv", "fresh"],
-                     ["--loopback", "--sends", "always"], ["--server", "--sends", "kept"],
-                     ["--peers", "2", "--sends", "fresh"],
-                     ["--loopback", "--ahead", "maybe"], ["--server", "--ahead", "on"],
-                     ["--peers", "2", "--ahead", "off"],
-                     ["--loopback", "--pingpong", "both"], ["--server", "--pingpong", "separate"],
-                     ["--peers", "2", "--pingpong", "echo"],
-                     ["--loopback", "--rma", "sometimes"], ["--server", "--rma", "kept"],
-                     ["--peers", "2", "--rma", "fresh"],
+                     ["--loopback", "--recv", "sometimes"], ["--peers", "2", "--recv", "fresh"],
+                     ["--loopback", "--sends", "always"], ["--peers", "2", "--sends", "fresh"],
+                     ["--loopback", "--ahead", "maybe"], ["--peers", "2", "--ahead", "off"],
+                     ["--loopback", "--pingpong", "both"], ["--peers", "2", "--pingpong", "echo"],
+                     ["--loopback", "--rma", "sometimes"], ["--peers", "2", "--rma", "fresh"],
                      ["--loopback", "--provider", "sh m"], ["--loopback", "--provider", ""],
                      ["--loopback", "--sizes", ",".join(str(n) for n in range(1, 66))]],
 }
+
+
+# regpool-perf's options by where they belong. The server takes the
+# measurement's settings from its client, so every setting is refused
+# with --server (a server told --sizes and silently measuring something
+# else would mislead); each is given here with a value it accepts, so the
+# refusal is the server rule's and not the value's. Every option --help
+# lists must be in one of the two: a new option has to be placed.
+PERF_ANY_MODE = {"--help", "--server", "--client", "--loopback", "--peers", "--port", "--bind", "--json",
+                 "--progress", "--no-progress"}
+PERF_CLIENT_ONLY = {
+    "--provider": ["tcp"], "--sizes": ["8"], "--iters": ["10"], "--wait": ["spin"], "--batch": ["1"],
+    "--window": ["4"], "--ops": ["send"], "--tagged-threshold": ["4096"], "--tagged-split": ["off"],
+    "--tagged-eager-split": ["off"], "--tagged-gather": ["off"], "--tagged-gather-max": ["off"],
+    "--tagged-copy": ["off"], "--tagged-recv": ["copy"], "--expose-mode": ["scoped"], "--cold": [],
+    "--cold-bytes": ["1M"], "--loop-mean": [], "--recv": ["kept"], "--sends": ["kept"], "--shm-rings": ["on"],
+    "--shm-ring-copy-max": ["4K"], "--shm-ring-adaptive": ["on"], "--messenger": ["locked"], "--ahead": ["on"],
+    "--pingpong": ["echo"], "--rma": ["kept"], "--perftest": [], "--verbs-inline": ["0"],
+    "--verbs-signal": ["all"],
+}
+
+
+def perf_client_only_refused_by_server(tool):
+    rc, out, _ = run([tool, "--help"], timeout=30)
+    listed = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", out))
+    check(rc == 0 and listed, "regpool-perf --help lists options")
+    for opt in sorted(listed - PERF_ANY_MODE - set(PERF_CLIENT_ONLY)):
+        check(False, f"regpool-perf {opt}: not placed in check_tools.py (PERF_ANY_MODE or PERF_CLIENT_ONLY)")
+    for opt in sorted(set(PERF_CLIENT_ONLY) - listed):
+        check(False, f"regpool-perf {opt}: in PERF_CLIENT_ONLY but not in --help")
+    for opt, value in sorted(PERF_CLIENT_ONLY.items()):
+        args = ["--server", opt] + value
+        try:
+            rc, out, err = run([tool] + args, timeout=10)
+        except subprocess.TimeoutExpired:
+            # Accepted: the server is waiting for a client.
+            check(False, f"regpool-perf {' '.join(args)}: refused as a client-only option (it served)")
+            continue
+        check(rc == 2 and "the server takes" in err,
+              f"regpool-perf {' '.join(args)}: refused as a client-only option (exit {rc}, {err.strip()!r})")
+        check(out == "", f"regpool-perf {' '.join(args)}: nothing on stdout")
 
 
 def mode_badargs(tool):
@@ -825,6 +858,8 @@ def mode_badargs(tool):
         check(rc == 2, f"{name} {' '.join(args)}: exit 2 (got {rc})")
         check(err.strip() != "" and name in err, f"{name} {' '.join(args)}: message on stderr naming the tool")
         check(out == "", f"{name} {' '.join(args)}: nothing on stdout")
+    if name == "regpool-perf":
+        perf_client_only_refused_by_server(tool)
 
 
 def main():
