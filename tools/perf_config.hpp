@@ -101,6 +101,9 @@ struct Config {
   // MessengerConfig::eager_copy (0 = the default; UINT64_MAX = never). The
   // sender decides; both sides take it.
   std::uint64_t tagged_copy = 0;
+  // MessengerConfig::rendezvous_choice (0 = the default; UINT64_MAX =
+  // never). The sender decides; both sides take it.
+  std::uint64_t tagged_choice = 0;
   // --tagged-recv: the tagged phase's receives, both sides: into the
   // caller's buffer (false: Messenger::recv, a copy) or handed over where
   // they arrived (true: Messenger::recv_ldo).
@@ -203,6 +206,7 @@ struct Config {
     num("tagged_gather", tagged_gather);
     num("tagged_gather_max", tagged_gather_max);
     num("tagged_copy", tagged_copy);
+    num("tagged_choice", tagged_choice);
     line("tagged_recv", tagged_recv_ldo ? "ldo" : "copy");
     line("expose_mode", regpool::to_string(expose_mode));
     line("perftest", perftest ? "1" : "0");
@@ -236,7 +240,7 @@ struct Config {
     static constexpr std::string_view kKeys[] = {
         "provider", "wait", "iters", "window", "ops",
         "cold_bytes", "tagged_threshold", "tagged_split", "tagged_eager_split", "tagged_gather",
-        "tagged_gather_max", "tagged_copy", "tagged_recv", "expose_mode", "perftest",
+        "tagged_gather_max", "tagged_copy", "tagged_choice", "tagged_recv", "expose_mode", "perftest",
         "verbs_inline", "verbs_signal", "loop_mean", "recv", "sends",
         "ahead", "pingpong", "rma", "shm_rings", "shm_ring_copy_max",
         "shm_ring_adaptive", "messenger", "sizes"};
@@ -352,6 +356,7 @@ struct Config {
     if (key == "tagged_gather") return split(v, c.tagged_gather);
     if (key == "tagged_gather_max") return split(v, c.tagged_gather_max);
     if (key == "tagged_copy") return split(v, c.tagged_copy);
+    if (key == "tagged_choice") return split(v, c.tagged_choice);
     if (key == "tagged_recv") return flag(v, "ldo", "copy", c.tagged_recv_ldo);
     if (key == "expose_mode") {
       if (v == "standard") {

@@ -189,6 +189,10 @@ void usage(std::FILE* to) {
       "                   rings: SIZE (send() copies eager payloads of up to SIZE\n"
       "                   straight into the peer's ring), off (built in a message\n"
       "                   and posted), or default (all the ring takes)\n"
+      "  --tagged-choice S the Messenger's eager or rendezvous by measured cost for\n"
+      "                   --ops tagged, shm with rings: SIZE (copied payloads longer\n"
+      "                   than SIZE go by rendezvous while the pair measured the\n"
+      "                   receiver's read cheaper), off or default (never)\n"
       "  --tagged-recv R  the tagged phase's receives, both sides: copy (default:\n"
       "                   Messenger::recv into the caller's buffer) or ldo\n"
       "                   (Messenger::recv_ldo: the message handed over where it\n"
@@ -291,7 +295,7 @@ struct Options {
 };
 
 // --tagged-split, --tagged-eager-split, --tagged-gather, --tagged-gather-max
-// and --tagged-copy: a size above 0, off (UINT64_MAX: never, or for
+// --tagged-copy and --tagged-choice: a size above 0, off (UINT64_MAX: never, or for
 // --tagged-gather-max no limit) or default (0, the backend's), as the
 // MessengerConfig fields take it.
 std::uint64_t split_value(const std::string& v, const char* option) {
@@ -435,6 +439,9 @@ Options parse_args(int argc, char** argv, bool& help) {
       client_only_option = true;
     } else if (is_option(a, "--tagged-copy")) {
       o.config.tagged_copy = split_value(option_value(argc, argv, i, "--tagged-copy"), "--tagged-copy");
+      client_only_option = true;
+    } else if (is_option(a, "--tagged-choice")) {
+      o.config.tagged_choice = split_value(option_value(argc, argv, i, "--tagged-choice"), "--tagged-choice");
       client_only_option = true;
     } else if (is_option(a, "--tagged-recv")) {
       o.config.tagged_recv_ldo = one_of_two(argc, argv, i, "--tagged-recv", "ldo", "copy");
@@ -1015,6 +1022,7 @@ regpool::MessengerConfig tagged_config(const Config& c) {
   mc.eager_gather = c.tagged_gather;
   mc.eager_gather_max = c.tagged_gather_max;
   mc.eager_copy = c.tagged_copy;
+  mc.rendezvous_choice = c.tagged_choice;
   mc.receive_buffers = 64;
   mc.serialized = c.messenger_serialized;
   return mc;
@@ -2413,7 +2421,7 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     s += ",\"shm_ring_adaptive\":" + std::string(c.shm_ring_adaptive ? "true" : "false");
     s += ",\"messenger\":" + json_escape(c.messenger_serialized ? "serialized" : "locked");
     s += ",\"tagged_recv\":" + json_escape(c.tagged_recv_ldo ? "ldo" : "copy");
-    // MessengerConfig::eager_gather and eager_copy as given: 0 the default,
+    // MessengerConfig::eager_gather, eager_copy and rendezvous_choice as given: 0 the default,
     // null never.
     auto size_or_never = [](std::uint64_t v) {
       return v == ~std::uint64_t{0} ? std::string("null") : std::to_string(v);
@@ -2421,6 +2429,7 @@ void print_rows(const Options& o, const std::string& provider, bool emulated_ato
     s += ",\"tagged_gather\":" + size_or_never(c.tagged_gather);
     s += ",\"tagged_gather_max\":" + size_or_never(c.tagged_gather_max);
     s += ",\"tagged_copy\":" + size_or_never(c.tagged_copy);
+    s += ",\"tagged_choice\":" + size_or_never(c.tagged_choice);
     s += ",\"sample_ticks_per_us\":" + (g_ticks_per_us > 0 ? json_number(g_ticks_per_us) : std::string("null"));
     s += ",\"expose_mode\":" + json_escape(regpool::to_string(c.expose_mode));
     s += ",\"buffers\":" + json_escape(c.cold_bytes != 0 ? "cold" : "hot") +

@@ -230,6 +230,15 @@ struct Enforcement {
 //    the copied one with the two processes on cores apart, while below it
 //    the gathered one is 1-5% ahead (docs/messaging.md, "Gathered eager").
 //    Elsewhere no limit (UINT64_MAX).
+//  read_choice_from: messages longer than this (and within
+//    fast_message_limit) can be copied through the transport or read by
+//    the receiver from the sender's memory, and each pair of endpoints
+//    measures which costs less (libfabric shm with regpool's rings and
+//    FabricEndpointOptions::shm_ring_adaptive: 16 KiB; the copies' cost
+//    depends on where the host places the two processes' CPUs). A
+//    Messenger asks per message whether to send a rendezvous instead of
+//    a copied eager message (MessengerConfig::rendezvous_choice).
+//    UINT64_MAX = no such choice.
 struct TransferTraits {
   bool initiator_copies = false;
   std::uint64_t copy_crossover = 16 << 10;
@@ -237,6 +246,7 @@ struct TransferTraits {
   std::uint64_t fast_message_limit = 0;
   std::uint64_t split_crossover = 0;
   std::uint64_t gather_limit = ~std::uint64_t{0};
+  std::uint64_t read_choice_from = ~std::uint64_t{0};
 };
 
 // Exposure counters of one endpoint (exposure_stats(); a consistent snapshot).
@@ -818,6 +828,11 @@ class REGPOOL_API Endpoint {
                               std::span<const std::byte> /*body*/) noexcept {
     return Status::would_block;
   }
+  // Whether a message of `length` bytes to the peer would cost less read
+  // by the receiver from the sender's memory than copied through the
+  // transport, by the pair's measurements (TransferTraits::
+  // read_choice_from; endpoint_backend.hpp). Counts it for the probes.
+  virtual bool do_read_cheaper(std::uint64_t /*handle*/, std::uint64_t /*length*/) noexcept { return false; }
   bool has_message_sink() const noexcept { return sink_ != nullptr; }
   bool offer_in_place(PeerId peer, std::span<const std::byte> bytes) noexcept;
 
@@ -834,6 +849,10 @@ class REGPOOL_API Endpoint {
   // (the backend cannot now, or has no such path: post it instead), or why
   // the peer cannot be sent to.
   Status send_copy(PeerId peer, std::span<const std::byte> head, const Slice& body) noexcept;
+  // Whether a message of `length` bytes to `peer` goes cheaper as a
+  // rendezvous than copied (do_read_cheaper); false for a peer that is
+  // not usable (the copy then answers why).
+  bool read_cheaper(PeerId peer, std::uint64_t length) noexcept;
   // One message of `head` then `body` to `peer`, each sent from where it
   // lies, as send() sends one slice (both references held until the
   // completion). Only on a backend whose do_gathered_sends() is true:

@@ -204,6 +204,16 @@
 //                                           peer cannot be sent to. The base
 //                                           has checked the peer and that no
 //                                           send to it waits to be posted.
+//   bool do_read_cheaper(handle, length)    whether a message of length
+//                                           bytes (over TransferTraits::
+//                                           read_choice_from) to the peer
+//                                           costs less read by the receiver
+//                                           from the sender's memory (a
+//                                           Messenger's rendezvous) than
+//                                           copied (do_send_copy), by what
+//                                           the pair measured; counts it for
+//                                           the backend's probes of the
+//                                           other path. Default false.
 //   offer_in_place(peer, bytes)             (the base's, from do_poll) an
 //                                           incoming message where it lies,
 //                                           before a posted receive takes it:

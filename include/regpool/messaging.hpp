@@ -200,6 +200,23 @@ struct MessengerConfig {
   // 0 = the default, all the endpoint takes (docs/messaging.md, "Messages
   // in place"); UINT64_MAX = never.
   std::uint64_t eager_copy = 0;
+  // Eager or rendezvous by measured cost: where the endpoint measures, per
+  // pair, whether copying a message through the transport or the
+  // receiver's read from the sender's memory costs less
+  // (TransferTraits::read_choice_from: libfabric shm with regpool's rings,
+  // above 16 KiB), a copied eager payload (eager_copy) longer than this
+  // many bytes (never below read_choice_from) is sent by rendezvous
+  // instead while the pair's figures say the read costs at most 3/4 of
+  // the two copies; now and then one goes the other way to keep both
+  // figures current (docs/messaging.md, "Eager or rendezvous, measured").
+  // The receiver needs nothing set: a rendezvous notice is served at any
+  // length. 0 = the default, never: on a host where the copies win (the
+  // AMD EPYC test host, both placements) the probes' rendezvous cost the
+  // 99th percentile of a 24 KiB ping-pong 3x and 7-12 % of a 40-64 KiB
+  // stream, for no gain; where the copies lose (an Intel Xeon host: a
+  // copied 64 KiB message 11.9 against 4.6 us by rendezvous) set it to
+  // the eager sizes to adapt (16384: all of them). UINT64_MAX = never.
+  std::uint64_t rendezvous_choice = 0;
   // A rendezvous sender waiting for the receiver's fin, a receive whose
   // gets stall, and a peer noticed dead: fail after this (scaled like
   // EndpointConfig::op_timeout by length / min_bandwidth). 0 = never.
@@ -235,6 +252,7 @@ struct MessengerStats {
   // header, docs/messaging.md).
   std::uint64_t eager_brief = 0;
   std::uint64_t rendezvous_sent = 0;
+  std::uint64_t rendezvous_chosen = 0;  // of which eager-sized, sent so by measured cost (rendezvous_choice)
   std::uint64_t rendezvous_split = 0;   // rendezvous receives split with their sender (grants sent)
   std::uint64_t received = 0;
   std::uint64_t unexpected = 0;         // messages that arrived before their receive

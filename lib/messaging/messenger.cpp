@@ -259,6 +259,10 @@ struct MessengerCore final : MessageSink {
   // incoming messages where they lie.
   bool in_place = false;
   std::uint64_t copy_limit = 0;
+  // Copied messages with payloads longer than this ask the endpoint
+  // whether a rendezvous costs less (MessengerConfig::rendezvous_choice);
+  // UINT64_MAX = never.
+  std::uint64_t choice_from = ~std::uint64_t{0};
   // Gathered eager (MessengerConfig::eager_gather): eager payloads of at
   // least this many bytes leave as a header message and the caller's
   // bytes in one gathered send (Endpoint::send_gathered), uncopied.
@@ -884,12 +888,14 @@ struct MessengerCore final : MessageSink {
     peers[o.peer].announced = true;
   }
 
-  void dispatch_send(std::uint32_t i, const Slice* data = nullptr) noexcept {
+  // `read`: a rendezvous whatever the length (Messenger::send's choice by
+  // measured cost, rendezvous_choice).
+  void dispatch_send(std::uint32_t i, const Slice* data = nullptr, bool read = false) noexcept {
     Op& o = ops[i];
     PeerState& ps = peers[o.peer];
     const Slice& src = data ? *data : o.buf;
     const std::uint64_t len = src.length();
-    const bool eager = goes_eager(ps, len);
+    const bool eager = !read && goes_eager(ps, len);
     if (eager) {
       const std::uint32_t k = parts_for(ps, len);
       if (k > 1 && posts.size() - post_count >= k) return dispatch_split(i, src, k, data == nullptr);
@@ -927,6 +933,7 @@ struct MessengerCore final : MessageSink {
       seal(ps, h, p.msg.address());
       returned = h.credits;
       ++st.rendezvous_sent;
+      if (read) ++st.rendezvous_chosen;
     }
     if (!push_post(std::move(p))) {
       ++ps.credits;
@@ -1007,6 +1014,9 @@ struct MessengerCore final : MessageSink {
     ps.owed += h.credits;
     return s;
   }
+
+  // Messenger::send's question to the endpoint (rendezvous_choice).
+  [[gnu::cold]] bool read_cheaper(PeerId peer, std::uint64_t len) noexcept { return ep.read_cheaper(peer, len); }
 
   // send_copy_locked's message, sealed in `head`, that the endpoint could
   // not take at once: posted as any eager message, in a message object.
@@ -2449,6 +2459,12 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
                       ? traits_limit
                       : traits_limit - std::min<std::uint64_t>(traits_limit, mw::kHeaderSize);
   }
+  // Eager or rendezvous by measured cost, for copied messages (in_place,
+  // set by install_sink below; copy_limit bounds them anyway). Off by
+  // default (MessengerConfig::rendezvous_choice says why).
+  if (cfg.rendezvous_choice != 0 && cfg.rendezvous_choice != ~std::uint64_t{0}) {
+    c.choice_from = std::max(cfg.rendezvous_choice, traits.read_choice_from);
+  }
   c.chunk = cfg.rendezvous_chunk ? cfg.rendezvous_chunk : std::min<std::uint64_t>(limit, 16 << 20);
   c.chunk = std::min(c.chunk, limit);
   if (cfg.rendezvous_split != 0) {
@@ -2567,6 +2583,21 @@ Messenger::~Messenger() {
     // the peer are the copy's own.
     const bool copy = c.in_place && !Core::must_wait_credit(ps) && c.post_count == 0 && !c.draining &&
                       mw::kHeaderSize + data.length() <= c.copy_limit && c.goes_eager(ps, data.length());
+    // A longer one goes by rendezvous while the pair's measured costs say
+    // the receiver's read beats the two copies (MessengerConfig::
+    // rendezvous_choice; the endpoint's probes send one the other way now
+    // and then to keep both figures current).
+    if (copy && data.length() > c.choice_from && c.read_cheaper(peer, data.length())) [[unlikely]] {
+      if (c.closed) return Status::closed;
+      auto r = c.claim_op(Core::Kind::send);
+      if (!r) return r.status();
+      c.set_send(c.ops[*r], peer, tag, data.length(), std::move(cb));
+      t = c.ops[*r].result.token;
+      c.dispatch_send(*r, &data, true);
+      c.drain(g);
+      c.drop_spent();
+      return t;
+    }
     if (copy) {
       // The message goes first and its op is claimed after: everything
       // between a received message and the reply it prompts delays the

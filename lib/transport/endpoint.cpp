@@ -2074,6 +2074,12 @@ bool Endpoint::set_message_sink(std::shared_ptr<detail::MessageSink> sink) noexc
   return st;
 }
 
+bool Endpoint::read_cheaper(PeerId peer, std::uint64_t length) noexcept {
+  Lock g(*this);
+  if (!usable() || peer >= peers_.size() || !peers_[peer].used || peers_[peer].broken) return false;
+  return do_read_cheaper(peers_[peer].handle, length);
+}
+
 void Endpoint::settle_sink(Lock& g) noexcept {
   sink_took_ = false;
   std::shared_ptr<detail::MessageSink> sink = sink_;  // alive through settle() even if removed meanwhile

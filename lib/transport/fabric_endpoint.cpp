@@ -976,8 +976,15 @@ Status FabricEndpoint::post_direct_rma(const BackendOp& op) noexcept {
   // this domain never registered does not reach the wire by this path
   // either.
   if (auto region = detail::post_registration(op.local->ldo(), *domain_); !region) return region.status();
+  // A get of over kAdaptFrom is timed: what reading from this peer costs
+  // us, published for its Messenger's choice between a copied message and
+  // a rendezvous, whose receive reads this way (shm_rings.hpp, "costs").
+  const bool timed = op.kind == OpKind::get && op.length > shm_rings::kAdaptFrom &&
+                     op.length <= shm_rings::kEagerMax && p.link && options_.shm_ring_adaptive;
+  const std::uint64_t t0 = timed ? platform::ticks() : 0;
   const int err = fabric_shm::cross_memory_copy(p.pid, op.kind == OpKind::put, op.local->address(),
                                                 op.remote_address, op.length);
+  if (timed && err == 0) p.link->note_read(*outbox_, platform::ticks() - t0, op.length);
   if (err == 0) {
     platform::bump_locked(direct_rma_);
     // Complete: now (do_post) or at the next poll (a batch), as an inject.
@@ -2353,6 +2360,11 @@ void FabricEndpoint::open_rings(const std::vector<std::byte>& data_name) {
   // splitting a message.
   transfer_traits_.fast_message_limit = options_.shm_ring_copy_max;
   transfer_traits_.split_crossover = 0;
+  // Above kAdaptFrom each pair measures whether its copies or a read cost
+  // less (shm_rings.hpp, "costs"); a Messenger asks (do_read_cheaper).
+  if (options_.shm_ring_adaptive && options_.shm_ring_copy_max > shm_rings::kAdaptFrom) {
+    transfer_traits_.read_choice_from = shm_rings::kAdaptFrom;
+  }
 }
 
 void FabricEndpoint::ring_peer_insert(PeerAddr& p, std::span<const std::byte> data, bool peer_rings) {
@@ -2494,6 +2506,21 @@ Status FabricEndpoint::ring_send(const BackendOp& op) noexcept {
   return st;
 }
 
+// The Messenger's choice for a message it would copy (shm_rings.hpp,
+// "costs"): whether the pair's costs say the receiver's read (a
+// rendezvous) is cheaper. Counts the message for the probes.
+bool FabricEndpoint::do_read_cheaper(std::uint64_t handle, std::uint64_t length) noexcept {
+  if (!options_.shm_ring_adaptive || length <= shm_rings::kAdaptFrom || length > options_.shm_ring_copy_max) {
+    return false;
+  }
+  if (handle >= peers_.size() || !peers_[handle].link) return false;
+  PeerAddr& p = peers_[handle];
+  // A receiver that does not read our ring yet, or one gone: the copy's
+  // own answer.
+  if (p.ring_broken || !p.link->known(*outbox_)) return false;
+  return p.link->read_now(*outbox_, length);
+}
+
 // A message of up to kEagerMax bytes (head, then body) copied into p's
 // ring: ok, or would_block when the ring has no room now. The caller sees
 // to a receiver that does not read our ring yet (known, knock).
@@ -2578,15 +2605,19 @@ Status read_large(std::int64_t pid, std::uint64_t address, std::byte* dest, std:
       break;
     }
     // The Messenger takes what it can where it lies (one copy, no receive).
-    if (sink && in.kind == shm_rings::RecordKind::data &&
-        offer_in_place(peer, {static_cast<const std::byte*>(in.data), static_cast<std::size_t>(in.length)})) {
-      // Taken where it lies: for such messages copying is always cheaper
-      // (shm_rings.hpp, "costs").
-      if (in.length > shm_rings::kAdaptFrom) link.set_ring_only(*outbox_, true);
-      link.consume(*outbox_, in);
-      platform::bump_locked(ring_receives_);
-      ++events;
-      continue;
+    if (sink && in.kind == shm_rings::RecordKind::data) {
+      // A take of over kAdaptFrom is timed: the receiver's copy in the
+      // sending Messenger's choice between copying and a rendezvous, and a
+      // large record never pays here (shm_rings.hpp, "costs").
+      const bool timed = in.length > shm_rings::kAdaptFrom;
+      const std::uint64_t t0 = timed ? platform::ticks() : 0;
+      if (offer_in_place(peer, {static_cast<const std::byte*>(in.data), static_cast<std::size_t>(in.length)})) {
+        if (timed) link.note_take(*outbox_, platform::ticks() - t0, in.length);
+        link.consume(*outbox_, in);
+        platform::bump_locked(ring_receives_);
+        ++events;
+        continue;
+      }
     }
     if (ring_recv_count_ == 0) break;
     const std::uint32_t index = ring_recvs_[ring_recv_head_];

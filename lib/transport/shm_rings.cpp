@@ -528,8 +528,18 @@ bool Link::send_large_now(Outbox& own, std::uint64_t length) noexcept {
   // writes at every message it reads (one load on a send of over 16 KiB).
   // Not found yet: nothing measured, the ring.
   const std::uint64_t costs = resolve(own) ? peer_entry_word(kEntryCosts) : 0;
-  if (costs == kCostsRingOnly) return false;
-  const bool large = prefer_large(s.copy_in, costs);
+  if ((costs & kCostsRingOnly) != 0) return false;
+  return with_probes(own, s, prefer_large(s.copy_in, costs));
+}
+
+bool Link::read_now(Outbox& own, std::uint64_t length) noexcept {
+  if (length <= kAdaptFrom || length > kEagerMax) return false;
+  Outbox::Slot& s = own.slots_[static_cast<std::size_t>(slot_)];
+  const std::uint64_t costs = resolve(own) ? peer_entry_word(kEntryCosts) : 0;
+  return with_probes(own, s, prefer_read(s.copy_in, costs));
+}
+
+bool Link::with_probes(Outbox& own, Outbox::Slot& s, bool large) noexcept {
   // Probes (costs, in the header): often after the choice changed, ever
   // rarer while it holds.
   if (large != s.chose_large) {
@@ -598,6 +608,21 @@ void Link::note_cost(Outbox& own, bool large, std::uint64_t ticks, std::uint64_t
   // A message copied out or read into a posted receive: not one taken
   // where it lies (any more).
   s.ring_only = false;
+  own.entry_word(slot_, kEntryCosts)->store(own.costs(s), std::memory_order_release);
+}
+
+void Link::note_take(Outbox& own, std::uint64_t ticks, std::uint64_t bytes) noexcept {
+  if (bytes <= kAdaptFrom) return;
+  Outbox::Slot& s = own.slots_[static_cast<std::size_t>(slot_)];
+  s.copy_out = cost_average(s.copy_out, ticks, bytes);
+  s.ring_only = true;
+  own.entry_word(slot_, kEntryCosts)->store(own.costs(s), std::memory_order_release);
+}
+
+void Link::note_read(Outbox& own, std::uint64_t ticks, std::uint64_t bytes) noexcept {
+  if (bytes <= kAdaptFrom || bytes > kEagerMax) return;
+  Outbox::Slot& s = own.slots_[static_cast<std::size_t>(slot_)];
+  s.read = cost_average(s.read, ticks, bytes);
   own.entry_word(slot_, kEntryCosts)->store(own.costs(s), std::memory_order_release);
 }
 

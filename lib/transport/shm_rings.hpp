@@ -278,21 +278,29 @@ Read read_record(const std::byte* ring, std::uint64_t offset, std::uint64_t expe
 // shows within a few intervals, then the probes come often again.
 //
 // A receiver whose last message over kAdaptFrom was taken where it lay in
-// the ring (by a Messenger: Endpoint::offer_in_place) publishes
-// kCostsRingOnly instead: for such a message a read always costs more, a
-// posted receive and the Messenger's own copy out of it, and probes cost
-// most (measured: one large record in 128 made a Messenger's 24-64 KiB
-// stream 15-27 % slower). Its senders copy and never probe, until a
-// message is copied out or read into a posted receive again.
+// the ring (by a Messenger: Endpoint::offer_in_place) sets kCostsRingOnly
+// in the word: for such a message a large record always costs more (a
+// posted receive, then the Messenger's own copy out of it), and probes
+// cost most (measured: one large record in 128 made a Messenger's 24-64
+// KiB stream 15-27 % slower). Its senders copy and never probe for large
+// records, until a message is copied out or read into a posted receive
+// again. Such a receiver still publishes what its copies out of the ring
+// cost (copy_out: the take, timed) and what reading from the sender's
+// memory costs it (read: its own gets from that peer, which is how a
+// Messenger's rendezvous receive moves the bytes, timed in the post):
+// the sending Messenger chooses between a copied eager message and a
+// rendezvous from those (read_now, prefer_read), with its own probes.
 //
 // The published word is the peer's: any value is taken (it only picks
-// between two paths the sender can always take), and its halves are
-// bounded by the type.
+// between paths the sender can always take), and its fields are bounded
+// by the type.
 inline constexpr std::uint64_t kAdaptFrom = 16 * 1024;
 inline constexpr std::uint32_t kProbeFirst = 64;
 inline constexpr std::uint32_t kProbeMost = 1024;
 inline constexpr std::uint32_t kProbeStream = 256;
-inline constexpr std::uint64_t kCostsRingOnly = ~std::uint64_t{0};
+// The word's top bit; the read figure has the 31 bits below it.
+inline constexpr std::uint64_t kCostsRingOnly = std::uint64_t{1} << 63;
+inline constexpr std::uint32_t kReadMax = 0x7fffffffU;
 
 // The running figure of one path's cost: a sample of `ticks` for `bytes`
 // (> 0) taken into `average` (ticks per KiB, 0 for none yet). Lower
@@ -320,20 +328,43 @@ constexpr std::uint32_t cost_average(std::uint32_t average, std::uint64_t ticks,
   return static_cast<std::uint32_t>(std::min(kCap, a + (std::min(s, 2 * a) - a + 15) / 16));
 }
 
-constexpr std::uint64_t pack_costs(std::uint32_t copy_out, std::uint32_t read) noexcept {
-  return copy_out | (static_cast<std::uint64_t>(read) << 32);
+// The published word: copy_out in the low half, read (at most kReadMax)
+// above it, kCostsRingOnly on top when `ring_only`.
+constexpr std::uint64_t pack_costs(std::uint32_t copy_out, std::uint32_t read, bool ring_only = false) noexcept {
+  return copy_out | (static_cast<std::uint64_t>(read < kReadMax ? read : kReadMax) << 32) |
+         (ring_only ? kCostsRingOnly : 0);
+}
+
+// Whether the read costs at most num/den of the two copies together, all
+// three measured.
+constexpr bool read_within(std::uint32_t copy_in, std::uint64_t costs, std::uint64_t num,
+                           std::uint64_t den) noexcept {
+  const auto copy_out = static_cast<std::uint32_t>(costs);
+  const auto read = static_cast<std::uint32_t>((costs & ~kCostsRingOnly) >> 32);
+  if (copy_in == 0 || copy_out == 0 || read == 0) return false;
+  return den * read <= num * (static_cast<std::uint64_t>(copy_in) + copy_out);
 }
 
 // Whether a sender whose copy into the ring costs `copy_in` should send
 // large to a receiver that published `costs` (pack_costs): only when all
 // three are measured and the read costs at most 7/8 of the two copies
-// together; never to a receiver that published kCostsRingOnly.
+// together; never to a receiver that set kCostsRingOnly.
 constexpr bool prefer_large(std::uint32_t copy_in, std::uint64_t costs) noexcept {
-  if (costs == kCostsRingOnly) return false;
-  const auto copy_out = static_cast<std::uint32_t>(costs);
-  const auto read = static_cast<std::uint32_t>(costs >> 32);
-  if (copy_in == 0 || copy_out == 0 || read == 0) return false;
-  return 8 * static_cast<std::uint64_t>(read) <= 7 * (static_cast<std::uint64_t>(copy_in) + copy_out);
+  return (costs & kCostsRingOnly) == 0 && read_within(copy_in, costs, 7, 8);
+}
+
+// Whether a sending Messenger should make a message a rendezvous (the
+// receiver reads it from the sender's memory) instead of copying it
+// through the ring: when the read costs at most 3/4 of the two copies
+// together, whatever kCostsRingOnly says (a rendezvous lands in the
+// receiver's own buffer). A wider margin than prefer_large's: a
+// rendezvous adds two control messages (the notice and the fin), and its
+// read's fixed cost (the system call, pinning the sender's pages) is in
+// the figure only spread over each KiB (measured: at 24 KiB a rendezvous
+// cost 1.5-2 us more than the copied message with the CPUs apart, at 64
+// KiB as much or less; bench/RESULTS.md, "eager or rendezvous, measured").
+constexpr bool prefer_read(std::uint32_t copy_in, std::uint64_t costs) noexcept {
+  return read_within(copy_in, costs, 3, 4);
 }
 
 class Link;
@@ -400,9 +431,7 @@ class Outbox {
     std::uint32_t read = 0;      // our reads of its large records
     bool ring_only = false;      // we publish kCostsRingOnly
   };
-  std::uint64_t costs(const Slot& s) const noexcept {
-    return s.ring_only ? kCostsRingOnly : pack_costs(s.copy_out, s.read);
-  }
+  std::uint64_t costs(const Slot& s) const noexcept { return pack_costs(s.copy_out, s.read, s.ring_only); }
   std::atomic<std::uint64_t>* word(std::size_t offset) const noexcept;
   std::atomic<std::uint64_t>* entry_word(int slot, std::size_t offset) const noexcept {
     return word(kHeaderBytes + static_cast<std::size_t>(slot) * kEntryBytes + offset);
@@ -452,6 +481,13 @@ class Link {
   // published costs and consumed position (acked), and counts the send
   // for the probes.
   bool send_large_now(Outbox& own, std::uint64_t length) noexcept;
+  // Whether a Messenger's message of `length` bytes (kAdaptFrom < length
+  // <= kEagerMax) should go by rendezvous instead of copied through the
+  // ring (costs above, prefer_read): as send_large_now, with the same
+  // probes. A link serves one or the other: a receiver that takes
+  // messages in place sets kCostsRingOnly, and send_large_now then
+  // answers no without counting.
+  bool read_now(Outbox& own, std::uint64_t length) noexcept;
   // The position just past the last record written: the receiver's
   // consumed position reaches it once it has read everything sent so far.
   std::uint64_t written(const Outbox& own) const noexcept;
@@ -474,14 +510,14 @@ class Link {
   // sender (costs above). Messages of kAdaptFrom bytes or fewer are not
   // counted.
   void note_cost(Outbox& own, bool large, std::uint64_t ticks, std::uint64_t bytes) noexcept;
-  // Whether we took the peer's last data record over kAdaptFrom where it
-  // lay (costs, above): published when it changes. note_cost clears it.
-  void set_ring_only(Outbox& own, bool ring_only) noexcept {
-    Outbox::Slot& s = own.slots_[static_cast<std::size_t>(slot_)];
-    if (s.ring_only == ring_only) return;
-    s.ring_only = ring_only;
-    own.entry_word(slot_, kEntryCosts)->store(own.costs(s), std::memory_order_release);
-  }
+  // What taking a data record of `bytes` where it lay took (the sink's
+  // copy out of the ring): the copy_out figure, and kCostsRingOnly set
+  // (costs above). note_cost clears it.
+  void note_take(Outbox& own, std::uint64_t ticks, std::uint64_t bytes) noexcept;
+  // What one of our own reads of `bytes` from the peer's memory took (a
+  // get: a rendezvous receive's): the read figure, kCostsRingOnly as it
+  // was.
+  void note_read(Outbox& own, std::uint64_t ticks, std::uint64_t bytes) noexcept;
 
   std::uint64_t corrupt() const noexcept { return corrupt_; }
 
@@ -493,6 +529,9 @@ class Link {
   std::uint64_t peer_entry_word(std::size_t offset) const noexcept {
     return peer_word(kHeaderBytes + static_cast<std::size_t>(peer_slot_) * kEntryBytes + offset);
   }
+  // The choice `large` made by the costs, or the other path when a probe
+  // is due (costs above): counts the send.
+  bool with_probes(Outbox& own, Outbox::Slot& s, bool large) noexcept;
   bool write(Outbox& own, RecordKind kind, const void* payload, std::uint64_t length, const void* extra,
              std::uint64_t extra_length) noexcept;
 

@@ -91,6 +91,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   f.tagged_gather = b.take(8);
   f.tagged_gather_max = b.take(8);
   f.tagged_copy = b.take(8);
+  f.tagged_choice = b.take(8);
   f.expose_mode = b.take(1) % 2 ? regpool::ExposureMode::scoped : regpool::ExposureMode::standard;
   const std::uint64_t bits = b.take(1);
   f.perftest = bits & 1;

@@ -148,13 +148,16 @@ void fuzz_positions(const std::uint8_t* data, std::size_t size) {
   if (gap % sr::kRecordAlign != 0 || gap > sr::kGapMax || apart < sr::kAliasClear || apart > 4096 - sr::kAliasClear) {
     std::abort();
   }
-  // The peer's costs word only ever picks between two paths: never large
-  // on a figure not measured.
+  // The peer's costs word only ever picks between paths: never large or
+  // a rendezvous on a figure not measured, never large with the ring-only
+  // bit set.
   const auto copy_in = static_cast<std::uint32_t>(take_u64(data, size));
   const std::uint64_t costs = take_u64(data, size);
-  if (sr::prefer_large(copy_in, costs) &&
-      (copy_in == 0 || static_cast<std::uint32_t>(costs) == 0 || (costs >> 32) == 0 || costs == sr::kCostsRingOnly)) {
-    std::abort();
+  const bool unmeasured = copy_in == 0 || static_cast<std::uint32_t>(costs) == 0 ||
+                          ((costs & ~sr::kCostsRingOnly) >> 32) == 0;
+  if (sr::prefer_large(copy_in, costs) && (unmeasured || (costs & sr::kCostsRingOnly) != 0)) std::abort();
+  if (sr::prefer_read(copy_in, costs) && (unmeasured || !sr::prefer_large(copy_in, costs & ~sr::kCostsRingOnly))) {
+    std::abort();  // a rendezvous needs a wider margin than a large record
   }
   // A sample never makes a figure "not measured", and never raises it by
   // more than a sixteenth (rounded up).

@@ -1590,22 +1590,37 @@ TEST_CASE("a sender with a lower shm copy limit: its longer messages are read fr
   CHECK(b.m.stats().unexpected_held == 0);
 }
 
-TEST_CASE("a Messenger that takes messages where they lie in the ring has its long ones copied, never probed",
+TEST_CASE("a Messenger that takes messages where they lie has its long ones copied or sent by rendezvous, never large",
           "[fabric][messaging]") {
   // FabricEndpointOptions::shm_ring_adaptive (on by default) lets a send
   // over 16 KiB go as a read from the sender's buffer now and then, to
   // measure that path. A receiver whose Messenger takes such messages in
-  // place asks for copies instead (a read costs it a posted receive and a
-  // copy more): after the first message, none is sent large.
+  // place asks for no large records (a read into a bounce costs it a
+  // posted receive and a copy more): after the first message, none is
+  // sent large. The sending Messenger instead chooses between the copy
+  // and a rendezvous, whose receive reads straight into the receiver's
+  // buffer (MessengerConfig::rendezvous_choice, set here: off by
+  // default): while nothing says the read is cheaper, it probes with a
+  // rendezvous at the 64th message.
   const std::string prov = GENERATE(from_range(rpt::backends()));
   INFO("backend " << prov);
   if (prov != "shm") {
     SUCCEED("the choice of path is the shm rings'");
     return;
   }
-  Node a(prov), b(prov);
+  const bool choice = GENERATE(true, false);
+  INFO("rendezvous_choice " << (choice ? "16 KiB" : "default (never)"));
+  MessengerConfig mc;
+  if (choice) mc.rendezvous_choice = 16 << 10;
+  Node a(prov, mc), b(prov);
   const PeerId to_b = a.s.ep->insert_peer(b.s.ep->name());
   const PeerId from_a = b.s.ep->insert_peer(a.s.ep->name());
+  // b's first message tells a its eager threshold (until then a sends
+  // longer messages by rendezvous, by length).
+  auto hello = a.s.alloc(64);
+  auto h = a.m.recv(to_b, 1, 0, rpt::slice_or_die(Slice::data(hello)));
+  REQUIRE(b.wait(b.m.send(from_a, 1, b.filled(8, 0))).status == Status::ok);
+  REQUIRE(a.wait(std::move(h)).status == Status::ok);
   // Four times the first probe's distance: without the receiver's word,
   // several would have gone large.
   constexpr std::uint64_t kMessages = 256;
@@ -1627,7 +1642,22 @@ TEST_CASE("a Messenger that takes messages where they lie in the ring has its lo
   REQUIRE(fa != nullptr);
   CHECK(fa->shm_stats().ring_sends >= kMessages);
   CHECK(fa->shm_stats().ring_large_sends == 0);
+  // Each rendezvous's receive read the message by the receiver's own
+  // cross-memory copy, the path whose cost it publishes.
+  const auto* fb = dynamic_cast<const regpool::FabricEndpoint*>(b.s.ep.get());
+  REQUIRE(fb != nullptr);
+  CHECK(fb->shm_stats().direct_rma >= a.m.stats().rendezvous_chosen);
 #endif
+  const regpool::MessengerStats st = a.m.stats();
+  INFO(st.eager_sent << " eager (" << st.eager_copied << " copied), " << st.rendezvous_chosen << " by rendezvous of "
+                       << st.rendezvous_sent);
+  CHECK(st.rendezvous_chosen == st.rendezvous_sent);
+  CHECK(st.eager_sent + st.rendezvous_chosen == kMessages);
+  if (choice) {
+    CHECK(st.rendezvous_chosen >= 1);
+  } else {
+    CHECK(st.rendezvous_sent == 0);
+  }
   CHECK(b.m.stats().rejected == 0);
 }
 

@@ -423,13 +423,15 @@ def mode_perf(tool, readme, provider):
     # shm, one elsewhere and with off; --tagged-gather at 8 KiB, gathered
     # (tcp) or not; --tagged-gather-max at 8 KiB, copied (a 4 KiB cap) or
     # gathered (no cap) on tcp; --tagged-copy at 8 KiB, copied into the ring by send()
-    # (shm) or posted; --tagged-recv, both sides' receives handed over (ldo)
+    # (shm) or posted; --tagged-choice at 32 KiB, copied or by rendezvous as
+    # measured (shm) or never; --tagged-recv, both sides' receives handed over (ldo)
     # or copied, each reported in the JSON.
     for option, size, values in (("--tagged-split", "1M", ("4K", "off")),
                                  ("--tagged-eager-split", "8K", ("8K", "off")),
                                  ("--tagged-gather", "8K", ("4K", "off")),
                                  ("--tagged-gather-max", "8K", ("4K", "off")),
                                  ("--tagged-copy", "8K", ("4K", "off")),
+                                 ("--tagged-choice", "32K", ("20K", "off")),
                                  ("--tagged-recv", "8K", ("ldo", "copy"))):
         for value in values:
             rc, out, err = run([tool, "--loopback", "--provider", provider, "--sizes", size, "--iters", "10",
@@ -443,6 +445,7 @@ def mode_perf(tool, readme, provider):
                 reported = {"--tagged-gather": ("tagged_gather", 4096 if value == "4K" else None),
                             "--tagged-gather-max": ("tagged_gather_max", 4096 if value == "4K" else None),
                             "--tagged-copy": ("tagged_copy", 4096 if value == "4K" else None),
+                            "--tagged-choice": ("tagged_choice", 20480 if value == "20K" else None),
                             "--tagged-recv": ("tagged_recv", value)}.get(option)
                 if reported:
                     check(json.loads(out).get(reported[0], "missing") == reported[1],
@@ -691,7 +694,7 @@ def hostile_scenarios(tool, base, tmp, servers):
     # short, sizes out of order, a provider name with a control byte. The
     # server refuses it by name and exits 1 (never a crash, never a run).
     good = ("provider=shm\nwait=spin\niters=5\nwindow=4\nops=put,\ncold_bytes=0\ntagged_threshold=0\n"
-            "tagged_split=0\ntagged_eager_split=0\ntagged_gather=0\ntagged_gather_max=0\ntagged_copy=0\ntagged_recv=copy\nexpose_mode=standard\n"
+            "tagged_split=0\ntagged_eager_split=0\ntagged_gather=0\ntagged_gather_max=0\ntagged_copy=0\ntagged_choice=0\ntagged_recv=copy\nexpose_mode=standard\n"
             "perftest=0\nverbs_inline=-1\n"
             "verbs_signal=selective\nloop_mean=0\nrecv=kept\nsends=kept\nahead=on\npingpong=echo\nrma=kept\nshm_rings=on\n"
             "shm_ring_copy_max=66560\nshm_ring_adaptive=on\nmessenger=locked\nsizes=8\n")
@@ -827,7 +830,7 @@ PERF_CLIENT_ONLY = {
     "--provider": ["tcp"], "--sizes": ["8"], "--iters": ["10"], "--wait": ["spin"], "--batch": ["1"],
     "--window": ["4"], "--ops": ["send"], "--tagged-threshold": ["4096"], "--tagged-split": ["off"],
     "--tagged-eager-split": ["off"], "--tagged-gather": ["off"], "--tagged-gather-max": ["off"],
-    "--tagged-copy": ["off"], "--tagged-recv": ["copy"], "--expose-mode": ["scoped"], "--cold": [],
+    "--tagged-copy": ["off"], "--tagged-choice": ["off"], "--tagged-recv": ["copy"], "--expose-mode": ["scoped"], "--cold": [],
     "--cold-bytes": ["1M"], "--loop-mean": [], "--recv": ["kept"], "--sends": ["kept"], "--shm-rings": ["on"],
     "--shm-ring-copy-max": ["4K"], "--shm-ring-adaptive": ["on"], "--messenger": ["locked"], "--ahead": ["on"],
     "--pingpong": ["echo"], "--rma": ["kept"], "--perftest": [], "--verbs-inline": ["0"],

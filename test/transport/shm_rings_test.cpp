@@ -360,8 +360,83 @@ TEST_CASE("a sender sends large only when the read beats both copies, measured",
   CHECK(sr::prefer_large(100, sr::pack_costs(100, 175)));
   CHECK_FALSE(sr::prefer_large(100, sr::pack_costs(100, 176)));
   CHECK(sr::prefer_large(0xffffffffU, sr::pack_costs(0xffffffffU, 0xfffffffeU)));  // no overflow
-  // Both halves saturated is kCostsRingOnly: a receiver that wants copies.
+  // The top bit is kCostsRingOnly: a receiver that takes messages in place
+  // wants no large records, whatever its figures.
   CHECK_FALSE(sr::prefer_large(1, sr::kCostsRingOnly));
+  CHECK_FALSE(sr::prefer_large(100, sr::pack_costs(100, 10, true)));
+  // The read figure stays below that bit.
+  CHECK((sr::pack_costs(1, 0xffffffffU) & sr::kCostsRingOnly) == 0);
+  CHECK(sr::pack_costs(1, 0xffffffffU) >> 32 == sr::kReadMax);
+}
+
+TEST_CASE("a Messenger's sender prefers a rendezvous only when the read beats both copies by a quarter", "[unit]") {
+  CHECK_FALSE(sr::prefer_read(0, sr::pack_costs(100, 10)));
+  CHECK_FALSE(sr::prefer_read(100, sr::pack_costs(0, 10)));
+  CHECK_FALSE(sr::prefer_read(100, sr::pack_costs(100, 0)));
+  CHECK(sr::prefer_read(100, sr::pack_costs(100, 150)));
+  CHECK_FALSE(sr::prefer_read(100, sr::pack_costs(100, 151)));
+  // Where a large record would already win (7/8), a rendezvous may not.
+  CHECK(sr::prefer_large(100, sr::pack_costs(100, 175)));
+  CHECK_FALSE(sr::prefer_read(100, sr::pack_costs(100, 175)));
+  // The ring-only bit does not matter to it: the rendezvous lands in the
+  // receiver's own buffer.
+  CHECK(sr::prefer_read(100, sr::pack_costs(100, 150, true)));
+  CHECK_FALSE(sr::prefer_read(1, sr::kCostsRingOnly));  // figures not measured
+  CHECK(sr::prefer_read(0xffffffffU, sr::pack_costs(0xffffffffU, sr::kReadMax)));  // no overflow
+}
+
+TEST_CASE("a receiver that takes in place publishes its take and its reads; its sender chooses by them", "[unit]") {
+  Pair p;
+  p.claim_a();
+  p.claim_b();
+  constexpr std::uint64_t kLen = 32 * 1024;
+  std::vector<std::byte> bytes(kLen, std::byte{7}), out;
+  REQUIRE(p.a_to_b.send_data(p.a, bytes.data(), bytes.size()));  // a's copy measured
+  REQUIRE(take(p, out));
+  auto reads = [&](int sends) {
+    int n = 0;
+    for (int i = 0; i < sends; ++i) n += p.a_to_b.read_now(p.a, kLen) ? 1 : 0;
+    return n;
+  };
+  auto larges = [&](int sends) {
+    int n = 0;
+    for (int i = 0; i < sends; ++i) n += p.a_to_b.send_large_now(p.a, kLen) ? 1 : 0;
+    return n;
+  };
+  constexpr int kFirst = static_cast<int>(sr::kProbeFirst);
+  constexpr int kMost = static_cast<int>(sr::kProbeMost);
+  // Never for kAdaptFrom bytes or fewer, nor past a record's limit.
+  CHECK_FALSE(p.a_to_b.read_now(p.a, sr::kAdaptFrom));
+  CHECK_FALSE(p.a_to_b.read_now(p.a, sr::kEagerMax + 1));
+  // b took a message where it lay, at 1000 ticks a KiB: no large records
+  // any more, not even probes; no read measured yet, so copies, with a
+  // rendezvous as the probe.
+  p.b_to_a.note_take(p.b, 1000 * 32, kLen);
+  CHECK(larges(2 * kMost) == 0);
+  for (int every = kFirst; every <= kMost; every *= 2) CHECK(reads(every) == 1);
+  // b's gets from a cost 100 ticks a KiB: a rendezvous (a's own copy adds
+  // to the two copies' side), probes frequent again after the change; and
+  // still no large records.
+  p.b_to_a.note_read(p.b, 100 * 32, kLen);
+  CHECK(reads(kFirst) == kFirst - 1);
+  CHECK(larges(2 * kMost) == 0);
+  // Reads of kAdaptFrom bytes or fewer, or past a record's limit, are not
+  // counted.
+  p.b_to_a.note_read(p.b, 1'000'000'000, sr::kAdaptFrom);
+  p.b_to_a.note_read(p.b, 1'000'000'000, sr::kEagerMax + 1);
+  CHECK(reads(2 * kFirst) == 2 * kFirst - 1);
+  // Reads became dear: back to copies within a few dozen samples.
+  bool copies = false;
+  for (int i = 0; i < 200 && !copies; ++i) {
+    p.b_to_a.note_read(p.b, 1'000'000'000, kLen);
+    copies = reads(kFirst) <= 1;
+  }
+  CHECK(copies);
+  // A message copied out into a posted receive clears the ring-only bit:
+  // large records are chosen by the costs again (reads dear: copies, and
+  // a probe within the interval).
+  p.b_to_a.note_cost(p.b, false, 1000 * 32, kLen);
+  CHECK(larges(2 * kMost) >= 1);
 }
 
 TEST_CASE("a sender follows the costs its receiver publishes, and probes the other path", "[unit]") {
@@ -402,7 +477,7 @@ TEST_CASE("a sender follows the costs its receiver publishes, and probes the oth
   // A receiver that took a message where it lay (a Messenger's) wants
   // copies: no large sends, no probes, until it copies one out into a
   // posted receive again.
-  p.b_to_a.set_ring_only(p.b, true);
+  p.b_to_a.note_take(p.b, 1000 * 32, kLen);
   CHECK(count(2 * kMost) == 0);
   p.b_to_a.note_cost(p.b, false, 1000 * 32, kLen);
   CHECK(count(kMost) == kMost - 1);
