@@ -2604,12 +2604,17 @@ Status read_large(std::int64_t pid, std::uint64_t address, std::byte* dest, std:
       corrupt = true;
       break;
     }
+    // A data record over kAdaptFrom in ring bytes we read for the first
+    // time: its copy out pays page faults, and is not timed (shm_rings.hpp,
+    // "costs").
+    const bool fresh = in.kind == shm_rings::RecordKind::data && in.length > shm_rings::kAdaptFrom &&
+                       link.first_read(*outbox_, in);
     // The Messenger takes what it can where it lies (one copy, no receive).
     if (sink && in.kind == shm_rings::RecordKind::data) {
       // A take of over kAdaptFrom is timed: the receiver's copy in the
       // sending Messenger's choice between copying and a rendezvous, and a
       // large record never pays here (shm_rings.hpp, "costs").
-      const bool timed = in.length > shm_rings::kAdaptFrom;
+      const bool timed = in.length > shm_rings::kAdaptFrom && !fresh;
       const std::uint64_t t0 = timed ? platform::ticks() : 0;
       if (offer_in_place(peer, {static_cast<const std::byte*>(in.data), static_cast<std::size_t>(in.length)})) {
         if (timed) link.note_take(*outbox_, platform::ticks() - t0, in.length);
@@ -2627,7 +2632,7 @@ Status read_large(std::int64_t pid, std::uint64_t address, std::byte* dest, std:
     const Status st = in.length > op.length ? Status::out_of_bounds : Status::ok;
     // A copy or read of over kAdaptFrom is timed for the sender's choice of
     // path (shm_rings.hpp, "costs"): two counter reads on microseconds.
-    const bool timed = bytes > shm_rings::kAdaptFrom;
+    const bool timed = bytes > shm_rings::kAdaptFrom && !fresh;
     const std::uint64_t t0 = timed ? platform::ticks() : 0;
     if (in.kind == shm_rings::RecordKind::data) {
       platform::copy_message(dest, in.data, bytes);

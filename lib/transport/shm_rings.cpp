@@ -491,8 +491,9 @@ bool Link::write(Outbox& own, RecordKind kind, const void* payload, std::uint64_
     offset = 0;
   }
   // A long copy is timed (costs, in the header): two counter reads on a
-  // copy of microseconds.
-  const bool timed = kind == RecordKind::data && bytes > kAdaptFrom;
+  // copy of microseconds; not into bytes written for the first time.
+  const bool timed = kind == RecordKind::data && bytes > kAdaptFrom && offset + need <= s.written_high;
+  s.written_high = std::max(s.written_high, offset + need);
   const std::uint64_t t0 = timed ? platform::ticks() : 0;
   std::byte* const to = ring + offset + kRecordHeader + gap;
   if (length != 0) platform::copy_message(to, payload, length);
@@ -536,10 +537,10 @@ bool Link::read_now(Outbox& own, std::uint64_t length) noexcept {
   if (length <= kAdaptFrom || length > kEagerMax) return false;
   Outbox::Slot& s = own.slots_[static_cast<std::size_t>(slot_)];
   const std::uint64_t costs = resolve(own) ? peer_entry_word(kEntryCosts) : 0;
-  return with_probes(own, s, prefer_read(s.copy_in, costs));
+  return with_probes(own, s, prefer_read(s.copy_in, costs), read_far_apart(s.copy_in, costs));
 }
 
-bool Link::with_probes(Outbox& own, Outbox::Slot& s, bool large) noexcept {
+bool Link::with_probes(Outbox& own, Outbox::Slot& s, bool large, bool far_apart) noexcept {
   // Probes (costs, in the header): often after the choice changed, ever
   // rarer while it holds.
   if (large != s.chose_large) {
@@ -551,6 +552,7 @@ bool Link::with_probes(Outbox& own, Outbox::Slot& s, bool large) noexcept {
   // just loaded) probes up to kProbeStream sends apart, a ping-pong up to
   // kProbeMost.
   const std::uint32_t most = acked(own) != s.head ? kProbeStream : kProbeMost;
+  if (far_apart && s.probe_every < most) s.probe_every = s.probe_in = most;
   if (s.probe_in > most) s.probe_in = most;
   if (--s.probe_in != 0) return large;
   s.probe_every = std::min(2 * s.probe_every, most);
@@ -598,6 +600,14 @@ Read Link::peek(Outbox& own, Incoming& in) noexcept {
   }
   // Two pads in a row: a sender that only pads. Nothing to read now.
   return Read::none;
+}
+
+bool Link::first_read(Outbox& own, const Incoming& in) noexcept {
+  Outbox::Slot& s = own.slots_[static_cast<std::size_t>(slot_)];
+  const std::uint64_t end = s.pos % kRingBytes + in.advance;
+  if (end <= s.read_high) return false;
+  s.read_high = end;
+  return true;
 }
 
 void Link::note_cost(Outbox& own, bool large, std::uint64_t ticks, std::uint64_t bytes) noexcept {
