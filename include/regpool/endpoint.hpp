@@ -825,14 +825,9 @@ class REGPOOL_API Endpoint {
   // with a `body` as one message of its two pieces.
   virtual bool do_gathered_sends() const noexcept { return false; }
   virtual Status do_send_copy(std::uint64_t /*handle*/, std::span<const std::byte> /*head*/,
-                              std::span<const std::byte> /*body*/) noexcept {
+                              std::span<const std::byte> /*body*/, bool /*may_read*/) noexcept {
     return Status::would_block;
   }
-  // Whether a message of `length` bytes to the peer would cost less read
-  // by the receiver from the sender's memory than copied through the
-  // transport, by the pair's measurements (TransferTraits::
-  // read_choice_from; endpoint_backend.hpp). Counts it for the probes.
-  virtual bool do_read_cheaper(std::uint64_t /*handle*/, std::uint64_t /*length*/) noexcept { return false; }
   bool has_message_sink() const noexcept { return sink_ != nullptr; }
   bool offer_in_place(PeerId peer, std::span<const std::byte> bytes) noexcept;
 
@@ -847,12 +842,11 @@ class REGPOOL_API Endpoint {
   // A message of `head` then `body` to `peer`, copied into the transport
   // now: ok (nothing follows: no operation, no completion), would_block
   // (the backend cannot now, or has no such path: post it instead), or why
-  // the peer cannot be sent to.
-  Status send_copy(PeerId peer, std::span<const std::byte> head, const Slice& body) noexcept;
-  // Whether a message of `length` bytes to `peer` goes cheaper as a
-  // rendezvous than copied (do_read_cheaper); false for a peer that is
-  // not usable (the copy then answers why).
-  bool read_cheaper(PeerId peer, std::uint64_t length) noexcept;
+  // the peer cannot be sent to. With `may_read` (the caller can send it by
+  // rendezvous instead), also in_progress: not copied, because the pair
+  // measured the receiver's read cheaper (TransferTraits::
+  // read_choice_from).
+  Status send_copy(PeerId peer, std::span<const std::byte> head, const Slice& body, bool may_read = false) noexcept;
   // One message of `head` then `body` to `peer`, each sent from where it
   // lies, as send() sends one slice (both references held until the
   // completion). Only on a backend whose do_gathered_sends() is true:

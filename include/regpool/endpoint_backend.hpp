@@ -196,24 +196,23 @@
 //                                           (docs/messaging.md, "Gathered
 //                                           eager"). Fixed once the
 //                                           endpoint is constructed.
-//   Status do_send_copy(handle, head, body) the message head + body to the
-//                                           peer, copied now: ok (no
+//   Status do_send_copy(handle, head, body, the message head + body to the
+//                       may_read)           peer, copied now: ok (no
 //                                           completion follows), would_block
 //                                           (it cannot now; the caller posts
 //                                           the message instead), or why the
-//                                           peer cannot be sent to. The base
+//                                           peer cannot be sent to. With
+//                                           may_read (the caller can send it
+//                                           by rendezvous instead), also
+//                                           in_progress: not copied, as the
+//                                           pair measured the receiver's read
+//                                           from the sender's memory cheaper
+//                                           (TransferTraits::
+//                                           read_choice_from; the answer is
+//                                           counted for the backend's probes
+//                                           of the other path). The base
 //                                           has checked the peer and that no
 //                                           send to it waits to be posted.
-//   bool do_read_cheaper(handle, length)    whether a message of length
-//                                           bytes (over TransferTraits::
-//                                           read_choice_from) to the peer
-//                                           costs less read by the receiver
-//                                           from the sender's memory (a
-//                                           Messenger's rendezvous) than
-//                                           copied (do_send_copy), by what
-//                                           the pair measured; counts it for
-//                                           the backend's probes of the
-//                                           other path. Default false.
 //   offer_in_place(peer, bytes)             (the base's, from do_poll) an
 //                                           incoming message where it lies,
 //                                           before a posted receive takes it:

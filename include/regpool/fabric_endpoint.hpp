@@ -448,9 +448,8 @@ class REGPOOL_API FabricEndpoint final : public Endpoint {
   WaitBell do_wait_bell() const noexcept override;
   bool do_messages_in_place() const noexcept override { return outbox_ != nullptr; }
   bool do_gathered_sends() const noexcept override { return gathered_sends_ && outbox_ == nullptr; }
-  Status do_send_copy(std::uint64_t handle, std::span<const std::byte> head,
-                      std::span<const std::byte> body) noexcept override;
-  bool do_read_cheaper(std::uint64_t handle, std::uint64_t length) noexcept override;
+  Status do_send_copy(std::uint64_t handle, std::span<const std::byte> head, std::span<const std::byte> body,
+                      bool may_read) noexcept override;
   bool do_arm(std::chrono::microseconds& max_sleep) noexcept override;
 
  private:

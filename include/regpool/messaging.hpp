@@ -204,18 +204,19 @@ struct MessengerConfig {
   // pair, whether copying a message through the transport or the
   // receiver's read from the sender's memory costs less
   // (TransferTraits::read_choice_from: libfabric shm with regpool's rings,
-  // above 16 KiB), a copied eager payload (eager_copy) longer than this
-  // many bytes (never below read_choice_from) is sent by rendezvous
-  // instead while the pair's figures say the read costs at most 3/4 of
-  // the two copies; now and then one goes the other way to keep both
-  // figures current (docs/messaging.md, "Eager or rendezvous, measured").
-  // The receiver needs nothing set: a rendezvous notice is served at any
-  // length. 0 = the default, never: on a host where the copies win (the
-  // AMD EPYC test host, both placements) the probes' rendezvous cost the
-  // 99th percentile of a 24 KiB ping-pong 3x and 7-12 % of a 40-64 KiB
-  // stream, for no gain; where the copies lose (an Intel Xeon host: a
-  // copied 64 KiB message 11.9 against 4.6 us by rendezvous) set it to
-  // the eager sizes to adapt (16384: all of them). UINT64_MAX = never.
+  // above 16 KiB), an eager payload longer than this many bytes (never
+  // below read_choice_from) that send() would copy into the peer's ring
+  // (eager_copy; the ring empty, as in a ping-pong or a request and its
+  // reply) is sent by rendezvous instead while the pair's figures say the
+  // read costs at most 3/4 of the two copies; now and then one goes the
+  // other way to keep both figures current (docs/messaging.md, "Eager or
+  // rendezvous, measured"). The receiver needs nothing set: a rendezvous
+  // notice is served at any length. 0 = the default, never: where the
+  // copies win (the AMD EPYC test host, both placements) the choice only
+  // costs (a 24-64 KiB ping-pong 1-4 % slower); where they lose (an Intel
+  // Xeon host: a copied 64 KiB message 11.9 against 4.6 us by
+  // rendezvous) set it to adapt (16384: every eager size above 16 KiB).
+  // UINT64_MAX = never.
   std::uint64_t rendezvous_choice = 0;
   // A rendezvous sender waiting for the receiver's fin, a receive whose
   // gets stall, and a peer noticed dead: fail after this (scaled like

@@ -983,9 +983,11 @@ struct MessengerCore final : MessageSink {
   // (`token`, next_token()). Returns what the endpoint said: ok (the send
   // is complete), would_block (sealed in `head`, to be posted), or a
   // refusal (nothing spent).
+  // `may_read`: the endpoint may answer in_progress instead (the pair
+  // measured a rendezvous cheaper; unsealed, nothing sent).
   [[gnu::hot]] Status send_copy_first(PeerState& ps, PeerId peer, std::uint64_t tag, MessageToken token,
                                       const Slice& data, std::array<std::byte, mw::kHeaderSize>& head,
-                                      std::size_t& head_size) noexcept {
+                                      std::size_t& head_size, bool may_read) noexcept {
     mw::Header h;
     h.type = mw::Type::eager;
     h.space = mw::Space::user;
@@ -1000,7 +1002,7 @@ struct MessengerCore final : MessageSink {
       seal(ps, h, head.data());
       head_size = mw::kHeaderSize;
     }
-    const Status s = ep.send_copy(peer, std::span<const std::byte>(head.data(), head_size), data);
+    const Status s = ep.send_copy(peer, std::span<const std::byte>(head.data(), head_size), data, may_read);
     if (s == Status::ok || s == Status::would_block || s == Status::message_too_large) {
       ++st.eager_sent;
       if (head_size == mw::kBriefHeaderSize) ++st.eager_brief;
@@ -1014,9 +1016,6 @@ struct MessengerCore final : MessageSink {
     ps.owed += h.credits;
     return s;
   }
-
-  // Messenger::send's question to the endpoint (rendezvous_choice).
-  [[gnu::cold]] bool read_cheaper(PeerId peer, std::uint64_t len) noexcept { return ep.read_cheaper(peer, len); }
 
   // send_copy_locked's message, sealed in `head`, that the endpoint could
   // not take at once: posted as any eager message, in a message object.
@@ -2583,21 +2582,6 @@ Messenger::~Messenger() {
     // the peer are the copy's own.
     const bool copy = c.in_place && !Core::must_wait_credit(ps) && c.post_count == 0 && !c.draining &&
                       mw::kHeaderSize + data.length() <= c.copy_limit && c.goes_eager(ps, data.length());
-    // A longer one goes by rendezvous while the pair's measured costs say
-    // the receiver's read beats the two copies (MessengerConfig::
-    // rendezvous_choice; the endpoint's probes send one the other way now
-    // and then to keep both figures current).
-    if (copy && data.length() > c.choice_from && c.read_cheaper(peer, data.length())) [[unlikely]] {
-      if (c.closed) return Status::closed;
-      auto r = c.claim_op(Core::Kind::send);
-      if (!r) return r.status();
-      c.set_send(c.ops[*r], peer, tag, data.length(), std::move(cb));
-      t = c.ops[*r].result.token;
-      c.dispatch_send(*r, &data, true);
-      c.drain(g);
-      c.drop_spent();
-      return t;
-    }
     if (copy) {
       // The message goes first and its op is claimed after: everything
       // between a received message and the reply it prompts delays the
@@ -2611,11 +2595,21 @@ Messenger::~Messenger() {
       t = c.next_token();
       alignas(8) std::array<std::byte, mw::kHeaderSize> head;
       std::size_t head_size = 0;
-      const Status s = c.send_copy_first(ps, peer, tag, t, data, head, head_size);
+      const Status s = c.send_copy_first(ps, peer, tag, t, data, head, head_size, data.length() > c.choice_from);
       // Refused as usable() would have refused it: no op, as then.
-      if (s != Status::ok && s != Status::would_block) return Status::peer_unreachable;
+      if (s != Status::ok && s != Status::would_block && s != Status::in_progress) return Status::peer_unreachable;
       const std::uint32_t i = *c.claim_op(Core::Kind::send);
       c.set_send(c.ops[i], peer, tag, data.length(), std::move(cb));
+      if (s == Status::in_progress) [[unlikely]] {
+        // Not copied: the pair's measured costs say the receiver's read
+        // beats the two copies (MessengerConfig::rendezvous_choice; the
+        // endpoint's probes send one the other way now and then to keep
+        // both figures current).
+        c.dispatch_send(i, &data, true);
+        c.drain(g);
+        c.drop_spent();
+        return t;
+      }
       if (s == Status::ok) {
         c.complete(i, Status::ok);
       } else {

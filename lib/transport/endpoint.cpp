@@ -2053,7 +2053,8 @@ bool Endpoint::set_message_sink(std::shared_ptr<detail::MessageSink> sink) noexc
   return true;
 }
 
-[[gnu::hot]] Status Endpoint::send_copy(PeerId peer, std::span<const std::byte> head, const Slice& body) noexcept {
+[[gnu::hot]] Status Endpoint::send_copy(PeerId peer, std::span<const std::byte> head, const Slice& body,
+                                         bool may_read) noexcept {
   if (!body) return Status::invalid_argument;
   Lock g(*this);
   // recheck_peer_locked's checks, inline: that one is marked cold (a
@@ -2066,18 +2067,12 @@ bool Endpoint::set_message_sink(std::shared_ptr<detail::MessageSink> sink) noexc
   // Behind a send still waiting to be posted (a kept send's repost, a
   // settling peer): it goes as a posted send, in order.
   if (p.settling || send_held_locked(peer)) return Status::would_block;
-  const Status st = do_send_copy(p.handle, head, {body.address(), static_cast<std::size_t>(body.length())});
+  const Status st = do_send_copy(p.handle, head, {body.address(), static_cast<std::size_t>(body.length())}, may_read);
   if (st == Status::ok) {
     ++activity_;
     if (sleepers_ > 0) wake_sleepers_locked();
   }
   return st;
-}
-
-bool Endpoint::read_cheaper(PeerId peer, std::uint64_t length) noexcept {
-  Lock g(*this);
-  if (!usable() || peer >= peers_.size() || !peers_[peer].used || peers_[peer].broken) return false;
-  return do_read_cheaper(peers_[peer].handle, length);
 }
 
 void Endpoint::settle_sink(Lock& g) noexcept {

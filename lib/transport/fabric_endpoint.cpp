@@ -2477,7 +2477,7 @@ Status FabricEndpoint::ring_send(const BackendOp& op) noexcept {
 // The Messenger's copy of a message into the peer's ring (send_copy): what
 // ring_send does for a message it copies, without an operation.
 [[gnu::hot]] Status FabricEndpoint::do_send_copy(std::uint64_t handle, std::span<const std::byte> head,
-                                                 std::span<const std::byte> body) noexcept {
+                                                 std::span<const std::byte> body, bool may_read) noexcept {
   if (handle >= peers_.size() || !peers_[handle].link) return Status::would_block;
   PeerAddr& p = peers_[handle];
   if (shm_peer_dead(p, handle) || p.ring_broken) return Status::peer_unreachable;
@@ -2496,7 +2496,12 @@ Status FabricEndpoint::ring_send(const BackendOp& op) noexcept {
     // sender's copies into message objects is not worse (bench/RESULTS.md,
     // "copied eager up to 64 KiB").
     if (p.link->acked(*outbox_) != p.link->written(*outbox_)) return Status::would_block;
-    if (p.link->send_large_now(*outbox_, length)) {
+    // A caller that can send it by rendezvous instead (a Messenger's
+    // rendezvous_choice): whether the receiver's read is cheaper, never a
+    // large record (its receiver takes messages in place).
+    if (may_read) {
+      if (p.link->read_now(*outbox_, length)) return Status::in_progress;
+    } else if (p.link->send_large_now(*outbox_, length)) {
       p.large_next = true;
       return Status::would_block;
     }
@@ -2504,21 +2509,6 @@ Status FabricEndpoint::ring_send(const BackendOp& op) noexcept {
   const Status st = ring_copy(p, head.data(), head.size(), body.data(), body.size());
   if (st == Status::ok) ring_peer(handle);
   return st;
-}
-
-// The Messenger's choice for a message it would copy (shm_rings.hpp,
-// "costs"): whether the pair's costs say the receiver's read (a
-// rendezvous) is cheaper. Counts the message for the probes.
-bool FabricEndpoint::do_read_cheaper(std::uint64_t handle, std::uint64_t length) noexcept {
-  if (!options_.shm_ring_adaptive || length <= shm_rings::kAdaptFrom || length > options_.shm_ring_copy_max) {
-    return false;
-  }
-  if (handle >= peers_.size() || !peers_[handle].link) return false;
-  PeerAddr& p = peers_[handle];
-  // A receiver that does not read our ring yet, or one gone: the copy's
-  // own answer.
-  if (p.ring_broken || !p.link->known(*outbox_)) return false;
-  return p.link->read_now(*outbox_, length);
 }
 
 // A message of up to kEagerMax bytes (head, then body) copied into p's
