@@ -2361,7 +2361,7 @@ void FabricEndpoint::open_rings(const std::vector<std::byte>& data_name) {
   transfer_traits_.fast_message_limit = options_.shm_ring_copy_max;
   transfer_traits_.split_crossover = 0;
   // Above kAdaptFrom each pair measures whether its copies or a read cost
-  // less (shm_rings.hpp, "costs"); a Messenger asks (do_read_cheaper).
+  // less (shm_rings.hpp, "costs"); a Messenger asks (send_copy's may_read).
   if (options_.shm_ring_adaptive && options_.shm_ring_copy_max > shm_rings::kAdaptFrom) {
     transfer_traits_.read_choice_from = shm_rings::kAdaptFrom;
   }
