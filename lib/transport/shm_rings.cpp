@@ -525,10 +525,9 @@ bool Link::send_large(Outbox& own, const void* address, std::uint64_t length, st
 bool Link::send_large_now(Outbox& own, std::uint64_t length) noexcept {
   if (length <= kAdaptFrom || length > kEagerMax) return length > kEagerMax;
   Outbox::Slot& s = own.slots_[static_cast<std::size_t>(slot_)];
-  // The receiver's costs for our ring: its entry for us, the line it
-  // writes at every message it reads (one load on a send of over 16 KiB).
-  // Not found yet: nothing measured, the ring.
-  const std::uint64_t costs = resolve(own) ? peer_entry_word(kEntryCosts) : 0;
+  // One load on a send of over 16 KiB; not found yet: nothing measured,
+  // the ring.
+  const std::uint64_t costs = peer_costs(own);
   if ((costs & kCostsRingOnly) != 0) return false;
   return with_probes(own, s, prefer_large(s.copy_in, costs));
 }
@@ -536,7 +535,7 @@ bool Link::send_large_now(Outbox& own, std::uint64_t length) noexcept {
 bool Link::read_now(Outbox& own, std::uint64_t length) noexcept {
   if (length <= kAdaptFrom || length > kEagerMax) return false;
   Outbox::Slot& s = own.slots_[static_cast<std::size_t>(slot_)];
-  const std::uint64_t costs = resolve(own) ? peer_entry_word(kEntryCosts) : 0;
+  const std::uint64_t costs = peer_costs(own);
   return with_probes(own, s, prefer_read(s.copy_in, costs), read_far_apart(s.copy_in, costs));
 }
 

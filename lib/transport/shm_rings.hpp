@@ -342,14 +342,23 @@ constexpr std::uint64_t pack_costs(std::uint32_t copy_out, std::uint32_t read, b
          (ring_only ? kCostsRingOnly : 0);
 }
 
+// The two copies together and the read, from our copy_in and the
+// receiver's published `costs`: false when one of the three is not
+// measured yet.
+constexpr bool measured_costs(std::uint32_t copy_in, std::uint64_t costs, std::uint64_t& copies,
+                              std::uint64_t& read) noexcept {
+  const auto copy_out = static_cast<std::uint32_t>(costs);
+  read = (costs & ~kCostsRingOnly) >> 32;
+  copies = static_cast<std::uint64_t>(copy_in) + copy_out;
+  return copy_in != 0 && copy_out != 0 && read != 0;
+}
+
 // Whether the read costs at most num/den of the two copies together, all
 // three measured.
 constexpr bool read_within(std::uint32_t copy_in, std::uint64_t costs, std::uint64_t num,
                            std::uint64_t den) noexcept {
-  const auto copy_out = static_cast<std::uint32_t>(costs);
-  const auto read = static_cast<std::uint32_t>((costs & ~kCostsRingOnly) >> 32);
-  if (copy_in == 0 || copy_out == 0 || read == 0) return false;
-  return den * read <= num * (static_cast<std::uint64_t>(copy_in) + copy_out);
+  std::uint64_t copies = 0, read = 0;
+  return measured_costs(copy_in, costs, copies, read) && den * read <= num * copies;
 }
 
 // Whether a sender whose copy into the ring costs `copy_in` should send
@@ -381,11 +390,8 @@ constexpr bool prefer_read(std::uint32_t copy_in, std::uint64_t costs) noexcept 
 // 1 % of its messages by the path that cost 2-3x (its 99th percentile 3.9
 // against 1.5 us).
 constexpr bool read_far_apart(std::uint32_t copy_in, std::uint64_t costs) noexcept {
-  const auto copy_out = static_cast<std::uint32_t>(costs);
-  const auto read = static_cast<std::uint64_t>((costs & ~kCostsRingOnly) >> 32);
-  if (copy_in == 0 || copy_out == 0 || read == 0) return false;
-  const std::uint64_t copies = static_cast<std::uint64_t>(copy_in) + copy_out;
-  return read >= 2 * copies || 2 * read <= copies;
+  std::uint64_t copies = 0, read = 0;
+  return measured_costs(copy_in, costs, copies, read) && (read >= 2 * copies || 2 * read <= copies);
 }
 
 class Link;
@@ -556,6 +562,10 @@ class Link {
   std::uint64_t peer_entry_word(std::size_t offset) const noexcept {
     return peer_word(kHeaderBytes + static_cast<std::size_t>(peer_slot_) * kEntryBytes + offset);
   }
+  // The receiver's costs for our ring (pack_costs): its entry for us, the
+  // line it writes at every message it reads. 0 (nothing measured) while
+  // it has not inserted us.
+  std::uint64_t peer_costs(Outbox& own) noexcept { return resolve(own) ? peer_entry_word(kEntryCosts) : 0; }
   // The choice `large` made by the costs, or the other path when a probe
   // is due (costs above): counts the send.
   // `far_apart` (read_far_apart): straight to the longest interval.

@@ -81,6 +81,16 @@ struct Node {
   }
 };
 
+// b's first message to a, received: it tells a b's eager threshold (until
+// then a assumes the protocol's least and sends longer messages by
+// rendezvous).
+void hear_limits(Node& a, PeerId to_b, Node& b, PeerId from_a) {
+  auto hello = a.s.alloc(64);
+  auto h = a.m.recv(to_b, 1, 0, rpt::slice_or_die(Slice::data(hello)));
+  REQUIRE(b.wait(b.m.send(from_a, 1, b.filled(8, 0))).status == Status::ok);
+  REQUIRE(a.wait(std::move(h)).status == Status::ok);
+}
+
 std::uint64_t word_at(std::span<const std::byte> b) {
   std::uint64_t w = 0;
   std::memcpy(&w, b.data(), 8);
@@ -1615,12 +1625,7 @@ TEST_CASE("a Messenger that takes messages where they lie has its long ones copi
   Node a(prov, mc), b(prov);
   const PeerId to_b = a.s.ep->insert_peer(b.s.ep->name());
   const PeerId from_a = b.s.ep->insert_peer(a.s.ep->name());
-  // b's first message tells a its eager threshold (until then a sends
-  // longer messages by rendezvous, by length).
-  auto hello = a.s.alloc(64);
-  auto h = a.m.recv(to_b, 1, 0, rpt::slice_or_die(Slice::data(hello)));
-  REQUIRE(b.wait(b.m.send(from_a, 1, b.filled(8, 0))).status == Status::ok);
-  REQUIRE(a.wait(std::move(h)).status == Status::ok);
+  hear_limits(a, to_b, b, from_a);
   // Four times the first probe's distance: without the receiver's word,
   // several would have gone large.
   constexpr std::uint64_t kMessages = 256;
@@ -1684,12 +1689,7 @@ TEST_CASE("copied eager: send() copies payloads up to eager_copy into the ring, 
   Node a(prov, mc), b(prov);
   const PeerId to_b = a.s.ep->insert_peer(b.s.ep->name());
   const PeerId from_a = b.s.ep->insert_peer(a.s.ep->name());
-  // b's first message tells a its eager threshold (until then a assumes
-  // the protocol's least and sends longer messages by rendezvous).
-  auto hello = a.s.alloc(64);
-  auto h = a.m.recv(to_b, 1, 0, rpt::slice_or_die(Slice::data(hello)));
-  REQUIRE(b.wait(b.m.send(from_a, 1, b.filled(8, 0))).status == Status::ok);
-  REQUIRE(a.wait(std::move(h)).status == Status::ok);
+  hear_limits(a, to_b, b, from_a);
   static constexpr std::uint64_t kSizes[] = {4096, 8192, 12000, 40000, 65536};
   static constexpr std::uint64_t kOffsets[] = {0, 16, 80, 2048, 4000};
   std::uint64_t expect_copied = 0, seed = 0;

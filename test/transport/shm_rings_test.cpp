@@ -73,6 +73,29 @@ bool take(Pair& p, std::vector<std::byte>& out) {
   return true;
 }
 
+// `rounds` messages of `bytes` from a, each taken by b before the next
+// (a ping-pong: the emptied ring starts over at its beginning).
+void ping_pong(Pair& p, const std::vector<std::byte>& bytes, int rounds) {
+  std::vector<std::byte> out;
+  for (int i = 0; i < rounds; ++i) {
+    REQUIRE(p.a_to_b.send_data(p.a, bytes.data(), bytes.size()));
+    REQUIRE(take(p, out));
+  }
+}
+
+// Of `sends` choices for a message of `len` bytes from a, how many went
+// large (send_large_now) or by rendezvous (read_now).
+int large_choices(Pair& p, int sends, std::uint64_t len) {
+  int n = 0;
+  for (int i = 0; i < sends; ++i) n += p.a_to_b.send_large_now(p.a, len) ? 1 : 0;
+  return n;
+}
+int read_choices(Pair& p, int sends, std::uint64_t len) {
+  int n = 0;
+  for (int i = 0; i < sends; ++i) n += p.a_to_b.read_now(p.a, len) ? 1 : 0;
+  return n;
+}
+
 // A file under /dev/shm mapped read-write, as a hostile peer of the same
 // user could.
 struct Scribbler {
@@ -376,27 +399,19 @@ TEST_CASE("copies into or out of ring bytes touched for the first time are not c
   p.claim_a();
   p.claim_b();
   constexpr std::uint64_t kLen = 32 * 1024;
-  std::vector<std::byte> bytes(kLen, std::byte{7}), out;
+  const std::vector<std::byte> bytes(kLen, std::byte{7});
   // b's figures say a large record wins by far, given any copy of a's.
   p.b_to_a.note_cost(p.b, false, 1000 * 32, kLen);
   p.b_to_a.note_cost(p.b, true, 10 * 32, kLen);
-  auto larges = [&](int sends) {
-    int n = 0;
-    for (int i = 0; i < sends; ++i) n += p.a_to_b.send_large_now(p.a, kLen) ? 1 : 0;
-    return n;
-  };
+  auto larges = [&](int sends) { return large_choices(p, sends, kLen); };
   // a's first copy wrote fresh bytes: a has no figure of its own yet, so
   // copies (and a probe at the first interval).
-  REQUIRE(p.a_to_b.send_data(p.a, bytes.data(), bytes.size()));
-  REQUIRE(take(p, out));
+  ping_pong(p, bytes, 1);
   CHECK(larges(static_cast<int>(sr::kProbeFirst)) == 1);
   // By the third the ring has started over (placement may put the second
   // after the first): a copy over bytes written before, measured. Large
   // from then on, but for the probe at the first interval after the change.
-  for (int i = 0; i < 2; ++i) {
-    REQUIRE(p.a_to_b.send_data(p.a, bytes.data(), bytes.size()));
-    REQUIRE(take(p, out));
-  }
+  ping_pong(p, bytes, 2);
   CHECK(larges(static_cast<int>(sr::kProbeFirst)) == static_cast<int>(sr::kProbeFirst) - 1);
   // The receiver's side: a record is fresh until its bytes were noted as
   // read once (b's takes above noted nothing); the next one, where the
@@ -444,21 +459,10 @@ TEST_CASE("a receiver that takes in place publishes its take and its reads; its 
   p.claim_a();
   p.claim_b();
   constexpr std::uint64_t kLen = 32 * 1024;
-  std::vector<std::byte> bytes(kLen, std::byte{7}), out;
-  for (int i = 0; i < 3; ++i) {  // a's copy measured by the third at the latest (the first touches the ring's bytes)
-    REQUIRE(p.a_to_b.send_data(p.a, bytes.data(), bytes.size()));
-    REQUIRE(take(p, out));
-  }
-  auto reads = [&](int sends) {
-    int n = 0;
-    for (int i = 0; i < sends; ++i) n += p.a_to_b.read_now(p.a, kLen) ? 1 : 0;
-    return n;
-  };
-  auto larges = [&](int sends) {
-    int n = 0;
-    for (int i = 0; i < sends; ++i) n += p.a_to_b.send_large_now(p.a, kLen) ? 1 : 0;
-    return n;
-  };
+  const std::vector<std::byte> bytes(kLen, std::byte{7});
+  ping_pong(p, bytes, 3);  // a's copy measured by the third at the latest (the first touches the ring's bytes)
+  auto reads = [&](int sends) { return read_choices(p, sends, kLen); };
+  auto larges = [&](int sends) { return large_choices(p, sends, kLen); };
   constexpr int kFirst = static_cast<int>(sr::kProbeFirst);
   constexpr int kMost = static_cast<int>(sr::kProbeMost);
   // Never for kAdaptFrom bytes or fewer, nor past a record's limit.
@@ -515,18 +519,11 @@ TEST_CASE("a sender follows the costs its receiver publishes, and probes the oth
   // started over from its beginning (placement may put the second after
   // the first).
   std::vector<std::byte> bytes(kLen, std::byte{7}), out;
-  for (int i = 0; i < 3; ++i) {
-    REQUIRE(p.a_to_b.send_data(p.a, bytes.data(), bytes.size()));
-    REQUIRE(take(p, out));
-  }
+  ping_pong(p, bytes, 3);
   // What b publishes: nothing yet of reads, so the ring, but for the
   // probes: kProbeFirst sends in, then at twice the interval while the
   // choice holds, up to kProbeMost.
-  auto count = [&](int sends) {
-    int large = 0;
-    for (int i = 0; i < sends; ++i) large += p.a_to_b.send_large_now(p.a, kLen) ? 1 : 0;
-    return large;
-  };
+  auto count = [&](int sends) { return large_choices(p, sends, kLen); };
   constexpr int kFirst = static_cast<int>(sr::kProbeFirst);
   constexpr int kMost = static_cast<int>(sr::kProbeMost);
   for (int every = kFirst; every <= kMost; every *= 2) CHECK(count(every) == 1);
