@@ -612,8 +612,11 @@ bool Link::first_read(Outbox& own, const Incoming& in) noexcept {
 void Link::note_cost(Outbox& own, bool large, std::uint64_t ticks, std::uint64_t bytes) noexcept {
   if (bytes <= kAdaptFrom) return;
   Outbox::Slot& s = own.slots_[static_cast<std::size_t>(slot_)];
-  std::uint32_t& average = large ? s.read : s.copy_out;
-  average = cost_average(average, ticks, bytes);
+  if (large) {
+    count_read(s, ticks, bytes);
+  } else {
+    s.copy_out = cost_average(s.copy_out, ticks, bytes);
+  }
   // A message copied out or read into a posted receive: not one taken
   // where it lies (any more).
   s.ring_only = false;
@@ -631,8 +634,13 @@ void Link::note_take(Outbox& own, std::uint64_t ticks, std::uint64_t bytes) noex
 void Link::note_read(Outbox& own, std::uint64_t ticks, std::uint64_t bytes) noexcept {
   if (bytes <= kAdaptFrom || bytes > kEagerMax) return;
   Outbox::Slot& s = own.slots_[static_cast<std::size_t>(slot_)];
-  s.read = cost_average(s.read, ticks, bytes);
+  count_read(s, ticks, bytes);
   own.entry_word(slot_, kEntryCosts)->store(own.costs(s), std::memory_order_release);
+}
+
+void Link::count_read(Outbox::Slot& s, std::uint64_t ticks, std::uint64_t bytes) noexcept {
+  if (s.read_seen) s.read = cost_average(s.read, ticks, bytes);
+  s.read_seen = true;
 }
 
 void Link::consume(Outbox& own, const Incoming& in) noexcept {

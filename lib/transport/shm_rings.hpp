@@ -297,6 +297,16 @@ Read read_record(const std::byte* ring, std::uint64_t offset, std::uint64_t expe
 // once settled; sampled only at probes afterwards, such a figure held the
 // wrong choice for a thousand messages). Ping-pongs rewind to the ring's
 // first bytes, so a few messages settle it; a stream, once around.
+// Nor is a link's first read from the peer's memory (a large record's, or
+// a get's): it pays first touches too, of the destination's pages or in
+// the kernel's first cross-memory copy between the two (measured on an
+// Intel Xeon host: 1,100-1,800 ticks a KiB at 24 KiB, then 150-190 in a
+// run of reads; counted, it started a figure far apart from the copies'
+// 300-400, so read_now probed only at kProbeMost and the figure stayed
+// for the whole of a 1,000-message ping-pong). On that host a read that
+// follows copies (a probe) costs 600-1,000 ticks a KiB, so the figure is
+// what a probe costs, not what a run of reads would: the choice stays on
+// the copies there (bench/RESULTS.md, "2026-12-02, Intel host").
 //
 // The published word is the peer's: any value is taken (it only picks
 // between paths the sender can always take), and its fields are bounded
@@ -457,6 +467,7 @@ class Outbox {
     std::uint64_t next_seq = 1;
     std::uint32_t copy_out = 0;  // our copies out of the peer's ring
     std::uint32_t read = 0;      // our reads of its large records
+    bool read_seen = false;      // a read from it timed (costs: the first is not counted)
     std::uint64_t read_high = 0;  // ring bytes read at least once (costs: first touches)
     bool ring_only = false;      // we publish kCostsRingOnly
   };
@@ -570,6 +581,8 @@ class Link {
   // is due (costs above): counts the send.
   // `far_apart` (read_far_apart): straight to the longest interval.
   bool with_probes(Outbox& own, Outbox::Slot& s, bool large, bool far_apart = false) noexcept;
+  // A read's sample into the read figure, but for the link's first.
+  static void count_read(Outbox::Slot& s, std::uint64_t ticks, std::uint64_t bytes) noexcept;
   bool write(Outbox& own, RecordKind kind, const void* payload, std::uint64_t length, const void* extra,
              std::uint64_t extra_length) noexcept;
 
