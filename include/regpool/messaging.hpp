@@ -213,10 +213,14 @@ struct MessengerConfig {
   // rendezvous, measured"). The receiver needs nothing set: a rendezvous
   // notice is served at any length. 0 = the default, never: where the
   // copies win (the AMD EPYC test host, both placements) the choice only
-  // costs (a 24-64 KiB ping-pong 1-4 % slower); where they lose (an Intel
-  // Xeon host: a copied 64 KiB message 11.9 against 4.6 us by
-  // rendezvous) set it to adapt (16384: every eager size above 16 KiB).
-  // UINT64_MAX = never.
+  // costs (a 24-64 KiB ping-pong 1-4 % slower). Where they lose (an Intel
+  // Xeon host with the processes far apart: a copied 64 KiB message
+  // 10.3-11.7 us against 5.5-6.1 by rendezvous) it does not find that
+  // either: there a read that follows copies (a probe) costs 4-7x one
+  // that follows reads, and the figure is the probe's. On such a host a
+  // lower eager_threshold sends the large messages by rendezvous
+  // outright, which loses when the processes are near (3.8 against 6.2
+  // us at 64 KiB). UINT64_MAX = never.
   std::uint64_t rendezvous_choice = 0;
   // A rendezvous sender waiting for the receiver's fin, a receive whose
   // gets stall, and a peer noticed dead: fail after this (scaled like
