@@ -553,7 +553,10 @@ bool Link::with_probes(Outbox& own, Outbox::Slot& s, bool large, bool far_apart)
   const std::uint32_t most = acked(own) != s.head ? kProbeStream : kProbeMost;
   if (far_apart && s.probe_every < most) s.probe_every = s.probe_in = most;
   if (s.probe_in > most) s.probe_in = most;
-  if (--s.probe_in != 0) return large;
+  // A probe of the read while the copies hold is kProbeReads sends in a
+  // row, the last ones of the interval.
+  if (--s.probe_in > (large ? 0U : kProbeReads - 1)) return large;
+  if (s.probe_in != 0) return !large;
   s.probe_every = std::min(2 * s.probe_every, most);
   s.probe_in = s.probe_every;
   return !large;
@@ -616,6 +619,7 @@ void Link::note_cost(Outbox& own, bool large, std::uint64_t ticks, std::uint64_t
     count_read(s, ticks, bytes);
   } else {
     s.copy_out = cost_average(s.copy_out, ticks, bytes);
+    s.after_read = false;
   }
   // A message copied out or read into a posted receive: not one taken
   // where it lies (any more).
@@ -627,6 +631,7 @@ void Link::note_take(Outbox& own, std::uint64_t ticks, std::uint64_t bytes) noex
   if (bytes <= kAdaptFrom) return;
   Outbox::Slot& s = own.slots_[static_cast<std::size_t>(slot_)];
   s.copy_out = cost_average(s.copy_out, ticks, bytes);
+  s.after_read = false;
   s.ring_only = true;
   own.entry_word(slot_, kEntryCosts)->store(own.costs(s), std::memory_order_release);
 }
@@ -639,8 +644,8 @@ void Link::note_read(Outbox& own, std::uint64_t ticks, std::uint64_t bytes) noex
 }
 
 void Link::count_read(Outbox::Slot& s, std::uint64_t ticks, std::uint64_t bytes) noexcept {
-  if (s.read_seen) s.read = cost_average(s.read, ticks, bytes);
-  s.read_seen = true;
+  if (s.after_read) s.read = cost_average(s.read, ticks, bytes);
+  s.after_read = true;
 }
 
 void Link::consume(Outbox& own, const Incoming& in) noexcept {

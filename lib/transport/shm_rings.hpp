@@ -297,16 +297,14 @@ Read read_record(const std::byte* ring, std::uint64_t offset, std::uint64_t expe
 // once settled; sampled only at probes afterwards, such a figure held the
 // wrong choice for a thousand messages). Ping-pongs rewind to the ring's
 // first bytes, so a few messages settle it; a stream, once around.
-// Nor is a link's first read from the peer's memory (a large record's, or
-// a get's): it pays first touches too, of the destination's pages or in
-// the kernel's first cross-memory copy between the two (measured on an
-// Intel Xeon host: 1,100-1,800 ticks a KiB at 24 KiB, then 150-190 in a
-// run of reads; counted, it started a figure far apart from the copies'
-// 300-400, so read_now probed only at kProbeMost and the figure stayed
-// for the whole of a 1,000-message ping-pong). On that host a read that
-// follows copies (a probe) costs 600-1,000 ticks a KiB, so the figure is
-// what a probe costs, not what a run of reads would: the choice stays on
-// the copies there (bench/RESULTS.md, "2026-12-02, Intel host").
+// Nor is a read that does not follow another read (a large record's, or
+// a get's): a link's first pays first touches too, of the destination's
+// pages or in the kernel's first cross-memory copy between the two, and
+// one that follows copies costs more than it would in a run of reads
+// (measured on an Intel Xeon host, 24 KiB: the first 1,100-1,800 ticks a
+// KiB, after copies 600-1,000, in a run 110-190; counted, they kept both
+// choices on the copies there where reads won 2-3x). So a probe of the
+// read while the copies hold is kProbeReads sends in a row.
 //
 // The published word is the peer's: any value is taken (it only picks
 // between paths the sender can always take), and its fields are bounded
@@ -315,6 +313,10 @@ inline constexpr std::uint64_t kAdaptFrom = 16 * 1024;
 inline constexpr std::uint32_t kProbeFirst = 64;
 inline constexpr std::uint32_t kProbeMost = 1024;
 inline constexpr std::uint32_t kProbeStream = 256;
+// Sends in a probe of the read while the copies hold: the receiver counts
+// only a read that follows another (a read that follows copies costs more
+// than the path would once taken; above).
+inline constexpr std::uint32_t kProbeReads = 2;
 // The word's top bit; the read figure has the 31 bits below it.
 inline constexpr std::uint64_t kCostsRingOnly = std::uint64_t{1} << 63;
 inline constexpr std::uint32_t kReadMax = 0x7fffffffU;
@@ -467,7 +469,7 @@ class Outbox {
     std::uint64_t next_seq = 1;
     std::uint32_t copy_out = 0;  // our copies out of the peer's ring
     std::uint32_t read = 0;      // our reads of its large records
-    bool read_seen = false;      // a read from it timed (costs: the first is not counted)
+    bool after_read = false;     // the last message we noted was read (costs: only then is a read counted)
     std::uint64_t read_high = 0;  // ring bytes read at least once (costs: first touches)
     bool ring_only = false;      // we publish kCostsRingOnly
   };
