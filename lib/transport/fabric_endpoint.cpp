@@ -2494,8 +2494,11 @@ Status FabricEndpoint::ring_send(const BackendOp& op) noexcept {
     // posted path measures and whose path it probes (shm_rings.hpp,
     // "costs"), and where the receiver's reading large records beside the
     // sender's copies into message objects is not worse (bench/RESULTS.md,
-    // "copied eager up to 64 KiB").
-    if (p.link->acked(*outbox_) != p.link->written(*outbox_)) return Status::would_block;
+    // "copied eager up to 64 KiB"). Unread records of kAdaptFrom bytes or
+    // fewer in all are not a stream: the control messages a rendezvous
+    // leaves behind (its notice, credits), which posted the next message
+    // of a ping-pong that goes rendezvous now and then past the choice.
+    if (p.link->written(*outbox_) - p.link->acked(*outbox_) > shm_rings::kAdaptFrom) return Status::would_block;
     // A caller that can send it by rendezvous instead (a Messenger's
     // rendezvous_choice): whether the receiver's read is cheaper, never a
     // large record (its receiver takes messages in place).
