@@ -206,21 +206,17 @@ struct MessengerConfig {
   // (TransferTraits::read_choice_from: libfabric shm with regpool's rings,
   // above 16 KiB), an eager payload longer than this many bytes (never
   // below read_choice_from) that send() would copy into the peer's ring
-  // (eager_copy; the ring empty, as in a ping-pong or a request and its
-  // reply) is sent by rendezvous instead while the pair's figures say the
-  // read costs at most 3/4 of the two copies; now and then one goes the
-  // other way to keep both figures current (docs/messaging.md, "Eager or
-  // rendezvous, measured"). The receiver needs nothing set: a rendezvous
-  // notice is served at any length. 0 = the default, never: where the
-  // copies win (the AMD EPYC test host, both placements) the choice only
-  // costs (a 24-64 KiB ping-pong 1-4 % slower). Where they lose (an Intel
-  // Xeon host with the processes far apart: a copied 64 KiB message
-  // 10.3-11.7 us against 5.5-6.1 by rendezvous) it does not find that
-  // either: there a read that follows copies (a probe) costs 4-7x one
-  // that follows reads, and the figure is the probe's. On such a host a
-  // lower eager_threshold sends the large messages by rendezvous
-  // outright, which loses when the processes are near (3.8 against 6.2
-  // us at 64 KiB). UINT64_MAX = never.
+  // (eager_copy; the ring holding no stream, as in a ping-pong or a
+  // request and its reply) is sent by rendezvous instead while the pair's
+  // figures say the read costs at most 3/4 of the two copies; now and then
+  // messages go the other way to keep both figures current
+  // (docs/messaging.md, "Eager or rendezvous, measured"). The receiver
+  // needs nothing set: a rendezvous notice is served at any length.
+  // 0 = the default, read_choice_from (every such payload over 16 KiB on
+  // shm; never elsewhere). Measured: on an Intel Xeon host with the
+  // processes far apart a 64 KiB ping-pong 4.7-6.9 us against 10.3-11.8
+  // copied; near, and on an AMD EPYC host in both placements, the choice
+  // stays on the copies, at 1-4 % of their time. UINT64_MAX = never.
   std::uint64_t rendezvous_choice = 0;
   // A rendezvous sender waiting for the receiver's fin, a receive whose
   // gets stall, and a peer noticed dead: fail after this (scaled like

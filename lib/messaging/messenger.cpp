@@ -2459,9 +2459,9 @@ Messenger::Messenger(Endpoint& endpoint, Pool& pool, const MessengerConfig& conf
                       : traits_limit - std::min<std::uint64_t>(traits_limit, mw::kHeaderSize);
   }
   // Eager or rendezvous by measured cost, for copied messages (in_place,
-  // set by install_sink below; copy_limit bounds them anyway). Off by
-  // default (MessengerConfig::rendezvous_choice says why).
-  if (cfg.rendezvous_choice != 0 && cfg.rendezvous_choice != ~std::uint64_t{0}) {
+  // set by install_sink below; copy_limit bounds them anyway): by default
+  // from the backend's read_choice_from (never where it has none).
+  if (cfg.rendezvous_choice != ~std::uint64_t{0}) {
     c.choice_from = std::max(cfg.rendezvous_choice, traits.read_choice_from);
   }
   c.chunk = cfg.rendezvous_chunk ? cfg.rendezvous_chunk : std::min<std::uint64_t>(limit, 16 << 20);

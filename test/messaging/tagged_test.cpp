@@ -1609,9 +1609,9 @@ TEST_CASE("a Messenger that takes messages where they lie has its long ones copi
   // posted receive and a copy more): after the first message, none is
   // sent large. The sending Messenger instead chooses between the copy
   // and a rendezvous, whose receive reads straight into the receiver's
-  // buffer (MessengerConfig::rendezvous_choice, set here: off by
-  // default): while nothing says the read is cheaper, it probes with a
-  // rendezvous at the 64th message.
+  // buffer (MessengerConfig::rendezvous_choice: on by default, or off):
+  // while nothing says the read is cheaper, it probes with rendezvous at
+  // the 63rd and 64th messages.
   const std::string prov = GENERATE(from_range(rpt::backends()));
   INFO("backend " << prov);
   if (prov != "shm") {
@@ -1619,9 +1619,9 @@ TEST_CASE("a Messenger that takes messages where they lie has its long ones copi
     return;
   }
   const bool choice = GENERATE(true, false);
-  INFO("rendezvous_choice " << (choice ? "16 KiB" : "default (never)"));
+  INFO("rendezvous_choice " << (choice ? "default (16 KiB)" : "UINT64_MAX (never)"));
   MessengerConfig mc;
-  if (choice) mc.rendezvous_choice = 16 << 10;
+  if (!choice) mc.rendezvous_choice = ~std::uint64_t{0};
   Node a(prov, mc), b(prov);
   const PeerId to_b = a.s.ep->insert_peer(b.s.ep->name());
   const PeerId from_a = b.s.ep->insert_peer(a.s.ep->name());
