@@ -216,7 +216,7 @@ struct MessengerConfig {
   // shm; never elsewhere). Measured: on an Intel Xeon host with the
   // processes far apart a 64 KiB ping-pong 4.7-6.9 us against 10.3-11.8
   // copied; near, and on an AMD EPYC host in both placements, the choice
-  // stays on the copies, at 1-4 % of their time. UINT64_MAX = never.
+  // stays on the copies and costs 1-4 %. UINT64_MAX = never.
   std::uint64_t rendezvous_choice = 0;
   // A rendezvous sender waiting for the receiver's fin, a receive whose
   // gets stall, and a peer noticed dead: fail after this (scaled like

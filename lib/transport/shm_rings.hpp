@@ -583,7 +583,8 @@ class Link {
   // is due (costs above): counts the send.
   // `far_apart` (read_far_apart): straight to the longest interval.
   bool with_probes(Outbox& own, Outbox::Slot& s, bool large, bool far_apart = false) noexcept;
-  // A read's sample into the read figure, but for the link's first.
+  // A read's sample into the read figure, only when it follows another
+  // read (after_read; costs above).
   static void count_read(Outbox::Slot& s, std::uint64_t ticks, std::uint64_t bytes) noexcept;
   bool write(Outbox& own, RecordKind kind, const void* payload, std::uint64_t length, const void* extra,
              std::uint64_t extra_length) noexcept;
