@@ -1,10 +1,11 @@
 // bench-rma: latency and bandwidth of put, get and send through regpool's
 // FabricEndpoint, each beside the same operation written directly against
-// libfabric (own fabric, domain, endpoint, CQ and fi_mr_reg'd buffers), in
-// the same binary and run, alternating the two every repetition.
+// libfabric (own fabric, domain, endpoint and CQ; fi_mr_reg of the same
+// bytes the regpool side uses, unless --own-buffers), in the same binary and
+// run, alternating the two every repetition.
 //
 //   bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke] [--shm-direct-rma on|off]
-//             [--fresh] [--shm-ring-copy-max B]
+//             [--fresh] [--own-buffers] [--shm-ring-copy-max B]
 //   bench-rma --loop put|get|put-kept|get-kept|send|send-kept|kept-both|tagged --impl regpool|direct
 //             [--iters N] [--size B]
 //
@@ -17,11 +18,13 @@
 // per second with a window of operations in flight (send: the window is
 // closed by a ping-pong so every byte has arrived), 128 MiB or at least
 // 32 operations per size and repetition. Medians over --reps,
-// and the median of the per-repetition ratios (paired: regpool's and the
-// direct path's runs of one repetition are back to back, so a host that
+// and the median over pairs of repetitions of regpool's / the direct
+// path's (paired: the runs of a pair are close in time, so a host that
 // changes speed between repetitions, as this VM's does every few minutes,
-// moves both figures of a pair together; medians taken apart can each
-// come from a different speed).
+// moves both figures of a pair together, where medians taken apart can
+// each come from a different speed; and a pair has one repetition with
+// each stack first, which cancels the cache the first leaves the second
+// on the bytes both move).
 // Writes use FI_DELIVERY_COMPLETE in both stacks when the regpool endpoint
 // does (tcp;ofi_rxm by default), so the two do the same work. The text
 // output has the regpool initiator's post retries and shm lock skips per
@@ -78,6 +81,8 @@ constexpr std::uint64_t kMaxSize = 16u << 20;
 constexpr std::size_t kRecvSlots = 4;  // per stack on the target, each kMaxSize
 constexpr std::uint64_t kDirectKey = 0xD1EC7;
 constexpr std::byte kPing{'P'}, kBulk{'B'}, kEnd{'E'};
+// Where the target's receive slot k starts in its shared object (run_target).
+constexpr std::uint64_t recv_slot(std::size_t k) { return (k + 1) * kMaxSize; }
 
 [[noreturn]] void die(const std::string& what, long rc = 0) {
   std::fprintf(stderr, "bench-rma: %s (%ld: %s)\n", what.c_str(), rc, rc ? fi_strerror(static_cast<int>(-rc)) : "");
@@ -87,7 +92,8 @@ constexpr std::byte kPing{'P'}, kBulk{'B'}, kEnd{'E'};
 struct Options {
   std::string provider = "shm";
   bool json = false;
-  int reps = 5;
+  // Repetitions: an even number, so every one is in a pair (see the top).
+  int reps = 10;
   bool smoke = false;
   // Split mode: the initiator waits on `port` for a target started
   // separately (--target HOST:PORT), e.g. under another user, in another
@@ -113,6 +119,12 @@ struct Options {
   // data does. Without it every operation sends the same unchanged bytes,
   // which on shm the receiver's cache may already hold.
   bool fresh = false;
+  // --own-buffers: the direct path's buffers are memory of its own
+  // (aligned_alloc) instead of the regpool stack's bytes. Shared is the
+  // default: which physical pages a run hands each stack moved a 1 MiB
+  // ratio by up to 0.14 between runs (bench/RESULTS.md, 2026-12-03), a
+  // difference of memory, not of the two software paths being compared.
+  bool own_buffers = false;
 };
 
 // --------------------------------------------------------------- direct
@@ -131,10 +143,14 @@ struct Direct {
   void* desc = nullptr;
   bool virt = false;
   bool dc = false;
+  bool owned = true;
   fi_addr_t peer = FI_ADDR_UNSPEC;
   fi_context2 ctx[64]{};
 
-  Direct(const fi_info* tmpl, std::size_t bytes, bool delivery_complete) : len(bytes), dc(delivery_complete) {
+  // `shared`: the bytes to use (registered here too, never freed here;
+  // they must outlive this object), else nullptr for memory of its own.
+  Direct(const fi_info* tmpl, std::size_t bytes, bool delivery_complete, std::byte* shared = nullptr)
+      : len(bytes), dc(delivery_complete), owned(shared == nullptr) {
     info = fi_dupinfo(tmpl);
     long rc = fi_fabric(info->fabric_attr, &fabric, nullptr);
     if (rc) die("fi_fabric", rc);
@@ -155,12 +171,17 @@ struct Direct {
         (rc = fi_enable(ep))) {
       die("fi_ep_bind/enable", rc);
     }
-    // Same kind of memory as a regpool arena (2 MiB aligned, THP advised), so
-    // the comparison measures the transport, not the page size.
-    len = (len + (2u << 20) - 1) & ~std::size_t{(2u << 20) - 1};
-    buf = static_cast<std::byte*>(std::aligned_alloc(2u << 20, len));
-    (void)::madvise(buf, len, MADV_HUGEPAGE);
-    std::memset(buf, 0, len);
+    if (shared != nullptr) {
+      buf = shared;
+    } else {
+      // Same kind of memory as a regpool arena (2 MiB aligned, THP
+      // advised), so the comparison measures the transport, not the page
+      // size.
+      len = (len + (2u << 20) - 1) & ~std::size_t{(2u << 20) - 1};
+      buf = static_cast<std::byte*>(std::aligned_alloc(2u << 20, len));
+      (void)::madvise(buf, len, MADV_HUGEPAGE);
+      std::memset(buf, 0, len);
+    }
     rc = fi_mr_reg(domain, buf, len, FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE, 0,
                    kDirectKey, 0, &mr, nullptr);
     if (rc) die("fi_mr_reg", rc);
@@ -175,7 +196,7 @@ struct Direct {
     fi_close(&domain->fid);
     fi_close(&fabric->fid);
     fi_freeinfo(info);
-    std::free(buf);
+    if (owned) std::free(buf);
   }
   std::vector<std::byte> name() const {
     std::size_t n = 256;
@@ -298,9 +319,14 @@ int run_target(const Options& o, const std::string& host, std::uint16_t port) {
   bc.port = port;
   regpool::TcpBootstrap boot(bc);
   Stack s(o.provider, o.direct_rma, o.ring_copy_max, o.ring_adaptive);
-  Direct d(s.domain->native_info(), kMaxSize * (kRecvSlots + 1), s.ep->uses_delivery_complete());
-  auto target = s.alloc(kMaxSize);
-  auto exposure = s.ep->expose(must(Slice::data(target)), regpool::RemoteAccess::read_write);
+  // One object for both stacks' bytes (unless --own-buffers): the target
+  // of puts and gets at 0, receive slot k at (k + 1) * kMaxSize. Both
+  // stacks' receives are posted over the same slots; only one stack
+  // carries traffic at a time.
+  auto area = s.alloc(kMaxSize * (kRecvSlots + 1));
+  Direct d(s.domain->native_info(), kMaxSize * (kRecvSlots + 1), s.ep->uses_delivery_complete(),
+           o.own_buffers ? nullptr : area.data().data());
+  auto exposure = s.ep->expose(must(Slice::data(area, 0, kMaxSize)), regpool::RemoteAccess::read_write);
   if (!exposure) die("expose");
   auto ref = exposure->encode();
   auto all = boot.allgather(regpool::pack_blobs({s.ep->name(), {ref.begin(), ref.end()}, d.name(), pod(d.remote_base())}), 30s);
@@ -310,19 +336,18 @@ int run_target(const Options& o, const std::string& host, std::uint16_t port) {
 
   // regpool receives: echo pings, swallow bulk, stop at END.
   bool rp_done = false, d_done = false;
-  std::vector<regpool::Ldo> inbox;
-  for (std::size_t k = 0; k < kRecvSlots; ++k) inbox.push_back(s.alloc(kMaxSize));
   std::function<void(std::size_t)> post_rp = [&](std::size_t k) {
-    auto t = s.ep->post_recv(must(Slice::data(inbox[k])), [&, k](const regpool::Completion& c) {
+    auto t = s.ep->post_recv(must(Slice::data(area, recv_slot(k), kMaxSize)), [&, k](const regpool::Completion& c) {
       if (c.status != Status::ok) die("target recv");
-      const std::byte tag = inbox[k].data()[0];
+      const std::byte tag = area.data()[recv_slot(k)];
       if (tag == kEnd) {
         rp_done = true;
         return;
       }
       if (tag == kPing) {
         // Echo from the same buffer; re-post the receive once it has left.
-        auto e = s.ep->send(peer, must(Slice::data(inbox[k], 0, c.bytes)), [&, k](const regpool::Completion&) { post_rp(k); });
+        auto e = s.ep->send(peer, must(Slice::data(area, recv_slot(k), c.bytes)),
+                            [&, k](const regpool::Completion&) { post_rp(k); });
         if (!e) die("target echo");
         return;
       }
@@ -387,7 +412,12 @@ double median(std::vector<double> v) {
 
 int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
   Stack s(o.provider, o.direct_rma, o.ring_copy_max, o.ring_adaptive);
-  Direct d(s.domain->native_info(), kMaxSize * 2, s.ep->uses_delivery_complete());
+  // Both stacks' bytes in one object (unless --own-buffers): the source of
+  // puts and sends (and a get's destination) at 0, the ping's echo at
+  // kMaxSize.
+  auto src = s.alloc(kMaxSize * 2);
+  Direct d(s.domain->native_info(), kMaxSize * 2, s.ep->uses_delivery_complete(),
+           o.own_buffers ? nullptr : src.data().data());
   auto all = boot.allgather(regpool::pack_blobs({s.ep->name(), {}, d.name(), {}}), 30s);
   auto theirs = regpool::unpack_blobs(all[1]);
   const auto peer = s.ep->insert_peer(theirs[0]);
@@ -396,8 +426,6 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
   d.insert(theirs[2]);
   const std::uint64_t d_raddr = unpod<std::uint64_t>(theirs[3]);
 
-  auto src = s.alloc(kMaxSize);
-  auto echo = s.alloc(kMaxSize);
   std::memset(src.data().data(), 0x11, kMaxSize);
   std::memset(d.buf, 0x11, kMaxSize);
 
@@ -417,7 +445,7 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
     if (const Status st = s.ep->repost(t); st != Status::ok) die(std::string("repost: ") + regpool::to_string(st));
   };
   auto rp_ping = [&](std::uint64_t size) {
-    auto in = s.ep->post_recv(must(Slice::data(echo, 0, std::max<std::uint64_t>(size, 8))));
+    auto in = s.ep->post_recv(must(Slice::data(src, kMaxSize, std::max<std::uint64_t>(size, 8))));
     src.data()[0] = kPing;
     rp_wait(s.ep->send(peer, must(Slice::data(src, 0, size))));
     rp_wait(std::move(in));
@@ -559,8 +587,18 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
         r.retries += s.ep->stats().post_retries - retries0;
         r.skips += s.ep->shm_stats().lock_skips - skips0;
       }
-      const double a = r.rp.back(), b = r.direct.back();
-      if (a > 0 && b > 0) r.paired.push_back(a / b);
+      // A pair of repetitions, one with each stack first: the stack that
+      // runs second finds the shared bytes in cache, so a single
+      // repetition's ratio is 0.9 or 1.1 by its order alone (measured
+      // 2026-12-03); over the pair the order cancels. A lone repetition
+      // (--smoke, the last of an odd --reps) makes no pair, unless it is
+      // the only one.
+      if (rep % 2 == 1 || o.reps == 1) {
+        const std::size_t from = o.reps == 1 ? r.rp.size() - 1 : r.rp.size() - 2;
+        double a = 0, b = 0;
+        for (std::size_t k = from; k < r.rp.size(); ++k) a += r.rp[k], b += r.direct[k];
+        if (a > 0 && b > 0) r.paired.push_back(a / b);
+      }
     }
   }
   // Tell both target stacks to stop.
@@ -590,9 +628,9 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
         "adaptive %s\n",
         s.domain->provider_name().c_str(), o.reps, s.ep->uses_delivery_complete() ? "on" : "off",
         o.direct_rma ? "on" : "off", static_cast<unsigned long long>(o.ring_copy_max), o.ring_adaptive ? "on" : "off");
-    // ratio: regpool / direct of the two medians; paired: the median of the
-    // per-repetition regpool / direct (latency: > 1 is slower; bandwidth:
-    // < 1 is slower).
+    // ratio: regpool / direct of the two medians; paired: the median over
+    // pairs of repetitions of regpool / direct (latency: > 1 is slower;
+    // bandwidth: < 1 is slower).
     std::printf("%-5s %10s %-15s %12s %12s %10s %8s %8s %8s\n", "op", "size", "metric", "regpool", "direct", "ratio",
                 "paired", "retries", "skips");
     for (const Result& r : results) {
@@ -813,7 +851,7 @@ int main(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::printf(
           "usage: bench-rma [--provider shm|tcp] [--json] [--reps N] [--smoke] [--shm-direct-rma on|off]\n"
-          "                 [--fresh] [--shm-ring-copy-max B] [--shm-ring-adaptive on|off]\n"
+          "                 [--fresh] [--own-buffers] [--shm-ring-copy-max B] [--shm-ring-adaptive on|off]\n"
           "                 [--no-fork [--port P] | --target HOST:PORT]\n"
           "       bench-rma [--provider shm|tcp] --loop put|get|put-kept|get-kept|send|send-kept|kept-both|tagged\n"
           "                 [--impl regpool|direct]\n"
@@ -822,6 +860,11 @@ int main(int argc, char** argv) {
           "  one slot per operation in flight, as a sender of new data does (default:\n"
           "  the same unchanged bytes every time, which a shm receiver may hold in\n"
           "  its cache already).\n"
+          "  --reps N: repetitions (default 10); the paired ratio is the median over\n"
+          "  pairs of them, one with each stack first (an odd last one is left out).\n"
+          "  --own-buffers: the direct path moves bytes of its own (default: the\n"
+          "  regpool side's, registered with both, so a ratio compares the two\n"
+          "  software paths on the same memory).\n"
           "  --shm-ring-copy-max B: the longest shm send regpool copies through its\n"
           "  ring (default and at most 66560); longer ones the receiver reads from\n"
           "  the sender's buffer (FabricEndpointOptions::shm_ring_copy_max).\n"
@@ -832,7 +875,7 @@ int main(int argc, char** argv) {
           "  cross-memory copy (on, the default) or through fi_write/fi_read.\n"
           "  By default the target side is forked. --no-fork waits on port P (0: any,\n"
           "  printed on stderr) for a target started as 'bench-rma --target HOST:PORT'\n"
-          "  with the same --provider/--reps/--smoke.\n"
+          "  with the same --provider/--reps/--smoke/--own-buffers.\n"
           "  --loop runs N operations of one stack, both sides in this process, untimed\n"
           "  (for instruction counts: bench/rma-insns).\n");
       return 0;
@@ -841,6 +884,8 @@ int main(int argc, char** argv) {
       o.provider = argv[++i];
     } else if (a == "--fresh") {
       o.fresh = true;
+    } else if (a == "--own-buffers") {
+      o.own_buffers = true;
     } else if (a == "--shm-ring-copy-max" && i + 1 < argc) {
       char* end = nullptr;
       o.ring_copy_max = std::strtoull(argv[++i], &end, 0);
