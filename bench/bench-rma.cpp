@@ -427,7 +427,7 @@ int run_initiator(const Options& o, regpool::TcpBootstrap& boot) {
   const std::uint64_t d_raddr = unpod<std::uint64_t>(theirs[3]);
 
   std::memset(src.data().data(), 0x11, kMaxSize);
-  std::memset(d.buf, 0x11, kMaxSize);
+  if (o.own_buffers) std::memset(d.buf, 0x11, kMaxSize);  // else the same bytes
 
   // regpool building blocks
   auto rp_wait = [&](regpool::Result<regpool::Token> t) { wait_ok(*s.ep, std::move(t)); };
