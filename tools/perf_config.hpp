@@ -113,10 +113,12 @@ struct Config {
   regpool::WaitMode wait = regpool::WaitMode::spin;
   // --perftest: latency only, with perftest's definitions (tools/README.md).
   bool perftest = false;
-  // Verbs only (VerbsEndpointOptions): max_inline (-1: the default) and
-  // selective signalling, so both can be compared on and off in one boot.
+  // Verbs only (VerbsEndpointOptions): max_inline (-1: the default),
+  // selective signalling and injected inline sends, so each can be compared
+  // on and off in one boot.
   std::int64_t verbs_inline = -1;
   bool verbs_signal_all = false;
+  bool verbs_inject = true;
   // --loop-mean: the send and tagged ping-pongs run --iters more iterations
   // without per-iteration clock reads, timed as a whole (fi_pingpong's
   // usec/xfer).
@@ -212,6 +214,7 @@ struct Config {
     line("perftest", perftest ? "1" : "0");
     line("verbs_inline", std::to_string(verbs_inline));
     line("verbs_signal", verbs_signal_all ? "all" : "selective");
+    line("verbs_inject", verbs_inject ? "on" : "off");
     line("loop_mean", loop_mean ? "1" : "0");
     line("recv", recv_kept ? "kept" : "fresh");
     line("sends", send_kept ? "kept" : "fresh");
@@ -241,7 +244,7 @@ struct Config {
         "provider", "wait", "iters", "window", "ops",
         "cold_bytes", "tagged_threshold", "tagged_split", "tagged_eager_split", "tagged_gather",
         "tagged_gather_max", "tagged_copy", "tagged_choice", "tagged_recv", "expose_mode", "perftest",
-        "verbs_inline", "verbs_signal", "loop_mean", "recv", "sends",
+        "verbs_inline", "verbs_signal", "verbs_inject", "loop_mean", "recv", "sends",
         "ahead", "pingpong", "rma", "shm_rings", "shm_ring_copy_max",
         "shm_ring_adaptive", "messenger", "sizes"};
     std::size_t at = 0;
@@ -380,6 +383,7 @@ struct Config {
       return true;
     }
     if (key == "verbs_signal") return flag(v, "all", "selective", c.verbs_signal_all);
+    if (key == "verbs_inject") return flag(v, "on", "off", c.verbs_inject);
     if (key == "loop_mean") return flag(v, "1", "0", c.loop_mean);
     if (key == "recv") return flag(v, "kept", "fresh", c.recv_kept);
     if (key == "sends") return flag(v, "kept", "fresh", c.send_kept);

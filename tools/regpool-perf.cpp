@@ -250,6 +250,9 @@ void usage(std::FILE* to) {
       "                   the device may grant less)\n"
       "  --verbs-signal S verbs: selective (default: only every 16th small inline op\n"
       "                   behind others in flight is signalled) or all\n"
+      "  --verbs-inject S verbs: on (default: sends up to the inline size complete at\n"
+      "                   their post, their WRs unsignalled, as ib_send_lat's are) or\n"
+      "                   off (every send completes from its own work completion)\n"
       "  --wait MODE      how both sides wait for completions: spin (default), sleep\n"
       "                   (block on the provider's wait object) or adaptive (spin\n"
       "                   briefly, then sleep); see docs/progress.md\n"
@@ -526,6 +529,11 @@ Options parse_args(int argc, char** argv, bool& help) {
       if (v != "all" && v != "selective") throw UsageError("--verbs-signal takes all or selective (got '" + v + "')");
       o.config.verbs_signal_all = v == "all";
       client_only_option = true;
+    } else if (is_option(a, "--verbs-inject")) {
+      const std::string v = option_value(argc, argv, i, "--verbs-inject");
+      if (v != "on" && v != "off") throw UsageError("--verbs-inject takes on or off (got '" + v + "')");
+      o.config.verbs_inject = v == "on";
+      client_only_option = true;
     } else if (a == "--json") {
       o.json = true;
     } else if (a == "--progress") {
@@ -588,7 +596,8 @@ struct Side {
     if (verbs) {
       return "inline up to " + std::to_string(verbs_options.max_inline) + " B (the QP grants " +
              std::to_string(verbs->max_inline_data()) + "), signalling " +
-             (verbs_options.selective_signaling ? "selective" : "all");
+             (verbs_options.selective_signaling ? "selective" : "all") + ", inline sends " +
+             (verbs_options.inject_sends ? "complete at post" : "complete from their work completions");
     }
 #endif
     return {};
@@ -628,6 +637,7 @@ struct Side {
       regpool::VerbsEndpointOptions vo;
       if (c.verbs_inline >= 0) vo.max_inline = static_cast<std::uint32_t>(c.verbs_inline);
       vo.selective_signaling = !c.verbs_signal_all;
+      vo.inject_sends = c.verbs_inject;
       auto vep = regpool::VerbsEndpoint::open(vd, ec, vo);
       verbs = vep.get();
       verbs_options = vo;

@@ -81,7 +81,11 @@
 // WRs in flight ahead of it, so a stream that waits for its oldest op gets
 // a completion every half window instead of draining the queue. An
 // unsignalled tail is closed by a signalled zero-length RDMA WRITE once the
-// CQ runs dry, so every op still gets its completion.
+// CQ runs dry, so every op still gets its completion. Inline sends are the
+// exception (VerbsEndpointOptions::inject_sends): they complete at their
+// post, nobody waits for their WRs, and a tail of them is closed only once
+// the connection has been quiet for a clock tick (so an idle queue pair can
+// still be released).
 //
 // Exposures (scoped, revocable exports):
 //  - expose(slice, access), made by the base Endpoint: in standard mode (the
@@ -154,6 +158,18 @@ struct VerbsEndpointOptions {
   std::uint32_t max_inline = 64;
   // Selective signalling of inline puts/sends (off = signal every WR).
   bool selective_signaling = true;
+  // Sends up to the inline size complete when the post returns (status ok,
+  // all their bytes), as fi_inject does: the payload travels inside the
+  // work request, so the buffer is the caller's again at once, and the WR
+  // goes unsignalled (every kSignalInterval-th is signalled, only so the
+  // send queue's slots come back). A send ping-pong then reaps one
+  // completion per message, its receive's, as ib_send_lat does. The cost:
+  // a send that fails after its post (the peer died, the connection broke)
+  // is not reported on that send; the connection's failure is, on every
+  // later operation to the peer (peer_unreachable). Off: every send
+  // completes from its own work completion, failures included. Puts never
+  // do this: a put's completion means its bytes are at the target.
+  bool inject_sends = true;
   // RC transport retries before RETRY_EXC_ERR, and the ACK timeout exponent
   // (4.096 us * 2^timeout; 14 = 67 ms: a dead peer is noticed in ~0.5 s).
   std::uint8_t retry_count = 7;
@@ -301,6 +317,12 @@ class REGPOOL_API VerbsEndpoint final : public Endpoint {
   // Bookkeeping of an op posted on `ci` as WRs [first, last].
   void note_rc_posted(std::uint32_t ci, std::uint32_t index, std::uint64_t first, std::uint64_t last,
                       bool signaled) noexcept;
+  // Bookkeeping of an injected send (inject_sends) posted on `ci` as WR `seq`.
+  void note_injected(std::uint32_t ci, std::uint32_t index, std::uint64_t seq, bool signaled) noexcept;
+  // Whether a send queue holding an injected WR, `bytes_ahead` posted since
+  // it was last empty, that retired nothing for `quiet` belongs to a dead
+  // peer: op_timeout + bytes_ahead / min_bandwidth, as an op's deadline.
+  bool injected_overdue(std::uint64_t bytes_ahead, std::chrono::nanoseconds quiet) const noexcept;
   // Most WRs chained into one ibv_post_send by do_post_batch.
   static constexpr std::size_t kBatchChain = 32;
   Status post_srq(const BackendOp& op) noexcept;

@@ -166,6 +166,21 @@ struct VerbsEndpoint::Conn {
   std::uint32_t unsignaled_run = 0;
   bool fence_outstanding = false;
   std::uint64_t fence_seq = 0;
+  // wr_seq at housekeeping's last timer sweep: a tail of injected sends
+  // (complete at post, unsignalled) is fenced once a sweep finds it
+  // unchanged, i.e. after a tick without posts.
+  std::uint64_t swept_seq = 0;
+  // Injected sends complete at their post, so no operation's deadline
+  // covers their WRs: the last injected WR's sequence, the bytes posted
+  // since the queue was last empty, and when housekeeping last saw
+  // retired_seq move (swept_retired) or the queue empty. A queue that
+  // holds an injected WR and retires nothing for op_timeout (+ the bytes
+  // ahead / min_bandwidth) is a dead peer's (rxe reports no error for WRs
+  // to one, docs/provider-facts.md): the connection fails.
+  std::uint64_t last_inject_seq = 0;
+  std::uint64_t unretired_bytes = 0;
+  std::uint64_t swept_retired = 0;
+  MonoClock::time_point retire_seen{};
   // Listed in Impl::tail_conns (while it may have an unsignalled tail).
   bool tail_listed = false;
   // Posts a signalled zero-length RDMA WRITE behind everything on the send
@@ -1104,6 +1119,37 @@ void VerbsEndpoint::note_rc_posted(std::uint32_t ci, std::uint32_t index, std::u
   }
 }
 
+bool VerbsEndpoint::injected_overdue(std::uint64_t bytes_ahead, std::chrono::nanoseconds quiet) const noexcept {
+  const EndpointConfig& cfg = config();
+  if (cfg.op_timeout.count() == 0) return false;  // no bound asked for
+  auto bound = std::chrono::duration_cast<std::chrono::nanoseconds>(cfg.op_timeout);
+  if (cfg.min_bandwidth != 0) {
+    bound += std::chrono::nanoseconds(static_cast<std::int64_t>(
+        static_cast<double>(bytes_ahead) / static_cast<double>(cfg.min_bandwidth) * 1e9));
+  }
+  return quiet > bound;
+}
+
+void VerbsEndpoint::note_injected(std::uint32_t ci, std::uint32_t index, std::uint64_t seq, bool signaled) noexcept {
+  Impl& m = *impl_;
+  Conn& c = m.conns[ci];
+  c.wr_seq = seq;
+  c.last_inject_seq = seq;
+  c.idle.touch();
+  // Not live: the op completes at its post, so its WR's completion (when
+  // signalled, or a failure's) only retires the send queue and, failed,
+  // breaks the connection (handle_send_wc); it never completes the slot,
+  // which may hold another op by then. Not in the ring either: nobody
+  // waits for it, so no fence is posted behind it while traffic flows.
+  m.slots[index].live = false;
+  if (signaled) {
+    c.unsignaled_run = 0;
+    c.last_signaled_seq = seq;
+  } else {
+    ++c.unsignaled_run;
+  }
+}
+
 namespace {
 // The WR of a put, get or send of one chunk at offset 0 (sg_list, opcode,
 // rkey, remote address); flags and wr_id are the caller's.
@@ -1180,7 +1226,13 @@ Status VerbsEndpoint::post_rc(const BackendOp& op) noexcept {
   if (c.wr_seq - c.retired_seq + chunks + 2 > m.sq_depth) return Status::would_block;
 
   const bool small_inline = !atomic && op.kind != OpKind::get && op.length <= max_inline_;
-  const bool signaled = !may_skip_signal(small_inline, c.unsignaled_run, c.wr_seq - c.retired_seq);
+  // An inline send's payload is inside its WR once ibv_post_send returns:
+  // it completes then (VerbsEndpointOptions::inject_sends), and its WR is
+  // signalled only every kSignalInterval-th time, so that a completion
+  // retires the run before it and the send queue's slots come back.
+  const bool inject = small_inline && op.kind == OpKind::send && options_.inject_sends;
+  const bool signaled = inject ? !options_.selective_signaling || c.unsignaled_run + 1 >= kSignalInterval
+                               : !may_skip_signal(small_inline, c.unsignaled_run, c.wr_seq - c.retired_seq);
   SlotState& s = m.slots[op.index];
   const std::uint64_t first = c.wr_seq + 1;
   std::uint64_t seq = c.wr_seq;
@@ -1212,6 +1264,13 @@ Status VerbsEndpoint::post_rc(const BackendOp& op) noexcept {
       return Status::ok;
     }
   }
+  if (inject) {
+    c.unretired_bytes = (c.retired_seq + 1 == seq ? 0 : c.unretired_bytes) + op.length;
+    note_injected(ci, op.index, seq, signaled);
+    complete_at_post();
+    return Status::ok;
+  }
+  c.unretired_bytes = (c.retired_seq + chunks == seq ? 0 : c.unretired_bytes) + op.length;
   note_rc_posted(ci, op.index, first, seq, signaled);
   return Status::ok;
 }
@@ -1484,6 +1543,27 @@ void VerbsEndpoint::housekeeping() noexcept {
         }
         continue;
       }
+      if (c.state == Conn::State::connected) {
+        if (c.retired_seq >= c.last_inject_seq || c.retired_seq != c.swept_retired ||
+            c.retire_seen == MonoClock::time_point{}) {
+          c.swept_retired = c.retired_seq;
+          c.retire_seen = now;
+        } else if (injected_overdue(c.unretired_bytes, now - c.retire_seen)) {
+          conn_failed(ci);  // the peer is marked broken: later posts answer peer_unreachable
+          continue;
+        }
+      }
+      // A tail of injected sends nobody waits for (note_injected): fenced
+      // once a whole tick passed without a post, so its WRs retire and an
+      // idle queue pair can be released (conn_busy), without a fence per
+      // message while traffic flows.
+      if (c.state == Conn::State::connected && c.ring_count == 0 && !c.fence_outstanding &&
+          c.wr_seq > c.last_signaled_seq && c.wr_seq == c.swept_seq &&
+          c.wr_seq - c.retired_seq + 1 <= m.sq_depth && c.post_fence(ci)) {
+        c.last_signaled_seq = c.wr_seq;
+        c.unsignaled_run = 0;
+      }
+      c.swept_seq = c.wr_seq;
       if (c.state == Conn::State::connected && m.idle_policy.enabled()) {
         c.idle.observe(now);
         // The exposure scan in conn_busy runs only once the time is up.

@@ -106,6 +106,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   f.messenger_serialized = more & 1;
   f.shm_ring_adaptive = more & 2;
   f.tagged_recv_ldo = more & 4;
+  f.verbs_inject = more & 8;
   f.shm_ring_copy_max = b.in(0, perf::kMaxShmRingCopy, 3);
   f.verbs_inline = static_cast<std::int64_t>(b.in(0, perf::kMaxVerbsInline + 1, 2)) - 1;
   f.sizes.clear();

@@ -696,7 +696,7 @@ def hostile_scenarios(tool, base, tmp, servers):
     good = ("provider=shm\nwait=spin\niters=5\nwindow=4\nops=put,\ncold_bytes=0\ntagged_threshold=0\n"
             "tagged_split=0\ntagged_eager_split=0\ntagged_gather=0\ntagged_gather_max=0\ntagged_copy=0\ntagged_choice=0\ntagged_recv=copy\nexpose_mode=standard\n"
             "perftest=0\nverbs_inline=-1\n"
-            "verbs_signal=selective\nloop_mean=0\nrecv=kept\nsends=kept\nahead=on\npingpong=echo\nrma=kept\nshm_rings=on\n"
+            "verbs_signal=selective\nverbs_inject=on\nloop_mean=0\nrecv=kept\nsends=kept\nahead=on\npingpong=echo\nrma=kept\nshm_rings=on\n"
             "shm_ring_copy_max=66560\nshm_ring_adaptive=on\nmessenger=locked\nsizes=8\n")
     for tag, payload, named in (("cut", good[:40], "missing or unterminated"),
                                 ("order", good.replace("sizes=8", "sizes=4096,8"), "sizes: bad value '4096,8'"),
@@ -834,7 +834,7 @@ PERF_CLIENT_ONLY = {
     "--cold-bytes": ["1M"], "--loop-mean": [], "--recv": ["kept"], "--sends": ["kept"], "--shm-rings": ["on"],
     "--shm-ring-copy-max": ["4K"], "--shm-ring-adaptive": ["on"], "--messenger": ["locked"], "--ahead": ["on"],
     "--pingpong": ["echo"], "--rma": ["kept"], "--perftest": [], "--verbs-inline": ["0"],
-    "--verbs-signal": ["all"],
+    "--verbs-signal": ["all"], "--verbs-inject": ["off"],
 }
 
 

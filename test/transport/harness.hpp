@@ -274,7 +274,11 @@ inline std::unique_ptr<regpool::Endpoint> open_endpoint(const std::shared_ptr<re
                                                         bool shm_rings = true, bool shm_direct_rma = true,
                                                         std::uint64_t shm_ring_copy_max = 65 * 1024) {
 #if REGPOOL_HAVE_VERBS
-  if (backend == "verbs") return regpool::VerbsEndpoint::open(std::static_pointer_cast<regpool::VerbsDomain>(domain), ec);
+  if (backend == "verbs") {
+    regpool::VerbsEndpointOptions vo;
+    vo.inject_sends = inject_sends;
+    return regpool::VerbsEndpoint::open(std::static_pointer_cast<regpool::VerbsDomain>(domain), ec, vo);
+  }
 #endif
 #if REGPOOL_HAVE_FABRIC
   if (backend != "verbs") {
