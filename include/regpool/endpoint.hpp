@@ -757,6 +757,12 @@ class REGPOOL_API Endpoint {
   // copied inside the post). The base completes it once it has taken the op
   // in, and the backend reports nothing more for it.
   void complete_at_post() noexcept { completed_at_post_ = true; }
+  // When an op of `kind` and `length` bytes accepted at `now` is overdue:
+  // now + op_timeout (recv_timeout for receives) + length / min_bandwidth,
+  // saturating; time_point::max() when there is no bound. For a backend
+  // bounding work no op's deadline covers (verbs: injected sends' WRs).
+  std::chrono::steady_clock::time_point deadline_for(OpKind kind, std::uint64_t length,
+                                                     std::chrono::steady_clock::time_point now) const noexcept;
   // A backend dropped `n` messages of a peer it was removing
   // (EndpointStats::dropped_at_removal).
   void count_dropped_at_removal(std::uint64_t n) noexcept {
@@ -910,7 +916,6 @@ class REGPOOL_API Endpoint {
   // (one slot, or every such slot).
   void abandon_locked(std::uint32_t index) noexcept;
   void abandon_all_locked() noexcept;
-  Clock::time_point deadline_for(OpKind kind, std::uint64_t length, Clock::time_point now) const noexcept;
   // The endpoint's mutex: one futex word (endpoint.cpp, "The mutex").
   // Locked and unlocked about twice per operation; pthread's trylock and
   // unlock cost about 55 instructions per round of the ~1,500 regpool adds

@@ -319,10 +319,6 @@ class REGPOOL_API VerbsEndpoint final : public Endpoint {
                       bool signaled) noexcept;
   // Bookkeeping of an injected send (inject_sends) posted on `ci` as WR `seq`.
   void note_injected(std::uint32_t ci, std::uint32_t index, std::uint64_t seq, bool signaled) noexcept;
-  // Whether a send queue holding an injected WR, `bytes_ahead` posted since
-  // it was last empty, that retired nothing for `quiet` belongs to a dead
-  // peer: op_timeout + bytes_ahead / min_bandwidth, as an op's deadline.
-  bool injected_overdue(std::uint64_t bytes_ahead, std::chrono::nanoseconds quiet) const noexcept;
   // Most WRs chained into one ibv_post_send by do_post_batch.
   static constexpr std::size_t kBatchChain = 32;
   Status post_srq(const BackendOp& op) noexcept;

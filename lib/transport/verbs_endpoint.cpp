@@ -174,8 +174,9 @@ struct VerbsEndpoint::Conn {
   // covers their WRs: the last injected WR's sequence, the bytes posted
   // since the queue was last empty, and when housekeeping last saw
   // retired_seq move (swept_retired) or the queue empty. A queue that
-  // holds an injected WR and retires nothing for op_timeout (+ the bytes
-  // ahead / min_bandwidth) is a dead peer's (rxe reports no error for WRs
+  // holds an injected WR and retires nothing until an op's deadline would
+  // have passed (deadline_for: op_timeout + the bytes ahead / min_bandwidth)
+  // is a dead peer's (rxe reports no error for WRs
   // to one, docs/provider-facts.md): the connection fails.
   std::uint64_t last_inject_seq = 0;
   std::uint64_t unretired_bytes = 0;
@@ -1119,17 +1120,6 @@ void VerbsEndpoint::note_rc_posted(std::uint32_t ci, std::uint32_t index, std::u
   }
 }
 
-bool VerbsEndpoint::injected_overdue(std::uint64_t bytes_ahead, std::chrono::nanoseconds quiet) const noexcept {
-  const EndpointConfig& cfg = config();
-  if (cfg.op_timeout.count() == 0) return false;  // no bound asked for
-  auto bound = std::chrono::duration_cast<std::chrono::nanoseconds>(cfg.op_timeout);
-  if (cfg.min_bandwidth != 0) {
-    bound += std::chrono::nanoseconds(static_cast<std::int64_t>(
-        static_cast<double>(bytes_ahead) / static_cast<double>(cfg.min_bandwidth) * 1e9));
-  }
-  return quiet > bound;
-}
-
 void VerbsEndpoint::note_injected(std::uint32_t ci, std::uint32_t index, std::uint64_t seq, bool signaled) noexcept {
   Impl& m = *impl_;
   Conn& c = m.conns[ci];
@@ -1264,13 +1254,14 @@ Status VerbsEndpoint::post_rc(const BackendOp& op) noexcept {
       return Status::ok;
     }
   }
+  // Bytes posted since the queue was last empty (it was if these WRs are
+  // all that is unretired): the slack a stuck queue gets (housekeeping).
+  c.unretired_bytes = (c.retired_seq + chunks == seq ? 0 : c.unretired_bytes) + op.length;
   if (inject) {
-    c.unretired_bytes = (c.retired_seq + 1 == seq ? 0 : c.unretired_bytes) + op.length;
     note_injected(ci, op.index, seq, signaled);
     complete_at_post();
     return Status::ok;
   }
-  c.unretired_bytes = (c.retired_seq + chunks == seq ? 0 : c.unretired_bytes) + op.length;
   note_rc_posted(ci, op.index, first, seq, signaled);
   return Status::ok;
 }
@@ -1548,7 +1539,7 @@ void VerbsEndpoint::housekeeping() noexcept {
             c.retire_seen == MonoClock::time_point{}) {
           c.swept_retired = c.retired_seq;
           c.retire_seen = now;
-        } else if (injected_overdue(c.unretired_bytes, now - c.retire_seen)) {
+        } else if (now > deadline_for(OpKind::send, c.unretired_bytes, c.retire_seen)) {
           conn_failed(ci);  // the peer is marked broken: later posts answer peer_unreachable
           continue;
         }
