@@ -576,6 +576,12 @@ TEST_CASE("a sender follows the costs its receiver publishes, and probes the oth
     ring = count(kFirst) == kReads;
   }
   CHECK(ring);
+  // The loop stops on the first sample past the bound, so the read leads
+  // by at most a sixteenth; the send below times a's own copy, and a slow
+  // one (a sanitizer build under load) raised a's copy figure past that
+  // margin once (CI, 2026-12-03). Reads far dearer than any copy, then:
+  // each sample raises the figure by a sixteenth, 48 by about 18x.
+  for (int i = 0; i < 48; ++i) p.b_to_a.note_cost(p.b, true, 1'000'000'000, kLen);
   // A stream (a record b has not read yet): probes no rarer than
   // kProbeStream. Read, a ping-pong again: back up to kProbeMost.
   constexpr int kStream = static_cast<int>(sr::kProbeStream);
