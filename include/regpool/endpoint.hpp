@@ -842,8 +842,11 @@ class REGPOOL_API Endpoint {
   // The Messenger's path past the operation table, where the backend has
   // one (lib/transport/message_sink.hpp); not part of the public API.
   friend struct detail::MessengerCore;
-  // Installs (or, null, removes) the receive side's sink; returns whether
-  // the backend delivers in place. After a removal returns, no take() runs.
+  // Installs (or, null, removes) the receive side's sink, on any backend;
+  // returns whether the backend shows messages where they lie and copies
+  // them in place (do_messages_in_place). Where it does not, completed
+  // kept receives are offered to the sink instead. After a removal
+  // returns, no take() runs.
   REGPOOL_LOCAL bool set_message_sink(std::shared_ptr<detail::MessageSink> sink) noexcept;
   // A message of `head` then `body` to `peer`, copied into the transport
   // now: ok (nothing follows: no operation, no completion), would_block
@@ -864,6 +867,9 @@ class REGPOOL_API Endpoint {
   // After a poll whose sink's takes left posts: its settle(), without the
   // mutex (released and taken back).
   void settle_sink(Lock& g) noexcept;
+  // A completed kept receive offered to that sink before its callback;
+  // true when taken (the receive is posted again, or failed).
+  bool take_kept_locked(std::uint32_t index) noexcept;
 
   // One operation slot (defined in endpoint.cpp; slots_ owns them).
   struct Slot;
@@ -1165,6 +1171,11 @@ class REGPOOL_API Endpoint {
   // its last settle() asked for one (both under the mutex).
   std::shared_ptr<detail::MessageSink> sink_;
   bool sink_took_ = false;
+  // Completed kept receives are offered to the sink (take_kept_locked):
+  // set with a sink on a backend that does not show messages in place
+  // (where it does, each message was offered where it lay, and a bounce
+  // holds only what the sink declined there).
+  bool sink_bounces_ = false;
   std::size_t sink_takes_ = 0;  // takes since the last progress round (deliveries)
 };
 

@@ -239,10 +239,11 @@ struct MessengerStats {
   std::uint64_t eager_split = 0;        // of which sent as several messages (split eager)
   std::uint64_t eager_kept = 0;         // of which sent through the peer's kept send (small, from send())
   std::uint64_t eager_gathered = 0;     // of which sent gathered: header and the caller's bytes, uncopied
-  // Messages in place (shm with message rings, docs/messaging.md): eager
-  // sends the endpoint copied straight into the transport (no send
-  // operation), and messages matched and copied where they arrived (no
-  // bounce receive).
+  // Messages in place (docs/messaging.md): eager sends the endpoint copied
+  // straight into the transport (shm with message rings; no send
+  // operation), and messages matched and copied where they arrived (in a
+  // shm ring: no bounce receive; elsewhere in a bounce, as its receive
+  // completed: no callback, no repost call).
   std::uint64_t eager_copied = 0;
   std::uint64_t received_in_place = 0;
   // Of those, messages whose completion went straight to the wait() that

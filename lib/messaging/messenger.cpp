@@ -1813,11 +1813,13 @@ struct MessengerCore final : MessageSink {
   // --- messages in place (MessageSink) ---
 
   // The endpoint's poll, its mutex held, shows us src's message where it
-  // lies. Taken only on the plain path: an eager message in sequence for
-  // which a copying receive is posted, the mutex free at once. Everything
-  // else (a control message, a rendezvous, a split message, one out of
-  // sequence or unexpected, a zero-copy receive, a message that does not
-  // parse) is declined, and comes back through a bounce receive to
+  // lies (a shm ring), or its delivery of completions a completed bounce's
+  // message before the bounce's callback (other backends). Taken only on
+  // the plain path: an eager message in sequence for which a copying
+  // receive is posted, the mutex free at once. Everything else (a control
+  // message, a rendezvous, a split message, one out of sequence or
+  // unexpected, a zero-copy receive, a message that does not parse) is
+  // declined, and comes (back) through a bounce receive's callback to
   // on_message, which handles it and counts what it rejects. The header is
   // read once, by parse, into `h`; the payload is copied once, into the
   // receive's buffer.

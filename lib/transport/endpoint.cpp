@@ -2036,11 +2036,14 @@ const BackendOp& Endpoint::op_at(std::uint32_t index) const noexcept { return sl
 bool Endpoint::set_message_sink(std::shared_ptr<detail::MessageSink> sink) noexcept {
   std::shared_ptr<detail::MessageSink> old;  // dropped after the unlock
   Lock g(*this);
-  if (sink && !do_messages_in_place()) return false;
   old = std::move(sink_);
   sink_ = std::move(sink);
   sink_took_ = false;
-  return true;
+  // Installed on every backend: records in place where the backend shows
+  // them, completed kept receives (take_kept_locked) where it does not.
+  const bool in_place = do_messages_in_place();
+  sink_bounces_ = sink_ != nullptr && !in_place;
+  return in_place;
 }
 
 [[gnu::hot]] bool Endpoint::offer_in_place(PeerId peer, std::span<const std::byte> bytes) noexcept {
@@ -2073,6 +2076,29 @@ bool Endpoint::set_message_sink(std::shared_ptr<detail::MessageSink> sink) noexc
     if (sleepers_ > 0) wake_sleepers_locked();
   }
   return st;
+}
+
+// A completed kept receive, offered to the receive side's sink before its
+// callback, on a backend without messages in place (a Messenger owns every
+// receive of its endpoint: these are its bounces). Taken, the message was
+// matched and copied where it lay, and the receive goes straight back to
+// the provider, as the callback's repost would have put it: no delivery
+// batch, no callback, no repost call through the Messenger. Declined (out of sequence, a control or
+// rendezvous message, no receive posted for it, the Messenger busy on
+// another thread), it goes to the callback as before.
+[[gnu::hot]] bool Endpoint::take_kept_locked(std::uint32_t index) noexcept {
+  Slot& s = slots_[index];
+  if (s.result.status != Status::ok || s.result.peer == kAnyPeer || !usable() ||
+      stopping_.load(std::memory_order_relaxed)) {
+    return false;
+  }
+  if (!offer_in_place(s.result.peer, {s.local.address(), static_cast<std::size_t>(s.result.bytes)})) return false;
+  s.user_pending = false;
+  const Status st = post_kept_locked(index, 0);
+  // A failed repost ends the receive: its callback gets that completion
+  // (queued again, delivered by the caller's loop), as after a callback.
+  if (st != Status::ok) fail_kept_locked(index, st);
+  return true;
 }
 
 void Endpoint::settle_sink(Lock& g) noexcept {
@@ -2113,6 +2139,7 @@ void Endpoint::settle_sink(Lock& g) noexcept {
         --ready_count_;
         Slot& s = slots_[index];
         if (s.kept) {
+          if (sink_bounces_ && s.desc.kind == OpKind::recv && take_kept_locked(index)) continue;
           // Its callback stays in the slot for the next message; nobody
           // touches it while delivering (repost and end_kept only ask).
           s.delivering = true;
@@ -2123,6 +2150,13 @@ void Endpoint::settle_sink(Lock& g) noexcept {
         }
         s.user_pending = false;
         maybe_free_locked(index);
+      }
+      // Receives the sink took count as deliveries; the posts their takes
+      // left run now, before the callbacks (settle_sink unlocks and locks
+      // again: the batch's slots are marked delivering or freed already).
+      if (sink_takes_ != 0) {
+        delivered += std::exchange(sink_takes_, 0);
+        if (sink_took_) settle_sink(g);
       }
       // Callbacks run, and are destroyed (end of this block), without the
       // mutex.

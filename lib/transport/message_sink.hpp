@@ -1,8 +1,9 @@
 #pragma once
-// The Messenger's path past the endpoint's operation table, on backends
-// that copy messages within a post and can show incoming ones where they
-// lie (libfabric shm with regpool's message rings; docs/architecture.md,
-// "Messages in place").
+// The Messenger's path past the endpoint's operation table: sends copied
+// within a call and messages shown where they lie, on backends that can
+// (libfabric shm with regpool's message rings; docs/architecture.md,
+// "Messages in place"), and on the other backends the messages of
+// completed receives, before their callbacks.
 //
 // Sending: Endpoint::send_copy writes a message (a header and a body) into
 // the transport at once and returns; no operation, no completion. Where it
@@ -17,7 +18,11 @@
 // where they go); one that declines leaves it to the posted receives. The
 // two copies a message made through a bounce receive (ring to bounce,
 // bounce to the user's buffer) become one, and the receive's slot,
-// completion and repost go.
+// completion and repost go. On a backend without that path, the endpoint
+// offers each completed kept receive's message instead (the Messenger owns
+// all receives: its bounces) before the receive's callback would run;
+// taken, the receive is posted again at once and its callback does not
+// run (the delivery batch, the callback and the Messenger's repost go).
 //
 // Not installed: the Endpoint's public header names only the incomplete
 // type.
@@ -36,13 +41,14 @@ class MessageSink {
     taken,     // consumed
     settle,    // consumed, and settle() has work (posts it caused)
   };
-  // With the endpoint's mutex held, from its poll: the message `bytes` from
-  // `peer` (kAnyPeer: a sender the endpoint has not inserted), valid only
-  // during the call. They are in memory the sender can still write (a
-  // hostile one may change them while they are read): each byte is read
-  // once, into the sink's own variables, before it is believed. Must not
-  // call the endpoint, and must not wait (a lock it cannot take at once is
-  // a reason to decline).
+  // With the endpoint's mutex held, from its poll or its delivery of
+  // completions: the message `bytes` from `peer` (kAnyPeer: a sender the
+  // endpoint has not inserted), valid only during the call. They may be
+  // in memory the sender can still write (a ring; a hostile sender may
+  // change them while they are read): each byte is read once, into the
+  // sink's own variables, before it is believed. Must not call the
+  // endpoint, and must not wait (a lock it cannot take at once is a reason
+  // to decline).
   virtual Take take(PeerId peer, std::span<const std::byte> bytes) noexcept = 0;
   // Without the endpoint's mutex, after a progress round in which take()
   // answered settle: the work that needs the endpoint (posts the taken
