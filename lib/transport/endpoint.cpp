@@ -2083,9 +2083,9 @@ bool Endpoint::set_message_sink(std::shared_ptr<detail::MessageSink> sink) noexc
 // receive of its endpoint: these are its bounces). Taken, the message was
 // matched and copied where it lay, and the receive goes straight back to
 // the provider, as the callback's repost would have put it: no delivery
-// batch, no callback, no repost call through the Messenger. Declined (out of sequence, a control or
-// rendezvous message, no receive posted for it, the Messenger busy on
-// another thread), it goes to the callback as before.
+// batch, no callback, no repost call through the Messenger. Declined (out
+// of sequence, a control or rendezvous message, no receive posted for it,
+// the Messenger busy on another thread), it goes to the callback as before.
 [[gnu::hot]] bool Endpoint::take_kept_locked(std::uint32_t index) noexcept {
   Slot& s = slots_[index];
   if (s.result.status != Status::ok || s.result.peer == kAnyPeer || !usable() ||
@@ -2093,7 +2093,6 @@ bool Endpoint::set_message_sink(std::shared_ptr<detail::MessageSink> sink) noexc
     return false;
   }
   if (!offer_in_place(s.result.peer, {s.local.address(), static_cast<std::size_t>(s.result.bytes)})) return false;
-  s.user_pending = false;
   const Status st = post_kept_locked(index, 0);
   // A failed repost ends the receive: its callback gets that completion
   // (queued again, delivered by the caller's loop), as after a callback.
@@ -2114,13 +2113,16 @@ void Endpoint::settle_sink(Lock& g) noexcept {
   Lock g(*this);
   if (!stopping_.load(std::memory_order_relaxed)) events += poll_locked();
   std::size_t delivered = 0;
-  // Messages the receive side's sink took in place count as deliveries
-  // (each completed a receive of its owner's, as a callback would have),
-  // and the work their takes left for outside the mutex (posts) runs now.
-  if (sink_takes_ != 0) [[unlikely]] {
+  // Messages the receive side's sink took in place (in the poll, or from a
+  // completed bounce below) count as deliveries (each completed a receive
+  // of its owner's, as a callback would have), and the work their takes
+  // left for outside the mutex (posts) runs now.
+  auto count_takes = [&] {
+    if (sink_takes_ == 0) [[likely]] return;
     delivered += std::exchange(sink_takes_, 0);
     if (sink_took_) settle_sink(g);  // set only while a sink is installed
-  }
+  };
+  count_takes();
   // Most rounds of a spin-wait deliver nothing: the batch below is built
   // only when there is something to deliver.
   while (ready_count_ > 0) {
@@ -2151,13 +2153,9 @@ void Endpoint::settle_sink(Lock& g) noexcept {
         s.user_pending = false;
         maybe_free_locked(index);
       }
-      // Receives the sink took count as deliveries; the posts their takes
-      // left run now, before the callbacks (settle_sink unlocks and locks
-      // again: the batch's slots are marked delivering or freed already).
-      if (sink_takes_ != 0) {
-        delivered += std::exchange(sink_takes_, 0);
-        if (sink_took_) settle_sink(g);
-      }
+      // Before the callbacks (settle_sink unlocks and locks again: the
+      // batch's slots are marked delivering or freed already).
+      count_takes();
       // Callbacks run, and are destroyed (end of this block), without the
       // mutex.
       g.unlock();
