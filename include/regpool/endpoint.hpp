@@ -870,6 +870,9 @@ class REGPOOL_API Endpoint {
   // A completed kept receive offered to that sink before its callback;
   // true when taken (the receive is posted again, or failed).
   bool take_kept_locked(std::uint32_t index) noexcept;
+  // A kept send completed ok, offered to that sink before its callback;
+  // true when taken (the send is parked for its owner's next repost).
+  bool take_sent_locked(std::uint32_t index) noexcept;
 
   // One operation slot (defined in endpoint.cpp; slots_ owns them).
   struct Slot;

@@ -238,6 +238,9 @@ struct MessengerStats {
   std::uint64_t eager_sent = 0;
   std::uint64_t eager_split = 0;        // of which sent as several messages (split eager)
   std::uint64_t eager_kept = 0;         // of which sent through the peer's kept send (small, from send())
+  // Of those, the kept send's completions taken as the endpoint delivered
+  // them (no callback, no lock round of its own: docs/messaging.md).
+  std::uint64_t kept_sends_taken = 0;
   std::uint64_t eager_gathered = 0;     // of which sent gathered: header and the caller's bytes, uncopied
   // Messages in place (docs/messaging.md): eager sends the endpoint copied
   // straight into the transport (shm with message rings; no send

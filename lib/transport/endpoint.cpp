@@ -2100,6 +2100,28 @@ bool Endpoint::set_message_sink(std::shared_ptr<detail::MessageSink> sink) noexc
   return true;
 }
 
+// A kept send's completion, offered to the sink before its callback, on
+// every backend (the Messenger's kept sends carry its eager messages off
+// the rings). Taken, the sink did what the callback would have (the op
+// its message carried completes, the buffer is free for the next one) and
+// the send is parked, as settle_kept_locked parks one whose callback asked
+// for no repost: the delivery batch, the callback with its lock round and
+// the settling relock go.
+[[gnu::hot]] bool Endpoint::take_sent_locked(std::uint32_t index) noexcept {
+  Slot& s = slots_[index];
+  if (s.result.status != Status::ok || s.repost_asked || !usable() || stopping_.load(std::memory_order_relaxed)) {
+    return false;
+  }
+  const detail::MessageSink::Take t = sink_->sent(s.result);
+  if (t == detail::MessageSink::Take::declined) return false;
+  if (t == detail::MessageSink::Take::settle) sink_took_ = true;
+  ++sink_takes_;
+  ++activity_;
+  s.user_pending = false;
+  s.parked = true;
+  return true;
+}
+
 void Endpoint::settle_sink(Lock& g) noexcept {
   sink_took_ = false;
   std::shared_ptr<detail::MessageSink> sink = sink_;  // alive through settle() even if removed meanwhile
@@ -2142,6 +2164,7 @@ void Endpoint::settle_sink(Lock& g) noexcept {
         Slot& s = slots_[index];
         if (s.kept) {
           if (sink_bounces_ && s.desc.kind == OpKind::recv && take_kept_locked(index)) continue;
+          if (sink_ && s.desc.kind == OpKind::send && take_sent_locked(index)) continue;
           // Its callback stays in the slot for the next message; nobody
           // touches it while delivering (repost and end_kept only ask).
           s.delivering = true;

@@ -24,6 +24,10 @@
 // taken, the receive is posted again at once and its callback does not
 // run (the delivery batch, the callback and the Messenger's repost go).
 //
+// Sent: on every backend, a kept send that completed ok is offered to the
+// sink (sent()) before its callback; taken, the send is parked for its
+// owner's next repost, as after a callback that asked for none.
+//
 // Not installed: the Endpoint's public header names only the incomplete
 // type.
 
@@ -50,6 +54,12 @@ class MessageSink {
   // endpoint, and must not wait (a lock it cannot take at once is a reason
   // to decline).
   virtual Take take(PeerId peer, std::span<const std::byte> bytes) noexcept = 0;
+  // Same rules as take(), from the endpoint's delivery of completions: the
+  // completion `c` (status ok) of a kept send of the endpoint's, before
+  // its callback. A sink that takes it has done what its callback would
+  // (the send is parked after the call); a kept send that is not the
+  // sink's (someone else's on the same endpoint) is declined.
+  virtual Take sent(const Completion& c) noexcept = 0;
   // Without the endpoint's mutex, after a progress round in which take()
   // answered settle: the work that needs the endpoint (posts the taken
   // messages caused, such as credits going back).
