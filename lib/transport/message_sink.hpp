@@ -61,7 +61,7 @@ class MessageSink {
   // sink's (someone else's on the same endpoint) is declined.
   virtual Take sent(const Completion& c) noexcept = 0;
   // Without the endpoint's mutex, after a progress round in which take()
-  // answered settle: the work that needs the endpoint (posts the taken
+  // or sent() answered settle: the work that needs the endpoint (posts the taken
   // messages caused, such as credits going back).
   virtual void settle() noexcept = 0;
 
